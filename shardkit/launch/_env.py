@@ -1,0 +1,143 @@
+"""Joining a job started by torchrun (or any launcher that sets torchrun's variables).
+
+This is the only module in shardkit that reads the launcher's environment variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Mapping
+
+import torch.distributed as dist
+
+from shardkit.launch._context import (
+    DEFAULT_TIMEOUT_S,
+    RankInfo,
+    _set_current,
+    is_initialized,
+    select_backend_and_device,
+)
+
+__all__ = ["init_from_env", "shutdown"]
+
+logger = logging.getLogger(__name__)
+
+_REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_HOW_TO_LAUNCH = (
+    "start the script with torchrun (e.g. `torchrun --nproc-per-node=2 train.py`), or start "
+    "ranks from Python with shardkit.launch.spawn(fn, world_size=2)"
+)
+
+
+def init_from_env(
+    *,
+    backend: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    environ: Mapping[str, str] | None = None,
+) -> RankInfo:
+    """Join the process group described by torchrun's environment variables.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (default: ``WORLD_SIZE``),
+    ``MASTER_ADDR`` and ``MASTER_PORT``; picks NCCL on ``cuda:<LOCAL_RANK>`` when every local rank
+    has a GPU, else gloo on the CPU (``backend`` overrides); sets the CUDA device; creates the
+    default process group with ``timeout`` seconds for every collective.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"`` or None (choose from the hardware).
+        timeout: seconds a collective may wait before it fails.
+        environ: the variables to read (default: ``os.environ``); for tests.
+
+    Returns:
+        This rank's `RankInfo` (also available later from `shardkit.launch.current()`).
+    """
+    if is_initialized():
+        raise RuntimeError("shardkit's process group is already set up in this process")
+    variables = _read(os.environ if environ is None else environ)
+    rank, world_size, local_rank, local_world_size = (
+        variables["RANK"],
+        variables["WORLD_SIZE"],
+        variables["LOCAL_RANK"],
+        variables["LOCAL_WORLD_SIZE"],
+    )
+    backend, device = select_backend_and_device(local_rank, local_world_size, backend)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
+    master = f"tcp://{variables['MASTER_ADDR']}:{variables['MASTER_PORT']}"
+    dist.init_process_group(
+        backend,
+        init_method=master,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout),
+        device_id=device if device.type == "cuda" else None,
+    )
+    info = RankInfo(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        backend=backend,
+        device=device,
+        timeout_s=timeout,
+    )
+    _set_current(info)
+    logger.info(
+        "rank %d/%d joined (%s on %s, %d ranks per host)",
+        rank,
+        world_size,
+        backend,
+        device,
+        local_world_size,
+    )
+    return info
+
+
+def shutdown() -> None:
+    """Tear down the process group that `init_from_env` created (safe to call twice)."""
+    _set_current(None)
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _read(environ: Mapping[str, str]) -> dict[str, int | str]:
+    missing = [name for name in _REQUIRED if name not in environ]
+    if missing:
+        raise ValueError(
+            f"init_from_env() needs the variables a launcher sets, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: {_HOW_TO_LAUNCH}"
+        )
+    values: dict[str, int | str] = {
+        "MASTER_ADDR": environ["MASTER_ADDR"],
+        "MASTER_PORT": environ["MASTER_PORT"],
+    }
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        raw = environ.get(name, environ["WORLD_SIZE"])
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    _check(values)
+    return values
+
+
+def _check(values: Mapping[str, int | str]) -> None:
+    rank, world_size = values["RANK"], values["WORLD_SIZE"]
+    local_rank, local_world_size = values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"]
+    assert isinstance(rank, int) and isinstance(world_size, int)
+    assert isinstance(local_rank, int) and isinstance(local_world_size, int)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK ({rank}) must be in [0, WORLD_SIZE={world_size})")
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(
+            f"LOCAL_RANK ({local_rank}) must be in [0, LOCAL_WORLD_SIZE={local_world_size})"
+        )
+    if local_world_size > world_size:
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE ({local_world_size}) cannot exceed WORLD_SIZE ({world_size})"
+        )

@@ -1,0 +1,43 @@
+"""Shared fixtures. Multi-rank tests run their rank functions on `RankPool`s kept for the session,
+so torch is imported once per rank rather than once per test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from shardkit.launch import RankPool
+
+# Collective timeout inside test ranks: far above what any test needs, far below pytest's timeout.
+RANK_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def _rank_pools() -> Iterator[dict[tuple[int, int], RankPool]]:
+    pools: dict[tuple[int, int], RankPool] = {}
+    yield pools
+    for pool in pools.values():
+        pool.close()
+
+
+@pytest.fixture
+def run_ranks(_rank_pools: dict[tuple[int, int], RankPool]) -> Callable[..., list[Any]]:
+    """``run_ranks(fn, world_size, *args, local_world_size=None)`` -> per-rank results.
+
+    ``fn(rank, world_size, *args)`` must be a module-level function of the test module (or any
+    picklable callable). A failing rank raises `RankFailedError` here, with its traceback.
+    """
+
+    def run(
+        fn: Callable[..., Any], world_size: int, *args: Any, local_world_size: int | None = None
+    ) -> list[Any]:
+        key = (world_size, local_world_size or world_size)
+        pool = _rank_pools.get(key)
+        if pool is None:
+            pool = RankPool(world_size, timeout=RANK_TIMEOUT_S, local_world_size=key[1])
+            _rank_pools[key] = pool
+        return pool.run(fn, *args)
+
+    return run

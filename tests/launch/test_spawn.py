@@ -1,0 +1,143 @@
+"""spawn: results by rank, failures surfaced within seconds with the rank's traceback, no rank
+left behind, and every way a job can stall ending in an error that says why."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shardkit.launch import RankFailedError, current, spawn
+
+FAST = 3.0  # collective timeout for the failure tests, seconds
+
+
+def _new_children(before: set) -> list:
+    """Rank processes started since ``before`` that are still alive (the session's rank pools
+    used by other tests are older)."""
+    return [p for p in multiprocessing.active_children() if p not in before]
+
+
+def _identity(rank: int, world_size: int, tag: str):
+    info = current()
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "tag": tag,
+        "dist_rank": dist.get_rank(),
+        "backend": dist.get_backend(),
+        "env": (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]),
+        "host": info.host_index,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def test_returns_values_by_rank():
+    results = spawn(_identity, world_size=3, args=("x",), timeout=30)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["world_size"] == 3 and r["tag"] == "x" for r in results)
+    assert [r["dist_rank"] for r in results] == [0, 1, 2]
+    assert {r["backend"] for r in results} == {"gloo"}
+    assert [r["env"] for r in results] == [("0", "0", "3"), ("1", "1", "3"), ("2", "2", "3")]
+
+
+def test_simulated_hosts():
+    results = spawn(_identity, world_size=4, args=("h",), local_world_size=2, timeout=30)
+    assert [r["host"] for r in results] == [0, 0, 1, 1]
+    assert [r["env"][1] for r in results] == ["0", "1", "0", "1"]
+
+
+def test_lambda_and_closure_run_by_value():
+    offset = 10
+    assert spawn(lambda rank, ws: rank + offset, world_size=2, timeout=30) == [10, 11]
+
+
+def _raise_on_rank_1(rank: int, world_size: int):
+    if rank == 1:
+        raise ValueError("bad batch on rank 1")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here until it is stopped
+
+
+def test_a_raising_rank_fails_the_job_fast_with_its_traceback():
+    before = set(multiprocessing.active_children())
+    start = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 of 2 failed in the function it ran") as info:
+        spawn(_raise_on_rank_1, world_size=2, timeout=60)
+    assert time.monotonic() - start < 20, "must not wait for rank 0's collective timeout"
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "ValueError"
+    assert "bad batch on rank 1" in str(error)
+    assert "in _raise_on_rank_1" in error.remote_traceback
+    assert isinstance(error.exception, ValueError)
+    assert _new_children(before) == []
+
+
+def _skip_collective(rank: int, world_size: int):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+
+
+def test_a_rank_that_never_joins_a_collective_times_out_naming_it():
+    before = set(multiprocessing.active_children())
+    start = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"torch.distributed.all_reduce timed out"):
+        spawn(_skip_collective, world_size=2, timeout=FAST)
+    assert time.monotonic() - start < FAST + 20
+    assert _new_children(before) == []
+
+
+def _stuck_in_python(rank: int, world_size: int):
+    if rank == 1:
+        time.sleep(600)
+
+
+def test_a_rank_stuck_outside_collectives_is_named():
+    before = set(multiprocessing.active_children())
+    with pytest.raises(RankFailedError, match=r"rank\(s\) \[1\] did not finish within 3 s"):
+        spawn(_stuck_in_python, world_size=2, timeout=FAST)
+    assert _new_children(before) == []
+
+
+def _exit_hard(rank: int, world_size: int):
+    if rank == 0:
+        os._exit(7)
+    dist.barrier()
+
+
+def test_a_rank_that_dies_is_reported_as_the_cause():
+    with pytest.raises(RankFailedError, match=r"rank 0 of 2 failed: .*exited with code 7"):
+        spawn(_exit_hard, world_size=2, timeout=FAST)
+
+
+def test_join_failure_is_reported():
+    with pytest.raises(RankFailedError, match=r"while joining the process group.*backend='nccl'"):
+        spawn(_identity, world_size=2, args=("x",), backend="nccl", timeout=FAST)
+
+
+def _unpicklable_result(rank: int, world_size: int):
+    return lambda: rank
+
+
+def test_unpicklable_result_is_an_error():
+    with pytest.raises(RankFailedError, match=r"while sending its result to the parent"):
+        spawn(_unpicklable_result, world_size=1, timeout=FAST)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"world_size": 0}, r"world_size must be >= 1, got 0"),
+        (
+            {"world_size": 3, "local_world_size": 2},
+            r"local_world_size \(2\) must divide world_size \(3\)",
+        ),
+        ({"world_size": 2, "timeout": 0}, r"timeout must be > 0 seconds, got 0"),
+    ],
+)
+def test_bad_arguments(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        spawn(_identity, args=("x",), **kwargs)
