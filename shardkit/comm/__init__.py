@@ -1,0 +1,36 @@
+"""Collectives that sharding and FSDP are built on: differentiable, asynchronous, checked.
+
+Same on gloo and NCCL; where a backend lacks an operation (uneven all-gather/reduce-scatter,
+reduce-scatter on other backends) a fallback built from supported operations gives the same result.
+"""
+
+from shardkit.comm._api import (
+    all_gather_into_tensor,
+    all_gather_object,
+    all_gather_sizes,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    broadcast_object,
+    reduce_scatter_tensor,
+)
+from shardkit.comm._autograd import Handle
+from shardkit.comm._debug import CollectiveMismatchError, set_debug
+from shardkit.comm._errors import CollectiveError
+
+__all__ = [
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "Handle",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_sizes",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "reduce_scatter_tensor",
+    "set_debug",
+]
