@@ -1,0 +1,5 @@
+"""Benchmarks that ship with the package (run them with ``shardkit bench ...``)."""
+
+from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
+
+__all__ = ["CommBenchConfig", "CommBenchRow", "format_table", "run_comm_bench"]

@@ -1,0 +1,100 @@
+"""``shardkit bench comm``: collective bandwidth and shardkit's overhead over torch.distributed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from shardkit.bench.comm import OPS, CommBenchConfig, format_table, run_comm_bench
+from shardkit.launch import current, spawn
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def add_parser(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="run a benchmark")
+    kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    parser = kinds.add_parser(
+        "comm",
+        help="time collectives over message sizes (nccl-tests style)",
+        description="For each operation and size: time per call, algorithm and bus bandwidth, "
+        "and shardkit's overhead over calling torch.distributed directly.",
+    )
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to start (default 2)")
+    parser.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default=None,
+        help="default: nccl with GPUs, else gloo",
+    )
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="operations")
+    parser.add_argument("--min-bytes", type=_size, default="1K", help="smallest message (1K, 4M..)")
+    parser.add_argument("--max-bytes", type=_size, default="64M", help="largest message")
+    parser.add_argument("--step", type=int, default=4, help="size multiplier between rows")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    parser.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
+    parser.add_argument("--json", metavar="PATH", help="also write rows and machine info here")
+    parser.set_defaults(run=_run)
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _sizes(low: int, high: int, step: int) -> tuple[int, ...]:
+    if step < 2:
+        raise SystemExit(f"--step must be >= 2, got {step}")
+    sizes = []
+    size = low
+    while size <= high:
+        sizes.append(size)
+        size *= step
+    return tuple(sizes)
+
+
+def _bench_rank(rank: int, world_size: int, config: CommBenchConfig) -> Any:
+    rows = run_comm_bench(rank, world_size, config)
+    return rows, current().backend
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = CommBenchConfig(
+        ops=tuple(args.ops),
+        sizes=_sizes(args.min_bytes, args.max_bytes, args.step),
+        dtype=_DTYPES[args.dtype],
+        repeats=args.repeats,
+    )
+    results = spawn(
+        _bench_rank, world_size=args.world_size, args=(config,), backend=args.backend, timeout=600
+    )
+    rows, backend = results[0]
+    print(format_table(rows, world_size=args.world_size, backend=backend))
+    if args.json:
+        report = {"machine": _machine(), "world_size": args.world_size, "backend": backend}
+        report["rows"] = [row.to_dict() for row in rows]
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
