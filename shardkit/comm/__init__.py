@@ -6,18 +6,17 @@ reduce-scatter on other backends) a fallback built from supported operations giv
 
 from shardkit.comm._api import (
     all_gather_into_tensor,
-    all_gather_object,
     all_gather_sizes,
     all_reduce,
     all_to_all_single,
     barrier,
     broadcast,
-    broadcast_object,
     reduce_scatter_tensor,
 )
 from shardkit.comm._autograd import Handle
 from shardkit.comm._debug import CollectiveMismatchError, set_debug
 from shardkit.comm._errors import CollectiveError
+from shardkit.comm._objects import all_gather_object, broadcast_object
 
 __all__ = [
     "CollectiveError",

@@ -18,17 +18,16 @@ from shardkit.comm import _debug
 from shardkit.comm._autograd import Handle, run
 from shardkit.comm._errors import collective_error
 from shardkit.comm._label import label
+from shardkit.comm._objects import object_device
 from shardkit.comm._ops import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
 
 __all__ = [
     "all_gather_into_tensor",
-    "all_gather_object",
     "all_gather_sizes",
     "all_reduce",
     "all_to_all_single",
     "barrier",
     "broadcast",
-    "broadcast_object",
     "reduce_scatter_tensor",
 ]
 
@@ -191,34 +190,11 @@ def broadcast(
     return _run(Broadcast(group, src, inplace), input, async_op)
 
 
-def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
-    """Every rank gets global rank ``src``'s picklable ``obj`` (others pass anything, e.g. None)."""
-    _check_member("broadcast_object", src, group)
-    holder = [obj]
-    with label("shardkit::broadcast_object"):
-        try:
-            dist.broadcast_object_list(holder, src=src, group=group, device=_object_device(group))
-        except RuntimeError as exc:
-            raise collective_error("broadcast_object", group, exc) from exc
-    return holder[0]
-
-
-def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
-    """Every rank gets the list of all ranks' picklable objects, in rank order."""
-    out: list[Any] = [None] * dist.get_world_size(group)
-    with label("shardkit::all_gather_object"):
-        try:
-            dist.all_gather_object(out, obj, group=group)
-        except RuntimeError as exc:
-            raise collective_error("all_gather_object", group, exc) from exc
-    return out
-
-
 def all_gather_sizes(
     size: int, *, group: Group = None, device: torch.device | None = None
 ) -> list[int]:
     """Every rank's ``size`` in rank order: the ``output_split_sizes`` of an uneven gather."""
-    device = device or _object_device(group) or torch.device("cpu")
+    device = device or object_device(group)
     local = torch.tensor([size], dtype=torch.int64, device=device)
     gathered = all_gather_into_tensor(local, group=group)
     assert isinstance(gathered, torch.Tensor)
@@ -241,19 +217,13 @@ def _run(op: Any, x: torch.Tensor, async_op: bool) -> torch.Tensor | Handle:
 
 
 def _exchange_counts(in_splits: tuple[int, ...], group: Group) -> tuple[int, ...]:
-    device = _object_device(group) or torch.device("cpu")
+    device = object_device(group)
     counts = torch.tensor(in_splits, dtype=torch.int64, device=device)
     received = run(
         AllToAll(group, (1,) * len(in_splits), (1,) * len(in_splits)), counts, async_op=False
     )
     assert isinstance(received, torch.Tensor)
     return tuple(received.tolist())
-
-
-def _object_device(group: Group) -> torch.device | None:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None
 
 
 def _reduce_op(

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardkit.comm._objects import all_gather_object
+
 __all__ = ["CollectiveMismatchError", "check", "enabled", "set_debug"]
 
 
@@ -40,8 +42,7 @@ def check(op: Any, x: torch.Tensor) -> None:
     global _calls
     _calls += 1
     mine = _fingerprint(op, x, _calls)
-    everyone: list[Any] = [None] * dist.get_world_size(op.group)
-    dist.all_gather_object(everyone, mine, group=op.group)
+    everyone = all_gather_object(mine, group=op.group)
     problem = _compare(everyone)
     if problem:
         raise CollectiveMismatchError(

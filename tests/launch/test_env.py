@@ -53,14 +53,16 @@ def test_bad_environment(change, pattern):
 
 SCRIPT = textwrap.dedent(
     """
+    import os
     import torch, torch.distributed as dist
     from shardkit.launch import init_from_env, shutdown
 
     info = init_from_env(timeout=60)
     t = torch.tensor([float(info.rank)])
     dist.all_reduce(t)
-    print(f"rank={info.rank} world={info.world_size} local={info.local_rank}/"
-          f"{info.local_world_size} host={info.host_index} backend={info.backend} sum={t.item()}")
+    line = (f"rank={info.rank} world={info.world_size} local={info.local_rank}/"
+            f"{info.local_world_size} host={info.host_index} backend={info.backend} sum={t.item()}")
+    os.write(1, (line + "\\n").encode())  # one write: the ranks share the pipe
     shutdown()
     """
 )

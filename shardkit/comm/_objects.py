@@ -1,0 +1,72 @@
+"""Collectives of picklable Python objects, built on the tensor collectives.
+
+torch's own object collectives need NumPy, which shardkit does not require; these move the
+pickled bytes as a uint8 tensor instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardkit.comm._errors import collective_error
+from shardkit.comm._label import label
+from shardkit.comm._ops import AllGather, Broadcast
+
+__all__ = ["all_gather_object", "broadcast_object", "object_device"]
+
+Group = dist.ProcessGroup | None
+
+
+def object_device(group: Group) -> torch.device:
+    """Where the bytes travel: the current GPU for NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
+    """Every rank gets global rank ``src``'s picklable ``obj`` (others pass anything, e.g. None)."""
+    device = object_device(group)
+    is_src = dist.get_rank() == src
+    payload = _encode(obj, device) if is_src else None
+    with label("shardkit::broadcast_object"):
+        try:
+            size = torch.tensor([payload.numel() if payload is not None else 0], device=device)
+            size = Broadcast(group, src, inplace=True).launch(size, async_op=False).finish()
+            if payload is None:
+                payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+            payload = Broadcast(group, src, inplace=True).launch(payload, async_op=False).finish()
+        except RuntimeError as exc:
+            raise collective_error("broadcast_object", group, exc) from exc
+    return obj if is_src else _decode(payload)
+
+
+def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
+    """Every rank gets the list of all ranks' picklable objects, in rank order."""
+    device = object_device(group)
+    payload = _encode(obj, device)
+    num_ranks = dist.get_world_size(group)
+    with label("shardkit::all_gather_object"):
+        try:
+            size = torch.tensor([payload.numel()], device=device)
+            sizes = AllGather(group, (1,) * num_ranks).launch(size, async_op=False).finish()
+            sizes_list = tuple(int(s) for s in sizes.tolist())
+            gathered = AllGather(group, sizes_list).launch(payload, async_op=False).finish()
+        except RuntimeError as exc:
+            raise collective_error("all_gather_object", group, exc) from exc
+    return [_decode(piece) for piece in torch.split(gathered, list(sizes_list))]
+
+
+def _encode(obj: Any, device: torch.device) -> torch.Tensor:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def _decode(payload: torch.Tensor) -> Any:
+    data = payload.cpu().contiguous()
+    return pickle.loads(ctypes.string_at(data.data_ptr(), data.numel()))
