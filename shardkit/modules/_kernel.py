@@ -1,0 +1,186 @@
+"""One batched lookup over a stack of tables, with the optimizer fused into backward.
+
+[Note: batched kernel]
+Tables of one embedding dim live stacked in one weight buffer ``[sum(rows), D]``; a table's ids
+are shifted by its first row, so all of them are looked up by ONE ``embedding_bag`` (pooled) or
+``embedding`` (sequence) call, whatever the number of tables.
+
+Backward never forms a gradient for the whole buffer when an optimizer is fused. It sorts the
+batch's ids once, finds the unique rows and, chunk by chunk, sums each unique row's gradient with
+another ``embedding_bag``: its "table" is the output gradient ``[num_bags, D]``, its "ids" the bag of
+each occurrence, its "bags" the runs of equal ids. That adds duplicates within and across bags
+(and applies per-sample weights) without materialising a ``[num_ids, D]`` intermediate; the
+optimizer rule then updates those rows (see [Note: fused row updates] in `shardkit.optim`).
+Chunks of a few MiB keep the temporaries in cache and out of fresh pages, which on CPU costs more
+than the arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from shardkit.optim import RowOptimizer
+
+__all__ = ["BatchedTables", "lookup"]
+
+# Bytes of gradient rows handled per chunk in backward (see [Note: batched kernel]).
+_CHUNK_BYTES = 2 << 20
+_MIN_CHUNK_ROWS = 256
+
+
+class BatchedTables:
+    """Tables of one dim stacked in one buffer, and the optimizer fused into their backward.
+
+    Args:
+        weight: ``[sum(rows), D]``, the stacked tables.
+        row_starts: first row of each table in ``weight``, plus the total (``len = tables + 1``).
+        optimizer: the fused optimizer, or None for plain dense gradients.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, row_starts: Sequence[int], optimizer: RowOptimizer | None
+    ) -> None:
+        assert weight.dim() == 2 and row_starts[-1] == weight.shape[0]
+        self.weight = weight
+        self.row_starts = list(row_starts)
+        self.optimizer = optimizer
+
+    @property
+    def dim(self) -> int:
+        return self.weight.shape[1]
+
+    def table_views(self) -> list[torch.Tensor]:
+        """Each table's rows, as views of the buffer."""
+        bounds = zip(self.row_starts[:-1], self.row_starts[1:])
+        return [self.weight[start:end] for start, end in bounds]
+
+    def backward(
+        self,
+        ids: torch.Tensor,
+        bag_of: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+        grad_out: torch.Tensor,
+    ) -> list[torch.Tensor | None]:
+        """Fused update (returns no gradients), or the dense gradient of each table."""
+        chunks = _row_gradients(ids, bag_of, per_sample_weights, grad_out, self.dim)
+        if self.optimizer is not None:
+            self.optimizer.begin_step()
+            for rows, grads in chunks:
+                self.optimizer.update(self.weight, rows, grads)
+            return [None] * (len(self.row_starts) - 1)
+        grad = torch.zeros(self.weight.shape, dtype=torch.float32, device=self.weight.device)
+        for rows, grads in chunks:
+            grad.index_copy_(0, rows, grads)
+        grad = grad.to(self.weight.dtype)
+        bounds = zip(self.row_starts[:-1], self.row_starts[1:])
+        return [grad[start:end] for start, end in bounds]
+
+
+def lookup(
+    tables: BatchedTables,
+    ids: torch.Tensor,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    params: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """Pooled lookup ``[num_bags, D]`` (``offsets`` given, SUM with optional per-sample weights)
+    or per-id lookup ``[num_ids, D]`` (``offsets`` None), differentiable.
+
+    Args:
+        tables: the stacked tables.
+        ids: ``[N]`` int64 rows of the buffer (table-local id + the table's first row).
+        offsets: ``[num_bags + 1]`` int64 bag boundaries into ``ids``, or None.
+        per_sample_weights: ``[N]`` weight of each id in its bag, or None.
+        params: the tables' parameters (views of the buffer), so autograd reaches them.
+    """
+    return _Lookup.apply(tables, ids, offsets, per_sample_weights, *params)
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        tables: BatchedTables,
+        ids: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.tables = tables
+        ctx.save_for_backward(ids, offsets, per_sample_weights)
+        if offsets is None:
+            return F.embedding(ids, tables.weight)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(tables.weight.dtype)
+        return F.embedding_bag(
+            ids,
+            tables.weight,
+            offsets,
+            mode="sum",
+            per_sample_weights=per_sample_weights,
+            include_last_offset=True,
+        )
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        ids, offsets, per_sample_weights = ctx.saved_tensors
+        tables: BatchedTables = ctx.tables
+        grad_out = grad_out.float().contiguous()
+        bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
+        grad_weights = None
+        if per_sample_weights is not None and ctx.needs_input_grad[3]:
+            # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
+            rows = tables.weight.index_select(0, ids).float()
+            grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
+            grad_weights = grad_weights.to(per_sample_weights.dtype)
+        param_grads = tables.backward(ids, bag_of, per_sample_weights, grad_out)
+        ctx.tables = None
+        return (None, None, None, grad_weights, *param_grads)
+
+
+def _bag_of(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:
+    """``[N]``: the bag index of every id."""
+    bags = torch.arange(offsets.numel() - 1, device=offsets.device)
+    return torch.repeat_interleave(bags, offsets.diff(), output_size=num_ids)
+
+
+def _row_gradients(
+    ids: torch.Tensor,
+    bag_of: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    grad_out: torch.Tensor,
+    dim: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield ``(rows [U_c], grads [U_c, D])`` chunks: each unique row and its summed gradient.
+
+    See [Note: batched kernel]. ``grad_out`` is ``[num_bags, D]`` (pooled: row ``bag_of[i]``
+    receives id ``i``) or ``[N, D]`` (per id: ``bag_of`` None).
+    """
+    if ids.numel() == 0:
+        return
+    sorted_ids, order = torch.sort(ids)
+    unique, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    runs = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=ids.device)
+    torch.cumsum(counts, 0, out=runs[1:])
+    sources = order if bag_of is None else bag_of.index_select(0, order)
+    weights = None if per_sample_weights is None else per_sample_weights.float()[order]
+    chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (4 * dim))
+    bounds = [*runs[::chunk].tolist(), ids.numel()]
+    for index, first in enumerate(range(0, unique.numel(), chunk)):
+        last = min(first + chunk, unique.numel())
+        lo, hi = bounds[index], bounds[index + 1]
+        grads = F.embedding_bag(
+            sources[lo:hi],
+            grad_out,
+            runs[first : last + 1] - lo,
+            mode="sum",
+            per_sample_weights=None if weights is None else weights[lo:hi],
+            include_last_offset=True,
+        )
+        yield unique[first:last], grads

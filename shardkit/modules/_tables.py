@@ -1,0 +1,208 @@
+"""Where the tables of an embedding collection live: stacked per dim in `BatchedTables`.
+
+[Note: table views]
+Each table is a registered ``nn.Parameter`` (``embedding_bags.<table>.weight``: TorchRec's
+names, ``state_dict`` and ``named_parameters`` as users expect) whose storage is a slice of its
+group's stacked buffer, so the batched kernel reads all tables of a group at once. Moving or
+converting the module (``.to``, ``.to_empty``, ``.half``) would give every parameter its own new
+storage and break the sharing, so `TableStack.convert` converts the buffers and re-points the same
+Parameter objects at slices of the new buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shardkit.modules._kernel import BatchedTables
+from shardkit.modules.embedding_configs import (
+    BaseEmbeddingConfig,
+    EmbeddingBagConfig,
+    PoolingType,
+    data_type_to_dtype,
+)
+from shardkit.optim import (
+    FusedOptimizer,
+    FusedOptimizerConfig,
+    FusedTable,
+    RowOptimizer,
+    fused_config_of,
+)
+
+__all__ = ["Group", "TableStack", "TableWeight", "check_configs", "fused_config", "is_mean"]
+
+logger = logging.getLogger(__name__)
+
+
+class TableWeight(nn.Module):
+    """Holds one table's ``weight`` (a view of its group's buffer, see [Note: table views])."""
+
+    def __init__(self, config: BaseEmbeddingConfig, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.num_embeddings = config.num_embeddings
+        self.embedding_dim = config.embedding_dim
+        self.pooling = getattr(config, "pooling", PoolingType.NONE)
+        self.weight = weight
+
+    def extra_repr(self) -> str:
+        pooling = "" if self.pooling == PoolingType.NONE else f", pooling={self.pooling.value}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pooling}"
+
+
+@dataclass
+class Group:
+    """Tables of one dim, dtype and fused optimizer, looked up by one kernel call."""
+
+    tables: BatchedTables
+    table_indices: list[int]  # into the collection's configs
+    params: list[nn.Parameter]  # the tables' Parameters, in `table_indices` order
+    config: FusedOptimizerConfig | None
+
+
+class TableStack:
+    """Builds and owns the groups of a collection's tables."""
+
+    def __init__(
+        self,
+        configs: Sequence[BaseEmbeddingConfig],
+        params: Sequence[nn.Parameter],
+        fused_config: FusedOptimizerConfig | None,
+        table_prefix: str,
+    ) -> None:
+        self.table_prefix = table_prefix  # "embedding_bags" or "embeddings"
+        self.configs = list(configs)
+        self.params = list(params)
+        self.default_config = fused_config
+        self.groups: list[Group] = []
+        self.fused_optimizer: FusedOptimizer | None = None
+
+    def wanted_configs(self) -> list[FusedOptimizerConfig | None]:
+        """Per table: the optimizer asked for with `apply_optimizer_in_backward`, else the
+        collection's ``fused_params``."""
+        return [fused_config_of(p) or self.default_config for p in self.params]
+
+    def build(self, device: torch.device) -> None:
+        """(Re)stack the tables by (dim, dtype, optimizer), keeping their current values."""
+        wanted = self.wanted_configs()
+        keys: dict[tuple, list[int]] = {}
+        for index, config in enumerate(self.configs):
+            dtype = data_type_to_dtype(config.data_type)
+            keys.setdefault((config.embedding_dim, dtype, wanted[index]), []).append(index)
+        old_values = [p.data for p in self.params]
+        self.groups = [
+            self._build_group(indices, config, dtype, device, old_values)
+            for (_, dtype, config), indices in keys.items()
+        ]
+        self.fused_optimizer = self._fused_optimizer()
+        logger.info(
+            "stacked %d table(s) into %d batched group(s): %s",
+            len(self.configs),
+            len(self.groups),
+            [
+                (self.configs[g.table_indices[0]].embedding_dim, len(g.table_indices))
+                for g in self.groups
+            ],
+        )
+
+    def needs_rebuild(self) -> bool:
+        current = [None] * len(self.configs)
+        for group in self.groups:
+            for index in group.table_indices:
+                current[index] = group.config
+        return current != self.wanted_configs()
+
+    def _build_group(
+        self,
+        indices: list[int],
+        config: FusedOptimizerConfig | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        old_values: list[torch.Tensor],
+    ) -> Group:
+        row_starts = [0]
+        for index in indices:
+            row_starts.append(row_starts[-1] + self.configs[index].num_embeddings)
+        dim = self.configs[indices[0]].embedding_dim
+        buffer = torch.empty((row_starts[-1], dim), dtype=dtype, device=device)
+        optimizer = None if config is None else RowOptimizer(config, row_starts[-1], dim, device)
+        tables = BatchedTables(buffer, row_starts, optimizer)
+        for index, view in zip(indices, tables.table_views()):
+            old = old_values[index]
+            if old.device.type != "meta" and old.numel() and device.type != "meta":
+                view.copy_(old)
+            self.params[index].data = view
+        return Group(tables, indices, [self.params[i] for i in indices], config)
+
+    def convert(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply ``Module._apply``'s ``fn`` to every buffer; re-point the Parameters."""
+        for group in self.groups:
+            group.tables.weight = fn(group.tables.weight)
+            if group.tables.optimizer is not None:
+                group.tables.optimizer.to_(fn)
+            for param, view in zip(group.params, group.tables.table_views()):
+                param.data = view
+        if self.fused_optimizer is not None:
+            self.fused_optimizer = self._fused_optimizer()
+
+    def reset_parameters(self) -> None:
+        """TorchRec's init: uniform in ``[weight_init_min, weight_init_max]`` (or ``init_fn``)."""
+        for config, param in zip(self.configs, self.params):
+            if param.device.type == "meta":
+                continue
+            with torch.no_grad():
+                if callable(config.init_fn):
+                    config.init_fn(param)
+                else:
+                    param.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+
+    def _fused_optimizer(self) -> FusedOptimizer | None:
+        fused = []
+        for group in self.groups:
+            if group.tables.optimizer is None:
+                continue
+            starts = group.tables.row_starts
+            for position, index in enumerate(group.table_indices):
+                name = self.configs[index].name
+                fused.append(
+                    FusedTable(
+                        name=f"{self.table_prefix}.{name}.weight",
+                        table=name,
+                        param=self.params[index],
+                        optimizer=group.tables.optimizer,
+                        row_start=starts[position],
+                        row_end=starts[position + 1],
+                    )
+                )
+        return FusedOptimizer(fused) if fused else None
+
+
+def check_configs(configs: Sequence[BaseEmbeddingConfig], kind: type) -> None:
+    """Unique table names, unique feature names across tables, the right config class."""
+    for config in configs:
+        if not isinstance(config, kind):
+            raise TypeError(f"expected {kind.__name__}, got {type(config).__name__} for {config!r}")
+    names = [c.name for c in configs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"table names must be unique; {repeated} appear more than once")
+    owner: dict[str, str] = {}
+    for config in configs:
+        for feature in config.feature_names:
+            if feature in owner:
+                raise ValueError(
+                    f"feature '{feature}' is looked up in two tables ('{owner[feature]}' and "
+                    f"'{config.name}'); a feature maps to one table"
+                )
+            owner[feature] = config.name
+
+
+def fused_config(fused_params: Mapping | None) -> FusedOptimizerConfig | None:
+    return None if fused_params is None else FusedOptimizerConfig.from_fused_params(fused_params)
+
+
+def is_mean(config: BaseEmbeddingConfig) -> bool:
+    return isinstance(config, EmbeddingBagConfig) and config.pooling == PoolingType.MEAN
