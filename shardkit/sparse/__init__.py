@@ -7,5 +7,6 @@ Constructors check only what is free; ``validate()`` checks the data.
 """
 
 from shardkit.sparse._jagged import JaggedTensor
+from shardkit.sparse._kjt import KeyedJaggedTensor
 
-__all__ = ["JaggedTensor"]
+__all__ = ["JaggedTensor", "KeyedJaggedTensor"]
