@@ -7,6 +7,7 @@ Constructors check only what is free; ``validate()`` checks the data.
 """
 
 from shardkit.sparse._jagged import JaggedTensor
+from shardkit.sparse._keyed import KeyedTensor
 from shardkit.sparse._kjt import KeyedJaggedTensor
 
-__all__ = ["JaggedTensor", "KeyedJaggedTensor"]
+__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"]
