@@ -36,6 +36,8 @@ PUBLIC = {
         "reduce_scatter_tensor",
         "set_debug",
     ],
+    "shardkit.sparse": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
+    "shardkit.sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
 }
 
 
