@@ -1,7 +1,26 @@
 """shardkit: model-parallel embeddings and fully sharded data parallel in plain PyTorch."""
 
+from shardkit.modules import (
+    DataType,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    PoolingType,
+)
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "__version__"]
+__all__ = [
+    "DataType",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
+    "PoolingType",
+    "__version__",
+]
