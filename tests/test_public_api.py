@@ -81,6 +81,101 @@ PUBLIC = {
     ],
     "shardkit.sparse": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
     "shardkit.sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
+    "shardkit.planner": [
+        "BATCH_SIZE",
+        "BaseEmbeddingSharder",
+        "DDR_CAP",
+        "EmbeddingComputeKernel",
+        "EmbeddingModuleShardingPlan",
+        "EmbeddingShardingPlanner",
+        "EnumerableShardingSpec",
+        "HBM_CAP",
+        "HeuristicalStorageReservation",
+        "MIN_CW_DIM",
+        "ModuleSharder",
+        "ParameterConstraints",
+        "ParameterSharding",
+        "PlanResult",
+        "PlanStats",
+        "PlannerError",
+        "PlannerErrorType",
+        "RankStats",
+        "ShardMetadata",
+        "ShardPlacement",
+        "ShardingEnv",
+        "ShardingPlan",
+        "ShardingType",
+        "TableStats",
+        "Topology",
+        "embedding_compute_kernels",
+        "embedding_sharding_types",
+        "estimate_plan",
+        "placement",
+        "plan_tables",
+        "split_evenly",
+    ],
+    "shardkit.sharding": [
+        "EmbeddingBagCollectionSharder",
+        "EmbeddingCollectionSharder",
+        "ParameterShardingGenerator",
+        "apply_to_all",
+        "column_wise",
+        "construct_module_sharding_plan",
+        "data_parallel",
+        "get_default_sharders",
+        "grid_shard",
+        "row_wise",
+        "table_row_wise",
+        "table_wise",
+    ],
+    "shardkit.distributed": [],
+    "shardkit.distributed.types": [
+        "EmbeddingModuleShardingPlan",
+        "EnumerableShardingSpec",
+        "ModuleSharder",
+        "ParameterSharding",
+        "ShardMetadata",
+        "ShardingEnv",
+        "ShardingPlan",
+        "ShardingType",
+    ],
+    "shardkit.distributed.embedding_types": [
+        "BaseEmbeddingSharder",
+        "EmbeddingComputeKernel",
+    ],
+    "shardkit.distributed.embeddingbag": [
+        "EmbeddingBagCollectionSharder",
+    ],
+    "shardkit.distributed.embedding": [
+        "EmbeddingCollectionSharder",
+    ],
+    "shardkit.distributed.sharding_plan": [
+        "ParameterShardingGenerator",
+        "apply_to_all",
+        "column_wise",
+        "construct_module_sharding_plan",
+        "data_parallel",
+        "get_default_sharders",
+        "grid_shard",
+        "row_wise",
+        "table_row_wise",
+        "table_wise",
+    ],
+    "shardkit.distributed.planner": [
+        "EmbeddingShardingPlanner",
+        "HeuristicalStorageReservation",
+        "ParameterConstraints",
+        "Topology",
+    ],
+    "shardkit.distributed.planner.types": [
+        "ParameterConstraints",
+        "PlannerError",
+        "PlannerErrorType",
+        "Topology",
+    ],
+    "shardkit.distributed.planner.storage_reservations": [
+        "HeuristicalStorageReservation",
+    ],
 }
 
 
@@ -94,7 +189,8 @@ def test_all_is_pinned(module):
 
 def test_import_has_no_side_effects():
     code = (
-        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm;"
+        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
+        " shardkit.planner, shardkit.sharding, shardkit.distributed.planner;"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
         "print('ok')"

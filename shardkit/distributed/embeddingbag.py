@@ -1,0 +1,5 @@
+"""``torchrec.distributed.embeddingbag``: the sharder of `EmbeddingBagCollection`."""
+
+from shardkit.sharding import EmbeddingBagCollectionSharder
+
+__all__ = ["EmbeddingBagCollectionSharder"]

@@ -1,0 +1,23 @@
+"""``torchrec.distributed.types``: plans, sharding types, environments, sharders."""
+
+from shardkit.planner import (
+    EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
+    ModuleSharder,
+    ParameterSharding,
+    ShardingEnv,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+)
+
+__all__ = [
+    "EmbeddingModuleShardingPlan",
+    "EnumerableShardingSpec",
+    "ModuleSharder",
+    "ParameterSharding",
+    "ShardMetadata",
+    "ShardingEnv",
+    "ShardingPlan",
+    "ShardingType",
+]

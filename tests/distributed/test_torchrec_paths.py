@@ -1,0 +1,90 @@
+"""Code written for TorchRec runs with ``torchrec`` -> ``shardkit`` in its imports (seeds
+000/001, the planner part), and the thin modules stay thin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import cast
+
+import torch
+
+# The seed's imports, with torchrec renamed.
+from shardkit.distributed.embedding_types import EmbeddingComputeKernel
+from shardkit.distributed.planner import EmbeddingShardingPlanner, Topology
+from shardkit.distributed.planner.types import ParameterConstraints, PlannerError
+from shardkit.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from shardkit.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
+from tests.planner._helpers import StandInEBC, StandInSharder, seed_tables
+from tests.planner._seed_plans import SEED_PLANS
+
+
+def gen_constraints(sharding_type: ShardingType = ShardingType.TABLE_WISE):
+    """The seed's function, verbatim but for the table list."""
+    large_table_constraints = {
+        "large_table_" + str(i): ParameterConstraints(
+            sharding_types=[sharding_type.value],
+        )
+        for i in range(2)
+    }
+    small_table_constraints = {
+        "small_table_" + str(i): ParameterConstraints(
+            sharding_types=[sharding_type.value],
+        )
+        for i in range(2)
+    }
+    constraints = {**large_table_constraints, **small_table_constraints}
+    return constraints
+
+
+def test_the_seed_planning_code_runs_and_prints_the_seed_plan():
+    topology = Topology(world_size=2, compute_device="cuda")
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=gen_constraints())
+    sharders = [cast(ModuleSharder, StandInSharder())]
+    plan: ShardingPlan = planner.plan(StandInEBC(seed_tables()), sharders)
+    assert f"{plan}" == SEED_PLANS["TABLE_WISE"]
+    assert plan.plan[""]["small_table_1"].compute_kernel == EmbeddingComputeKernel.FUSED.value
+
+
+def test_torchrec_kernel_strings_are_understood():
+    constraints = {"large_table_0": ParameterConstraints(compute_kernels=["dense"])}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+    assert plan.plan[""]["large_table_0"].compute_kernel == EmbeddingComputeKernel.DENSE
+    assert issubclass(PlannerError, Exception)
+
+
+def test_sharding_env_is_plain_data():
+    env = ShardingEnv.from_local(world_size=4, rank=1)
+    assert (env.world_size, env.rank, env.pg, env.process_group) == (4, 1, None, None)
+
+
+def test_manual_plans_from_the_torchrec_path():
+    ebc = StandInEBC(seed_tables())
+    plan = construct_module_sharding_plan(
+        ebc,
+        {
+            name: row_wise()
+            for name in ["large_table_0", "large_table_1", "small_table_0", "small_table_1"]
+        },
+        sharder=StandInSharder(),
+        world_size=2,
+        local_size=2,
+        device_type="cuda",
+    )
+    assert str(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
+    assert torch.Size([4096, 64]) == ebc.embedding_bags["large_table_0"].weight.shape
+
+
+def test_the_distributed_package_imports_nothing():
+    code = (
+        "import sys, shardkit.distributed;"
+        "assert 'shardkit.planner' not in sys.modules and 'shardkit.sharding' not in sys.modules;"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "ok", out.stderr

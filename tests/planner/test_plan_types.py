@@ -1,0 +1,146 @@
+"""Plans are plain data: they print as TorchRec's tutorials show, round-trip through JSON and
+pickle, and refuse inconsistent content."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from shardkit.planner import (
+    EmbeddingComputeKernel,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+    ShardMetadata,
+    ShardPlacement,
+    placement,
+)
+
+
+def _table_wise(rank: int, device: str = "cpu") -> ParameterSharding:
+    shard = ShardMetadata([0, 0], [4096, 64], ShardPlacement(rank, device))
+    return ParameterSharding("table_wise", "fused", [rank], EnumerableShardingSpec([shard]))
+
+
+def test_parameter_sharding_prints_like_the_seed():
+    expected = (
+        "ParameterSharding(sharding_type='table_wise', compute_kernel='batched_fused', "
+        "ranks=[0], sharding_spec=EnumerableShardingSpec(shards=[ShardMetadata("
+        "shard_offsets=[0, 0], shard_sizes=[4096, 64], placement=rank:0/cpu)]))"
+    )
+    assert repr(_table_wise(0)) == expected
+    dp = ParameterSharding(ShardingType.DATA_PARALLEL, EmbeddingComputeKernel.DENSE, [0, 1])
+    assert repr(dp) == (
+        "ParameterSharding(sharding_type='data_parallel', compute_kernel='batched_dense', "
+        "ranks=[0, 1], sharding_spec=None)"
+    )
+    plan = ShardingPlan({"": {"t": dp}})
+    assert str(plan) == "{'': {'t': " + repr(dp) + "}}"
+
+
+@pytest.mark.parametrize(
+    ("text", "kernel"),
+    [
+        ("fused", EmbeddingComputeKernel.FUSED),
+        ("batched_fused", EmbeddingComputeKernel.FUSED),
+        ("FUSED", EmbeddingComputeKernel.FUSED),
+        ("dense", EmbeddingComputeKernel.DENSE),
+        ("batched_dense", EmbeddingComputeKernel.DENSE),
+        (EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.DENSE),
+    ],
+)
+def test_kernel_accepts_torchrec_18_and_tutorial_values(text, kernel):
+    assert EmbeddingComputeKernel.parse(text) is kernel
+    assert (
+        EmbeddingComputeKernel(text.value if isinstance(text, EmbeddingComputeKernel) else text)
+        is kernel
+    )
+
+
+def test_enums_compare_equal_to_torchrec_strings():
+    assert ShardingType.ROW_WISE == "row_wise" and ShardingType.ROW_WISE.value == "row_wise"
+    assert (
+        str(ShardingType.TABLE_WISE) == "table_wise"
+        and f"{ShardingType.GRID_SHARD}" == "grid_shard"
+    )
+    assert ShardingType.parse("TABLE_ROW_WISE") is ShardingType.TABLE_ROW_WISE
+    assert str(EmbeddingComputeKernel.FUSED) == "batched_fused"
+
+
+def test_unknown_enum_values_are_refused():
+    with pytest.raises(
+        ValueError, match=r"unknown sharding type 'diagonal'; choose one of \['data_parallel'"
+    ):
+        ShardingType.parse("diagonal")
+    with pytest.raises(ValueError, match=r"unknown or unsupported compute kernel 'fused_uvm'.*UVM"):
+        EmbeddingComputeKernel.parse("fused_uvm")
+
+
+def test_json_round_trip_is_exact():
+    plan = ShardingPlan(
+        {
+            "": {"a": _table_wise(1)},
+            "sparse.ebc": {
+                "b": ParameterSharding("data_parallel", "dense", [0, 1]),
+                "c": ParameterSharding(
+                    "column_wise",
+                    "dense",
+                    [1, 0],
+                    EnumerableShardingSpec(
+                        [
+                            ShardMetadata([0, 0], [10, 3], "rank:1/cuda:1"),
+                            ShardMetadata([0, 3], [10, 2], "rank:0/cuda:0"),
+                        ]
+                    ),
+                ),
+            },
+        }
+    )
+    again = ShardingPlan.from_json(plan.to_json(indent=1))
+    assert again == plan and str(again) == str(plan)
+    assert list(again.plan) == ["", "sparse.ebc"] and list(again.plan["sparse.ebc"]) == ["b", "c"]
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    assert (
+        again.get_plan_for_module("sparse.ebc")["c"].sharding_spec.shards[1].placement.rank() == 0
+    )
+    assert again.get_plan_for_module("missing") is None
+
+
+def test_from_json_refuses_other_documents():
+    with pytest.raises(
+        ValueError, match=r"not a shardkit sharding plan \(format None.*ShardingPlan.to_json"
+    ):
+        ShardingPlan.from_json('{"plan": {}}')
+
+
+def test_placement_text_and_methods():
+    assert str(placement("cpu", 3, 2)) == "rank:3/cpu"
+    assert str(placement("cuda", 3, 2)) == "rank:3/cuda:1"
+    parsed = ShardPlacement.parse("rank:3/cuda:1")
+    assert parsed == placement("cuda", 3, 2) and parsed.rank() == 3 and parsed.device().index == 1
+    with pytest.raises(
+        ValueError, match=r"placement 'cuda:0' is not of the form 'rank:<r>/<device>'"
+    ):
+        ShardPlacement.parse("cuda:0")
+    with pytest.raises(ValueError, match=r"a placement's rank must be an int >= 0, got -1"):
+        ShardPlacement(-1, "cpu")
+
+
+def test_inconsistent_shardings_are_refused():
+    spec = EnumerableShardingSpec([ShardMetadata([0, 0], [4, 4], "rank:1/cpu")])
+    with pytest.raises(
+        ValueError, match=r"ranks \[0\] do not match the ranks of the shards' placements \[1\]"
+    ):
+        ParameterSharding("table_wise", "fused", [0], spec)
+    with pytest.raises(
+        ValueError, match="data_parallel replicates the table: its sharding_spec is None"
+    ):
+        ParameterSharding("data_parallel", "dense", [0], spec)
+    with pytest.raises(ValueError, match="row_wise sharding needs a sharding_spec of shards"):
+        ParameterSharding("row_wise", "fused", [0, 1])
+    with pytest.raises(
+        ValueError, match=r"shard_sizes must be two ints >= 0 \(rows, columns\), got \[4\]"
+    ):
+        ShardMetadata([0, 0], [4], "rank:0/cpu")

@@ -1,0 +1,345 @@
+"""The planner end to end: modules in, plans that tile every table and fit memory out;
+deterministic; balanced; explained when nothing fits."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from shardkit.modules import EmbeddingBagConfig
+from shardkit.optim import EmbOptimType
+from shardkit.planner import (
+    EmbeddingShardingPlanner,
+    HeuristicalStorageReservation,
+    ParameterConstraints,
+    PlannerError,
+    PlannerErrorType,
+    ShardingType,
+    Topology,
+    estimate_plan,
+    plan_tables,
+)
+from tests.planner._helpers import (
+    Model,
+    StandInEBC,
+    StandInSharder,
+    assert_tiles,
+    seed_tables,
+)
+
+MIB, GIB = 1024**2, 1024**3
+
+
+def random_tables(count: int, seed: int = 0) -> list[EmbeddingBagConfig]:
+    """Awkward sizes: row and column counts that divide nothing, from tiny to large."""
+    rng = random.Random(seed)
+    return [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            num_embeddings=rng.choice([3, 7, 100, 1001, 65_537, 1_000_003]),
+            embedding_dim=rng.choice([4, 33, 64, 100, 128, 257]),
+            feature_names=[f"f{i}"],
+        )
+        for i in range(count)
+    ]
+
+
+def test_plan_walks_submodules_and_reserves_the_dense_model():
+    model = Model(seed_tables()[:2], seed_tables()[2:])
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
+    plan = planner.plan(model, [StandInSharder()])
+    assert list(plan.plan) == ["sparse.ebc", "sparse.other"]
+    assert list(plan.plan["sparse.ebc"]) == ["large_table_0", "large_table_1"]
+    assert planner.stats.dense == 1_001_000 * 4 * 6  # the Linear's parameters, 6x
+    assert [t.table for t in planner.stats.tables][:1] == ["sparse.ebc.large_table_0"]
+    assert_tiles(plan, seed_tables(), 2)
+
+
+def test_a_module_without_tables_gets_an_empty_plan():
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
+    assert planner.plan(Model([], []).dense, [StandInSharder()]).plan == {}
+
+
+@pytest.mark.parametrize(("world", "local"), [(1, 1), (2, 2), (3, 3), (4, 2), (8, 4), (12, 4)])
+def test_every_plan_tiles_every_table(world, local):
+    tables = random_tables(24, seed=world)
+    topology = Topology(world_size=world, compute_device="cuda", local_world_size=local)
+    result = plan_tables(tables, topology)
+    assert_tiles(result.plan, tables, world, local)
+    assert result.stats.max_memory <= result.stats.available
+
+
+@pytest.mark.parametrize("sharding_type", list(ShardingType))
+def test_every_forced_sharding_type_tiles_uneven_tables(sharding_type):
+    tables = [
+        EmbeddingBagConfig(name="odd", num_embeddings=1001, embedding_dim=100, feature_names=["a"]),
+        EmbeddingBagConfig(
+            name="even", num_embeddings=4096, embedding_dim=128, feature_names=["b"]
+        ),
+    ]
+    constraints = {t.name: ParameterConstraints(sharding_types=[sharding_type]) for t in tables}
+    topology = Topology(world_size=6, compute_device="cuda", local_world_size=3)
+    plan = plan_tables(tables, topology, constraints=constraints).plan
+    assert {s.sharding_type for s in plan.plan[""].values()} == {sharding_type}
+    assert_tiles(plan, tables, 6, 3)
+
+
+def test_uneven_rows_split_four_three_three():
+    table = EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=8, feature_names=["f"])
+    constraints = {"t": ParameterConstraints(sharding_types=["row_wise"])}
+    plan = plan_tables(
+        [table], Topology(world_size=3, compute_device="cpu"), constraints=constraints
+    )
+    shards = plan.plan.plan[""]["t"].sharding_spec.shards
+    assert [s.shard_sizes for s in shards] == [[4, 8], [3, 8], [3, 8]]
+    assert [s.shard_offsets for s in shards] == [[0, 0], [4, 0], [7, 0]]
+
+
+def test_same_inputs_same_plan():
+    tables = random_tables(40, seed=3)
+    topology = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+    first = plan_tables(tables, topology)
+    second = plan_tables(list(tables), topology)
+    assert first.plan.to_json() == second.plan.to_json() and first.stats == second.stats
+
+
+_PLAN_IN_SUBPROCESS = """
+import random, sys
+from shardkit.modules import EmbeddingBagConfig
+from shardkit.planner import Topology, plan_tables
+rng = random.Random(5)
+tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=rng.randint(10, 10**6),
+          embedding_dim=rng.choice([16, 64, 128]), feature_names=[f"f{i}"]) for i in range(60)]
+topology = Topology(world_size=32, compute_device="cuda", local_world_size=8)
+sys.stdout.write(plan_tables(tables, topology).plan.to_json())
+"""
+
+
+def test_plan_does_not_depend_on_hash_seed():
+    plans = set()
+    for seed in ("0", "1", "12345"):
+        out = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", _PLAN_IN_SUBPROCESS],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        )
+        assert out.returncode == 0, out.stderr
+        plans.add(out.stdout)
+    assert len(plans) == 1
+
+
+def test_a_hot_table_is_split_instead_of_overloading_one_rank():
+    tables = random_tables(16, seed=1)
+    hot = EmbeddingBagConfig(
+        name="hot", num_embeddings=100_000, embedding_dim=128, feature_names=["h"]
+    )
+    constraints = {"hot": ParameterConstraints(pooling_factors=[200.0])}
+    topology = Topology(world_size=8, compute_device="cuda")
+    result = plan_tables([*tables, hot], topology, constraints=constraints)
+    assert result.plan.plan[""]["hot"].sharding_type != ShardingType.TABLE_WISE
+    all_tw = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in [*tables, hot]}
+    all_tw["hot"] = ParameterConstraints(sharding_types=["table_wise"], pooling_factors=[200.0])
+    naive = plan_tables([*tables, hot], topology, constraints=all_tw)
+    assert result.stats.max_cost < 0.8 * naive.stats.max_cost
+
+
+def test_a_table_too_big_for_one_rank_is_split():
+    big = EmbeddingBagConfig(
+        name="big", num_embeddings=10_000_000, embedding_dim=64, feature_names=["b"]
+    )
+    topology = Topology(world_size=4, compute_device="cuda", hbm_cap=2 * GIB)
+    result = plan_tables([big], topology)  # 2.4 GiB of weights and state
+    assert result.plan.plan[""]["big"].sharding_type not in (
+        ShardingType.TABLE_WISE,
+        ShardingType.DATA_PARALLEL,
+    )
+    assert result.stats.max_memory <= result.stats.available
+
+
+def test_the_fused_optimizer_sets_the_state_counted():
+    tables = seed_tables()
+    topology = Topology(world_size=2, compute_device="cpu")
+    planner = EmbeddingShardingPlanner(topology=topology, debug=False)
+    planner.plan(StandInEBC(tables), [StandInSharder()])
+    rowwise = planner.stats.tables[0].memory
+    planner.plan(
+        StandInEBC(tables), [StandInSharder(fused_params={"optimizer": EmbOptimType.ADAM})]
+    )
+    adam = planner.stats.tables[0].memory
+    assert planner.stats.tables[0].sharding_type == "table_wise"
+    assert adam - rowwise == 2 * 4096 * 64 * 4 - 4096 * 4
+
+
+def test_stats_match_an_independent_estimate_of_the_plan():
+    tables = random_tables(30, seed=7)
+    topology = Topology(world_size=8, compute_device="cuda", local_world_size=4)
+    result = plan_tables(tables, topology)
+    again = estimate_plan(result.plan, tables, topology)
+    for mine, theirs in zip(result.stats.ranks, again.ranks):
+        assert mine.memory == theirs.memory and mine.num_shards == theirs.num_shards
+        assert mine.cost == pytest.approx(theirs.cost, rel=1e-9, abs=1e-12)
+    assert [t.shards for t in result.stats.tables] == [t.shards for t in again.tables]
+
+
+def test_errors_name_the_missing_topology_and_unknown_tables():
+    with pytest.raises(
+        ValueError, match=r"plan\(\) needs a topology, e.g. EmbeddingShardingPlanner"
+    ):
+        EmbeddingShardingPlanner().plan(StandInEBC(seed_tables()), [StandInSharder()])
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"),
+        constraints={"nope": ParameterConstraints(sharding_types=["row_wise"])},
+    )
+    with pytest.raises(
+        ValueError, match=r"constraints name tables \['nope'\] that the sharded modules do not have"
+    ):
+        planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+    with pytest.raises(ValueError, match=r"two sharders for StandInEBC; pass one per module type"):
+        planner.plan(StandInEBC(seed_tables()), [StandInSharder(), StandInSharder()])
+    with pytest.raises(
+        ValueError, match=r"batch_size must be an int >= 1 \(examples per rank\), got 0"
+    ):
+        plan_tables(seed_tables(), Topology(world_size=1, compute_device="cpu"), batch_size=0)
+
+
+def test_a_table_too_small_for_row_wise_is_explained():
+    tiny = EmbeddingBagConfig(name="tiny", num_embeddings=3, embedding_dim=8, feature_names=["f"])
+    constraints = {"tiny": ParameterConstraints(sharding_types=["row_wise"])}
+    with pytest.raises(
+        PlannerError,
+        match=r"table 'tiny' \(3 x 8, 4 B per weight\): row_wise needs num_embeddings \(3\) >= world_size \(4\)",
+    ) as info:
+        plan_tables([tiny], Topology(world_size=4, compute_device="cpu"), constraints=constraints)
+    assert info.value.error_type == PlannerErrorType.STRICT_CONSTRAINTS
+    assert "would fit: table_wise" in str(info.value) and "which the constraints exclude" in str(
+        info.value
+    )
+
+
+def test_constraints_that_exclude_everything_name_table_and_constraint():
+    table = seed_tables()[:1]
+    topology = Topology(world_size=2, compute_device="cpu")
+    only_dp_fused = {
+        "large_table_0": ParameterConstraints(
+            sharding_types=["data_parallel"], compute_kernels=["fused"]
+        )
+    }
+    with pytest.raises(
+        PlannerError,
+        match=r"table 'large_table_0': constraint compute_kernels=\['batched_fused'\] leaves no kernel for its sharding types; an embedding collection offers \{'data_parallel': \['batched_dense'\]\}",
+    ):
+        plan_tables(table, topology, constraints=only_dp_fused)
+    grid = {"large_table_0": ParameterConstraints(sharding_types=["grid_shard"])}
+    with pytest.raises(
+        PlannerError, match=r"grid_shard needs local_world_size >= 2 ranks per host, got 1"
+    ):
+        plan_tables(
+            table,
+            Topology(world_size=2, compute_device="cpu", local_world_size=1),
+            constraints=grid,
+        )
+
+
+def test_a_table_too_big_for_every_option_says_what_each_needs():
+    big = EmbeddingBagConfig(
+        name="big", num_embeddings=80_000_000, embedding_dim=128, feature_names=["b"]
+    )
+    topology = Topology(world_size=4, compute_device="cuda", local_world_size=2, hbm_cap=8 * GIB)
+    with pytest.raises(PlannerError) as info:
+        plan_tables([big], topology)
+    message = str(info.value)
+    assert info.value.error_type == PlannerErrorType.INSUFFICIENT_STORAGE
+    assert (
+        "1 of 1 tables have no way to be sharded on 4 ranks with 6.8 GiB for tables each" in message
+    )
+    assert (
+        "each layout needs more than the 6.8 GiB a rank has for tables (data_parallel 76.6 GiB, "
+        "table_wise 38.4 GiB, column_wise 9.84 GiB, row_wise 9.61 GiB, table_row_wise 19.2 GiB, "
+        "table_column_wise 19.4 GiB on a rank)" in message
+    )
+    assert "would fit: 8 ranks (world_size 4 now) for this table alone" in message
+
+
+def test_when_tables_do_not_fit_together_the_error_names_each_and_what_would_fit():
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", num_embeddings=4_000_000, embedding_dim=64, feature_names=[f"f{i}"]
+        )
+        for i in range(12)
+    ]
+    constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    topology = Topology(world_size=4, compute_device="cuda", hbm_cap=3 * GIB)
+    with pytest.raises(PlannerError) as info:
+        plan_tables(tables, topology, constraints=constraints)
+    message = str(info.value)
+    assert info.value.error_type == PlannerErrorType.PARTITION
+    assert message.startswith(
+        "no sharding plan fits: 4 of 12 tables cannot be placed on 4 ranks with 2.55 GiB"
+    )
+    assert "at least 5 ranks of this size" in message
+    for line in [line for line in message.splitlines() if line.startswith("  table ")]:
+        assert "table_wise needs 992 MiB on one rank; the most any rank has left is" in line
+    assert message.count("would fit: column_wise (504 MiB per rank) or ") == 4
+    assert "row_wise (248 MiB per rank), which the constraints exclude" in message
+
+
+def test_a_smaller_batch_is_suggested_when_buffers_are_what_does_not_fit():
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", num_embeddings=100, embedding_dim=128, feature_names=[f"f{i}"]
+        )
+        for i in range(3)
+    ]
+    constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=4 * MIB)
+    reservation = HeuristicalStorageReservation(percentage=0.0)
+    with pytest.raises(
+        PlannerError, match=r"would fit: batch_size <= \d+ \(its input/output buffers take"
+    ):
+        plan_tables(
+            tables,
+            topology,
+            constraints=constraints,
+            batch_size=2048,
+            storage_reservation=reservation,
+        )
+
+
+def test_nothing_left_after_the_reservation_is_explained():
+    with pytest.raises(
+        PlannerError,
+        match=r"no hbm memory is left for embedding tables: each rank has 1 GiB, minus a 15% margin \(154 MiB\), the dense model \(2 GiB\)",
+    ):
+        plan_tables(
+            seed_tables(),
+            Topology(world_size=2, compute_device="cuda", hbm_cap=GIB),
+            storage_reservation=HeuristicalStorageReservation(dense_tensor_estimate=2 * GIB),
+        )
+
+
+def test_grid_shard_splits_columns_over_hosts_and_rows_inside_each():
+    table = EmbeddingBagConfig(name="g", num_embeddings=1000, embedding_dim=96, feature_names=["f"])
+    constraints = {"g": ParameterConstraints(sharding_types=["grid_shard"])}
+    topology = Topology(world_size=6, compute_device="cuda", local_world_size=2)
+    sharding = plan_tables([table], topology, constraints=constraints).plan.plan[""]["g"]
+    shards = sharding.sharding_spec.shards
+    blocks = {}
+    for shard, rank in zip(shards, sharding.ranks):
+        blocks.setdefault(shard.shard_offsets[1], []).append(rank)
+    assert len(blocks) >= 2 and all(len({r // 2 for r in ranks}) == 1 for ranks in blocks.values())
+    assert len({ranks[0] // 2 for ranks in blocks.values()}) == len(blocks)  # distinct hosts
+    assert_tiles(plan_tables([table], topology, constraints=constraints).plan, [table], 6, 2)
+
+
+def test_planning_a_hundred_tables_on_128_ranks_is_quick():
+    import time
+
+    tables = random_tables(100, seed=11)
+    start = time.perf_counter()
+    plan_tables(tables, Topology(world_size=128, compute_device="cuda", local_world_size=8))
+    assert time.perf_counter() - start < 5.0
