@@ -8,6 +8,7 @@ optional optimizer fused into backward (``fused_params`` or `apply_optimizer_in_
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,16 @@ class _Collection(nn.Module):
             for module, param in zip(tables.values(), params):
                 module._parameters["weight"] = param
         return self
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        # Parameter.__deepcopy__ clones each table on its own, breaking [Note: table views];
+        # copy everything, then point the copied Parameters back into the copied buffers.
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = copy.deepcopy(value, memo)
+        new._stack.convert(lambda t: t)
+        return new
 
     def _sync_groups(self) -> None:
         """Re-stack if `apply_optimizer_in_backward` changed some table's optimizer."""

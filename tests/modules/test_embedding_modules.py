@@ -216,3 +216,18 @@ def test_embedding_collection_matches_functional_embedding():
     torch.testing.assert_close(
         ec.embeddings["t0"].weight.grad, counts.float().unsqueeze(1).expand(11, 4)
     )
+
+
+def test_deepcopy_keeps_tables_batched_and_independent():
+    import copy
+
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.5}
+    ebc = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
+    twin = copy.deepcopy(ebc)
+    twin(_batch(1, False)).values().sum().backward()
+    # batch 1 has no ids for feature 'c' (table t1): only t0 and t2 train
+    for name, trained in (("t0", True), ("t1", False), ("t2", True)):
+        ours, theirs = ebc.embedding_bags[name].weight, twin.embedding_bags[name].weight
+        assert torch.equal(ours, theirs) != trained, f"{name}: only the copy trains"
+        assert theirs.data_ptr() != ours.data_ptr()
+    assert twin.fused_optimizer.param_groups[0]["lr"] == 0.5
