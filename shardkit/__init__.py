@@ -1,5 +1,8 @@
 """shardkit: model-parallel embeddings and fully sharded data parallel in plain PyTorch."""
 
+# `shardkit.distributed.DistributedModelParallel` must work after a bare `import shardkit`, as
+# `torchrec.distributed.DistributedModelParallel` does after `import torchrec` (seed 002).
+from shardkit import distributed  # noqa: F401 (see above)
 from shardkit.modules import (
     DataType,
     EmbeddingBagCollection,

@@ -32,6 +32,7 @@ PUBLIC = {
         "data_type_to_dtype",
     ],
     "shardkit.optim": [
+        "CombinedOptimizer",
         "EmbOptimType",
         "FusedOptimizer",
         "FusedOptimizerConfig",
@@ -115,9 +116,12 @@ PUBLIC = {
         "split_evenly",
     ],
     "shardkit.sharding": [
+        "DistributedModelParallel",
         "EmbeddingBagCollectionSharder",
         "EmbeddingCollectionSharder",
+        "InputError",
         "ParameterShardingGenerator",
+        "ShardedEmbeddingBagCollection",
         "apply_to_all",
         "column_wise",
         "construct_module_sharding_plan",
@@ -128,7 +132,7 @@ PUBLIC = {
         "table_row_wise",
         "table_wise",
     ],
-    "shardkit.distributed": [],
+    "shardkit.distributed": ["DistributedModelParallel", "ShardingEnv", "ShardingPlan"],
     "shardkit.distributed.types": [
         "EmbeddingModuleShardingPlan",
         "EnumerableShardingSpec",
@@ -139,12 +143,14 @@ PUBLIC = {
         "ShardingPlan",
         "ShardingType",
     ],
+    "shardkit.distributed.model_parallel": ["DistributedModelParallel"],
     "shardkit.distributed.embedding_types": [
         "BaseEmbeddingSharder",
         "EmbeddingComputeKernel",
     ],
     "shardkit.distributed.embeddingbag": [
         "EmbeddingBagCollectionSharder",
+        "ShardedEmbeddingBagCollection",
     ],
     "shardkit.distributed.embedding": [
         "EmbeddingCollectionSharder",

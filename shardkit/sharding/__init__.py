@@ -1,10 +1,11 @@
-"""Sharded embedding modules. For now: the sharder descriptors the planner uses, and plans
-written by hand (``construct_module_sharding_plan``)."""
+"""Sharded embedding modules, their sharders, plans written by hand, and
+`DistributedModelParallel`."""
 
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,
     apply_to_all,
@@ -17,11 +18,16 @@ from shardkit.sharding._sharding_plan import (
     table_row_wise,
     table_wise,
 )
+from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding.model_parallel import DistributedModelParallel
 
 __all__ = [
+    "DistributedModelParallel",
     "EmbeddingBagCollectionSharder",
     "EmbeddingCollectionSharder",
+    "InputError",
     "ParameterShardingGenerator",
+    "ShardedEmbeddingBagCollection",
     "apply_to_all",
     "column_wise",
     "construct_module_sharding_plan",

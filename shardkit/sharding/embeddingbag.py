@@ -26,6 +26,7 @@ from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
 from shardkit.sharding._layout import Route, ShardSlice, build_layout
 from shardkit.sharding._output_dist import HostGroups, distribute
+from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]
@@ -57,6 +58,23 @@ class ShardedTable(nn.Module):
             f"rows {s.row_start}+{s.rows}, cols {s.col_start}+{s.cols}" for s in self.shard_slices
         ]
         return "; ".join(blocks) or "no shard on this rank"
+
+
+def _state_dict_hook(module: ShardedEmbeddingBagCollection, state_dict, prefix, _meta) -> None:
+    # data-parallel tables appear once, as embedding_bags.<t>.weight (not also under _local)
+    for key in [k for k in state_dict if k.startswith(f"{prefix}_local.")]:
+        del state_dict[key]
+    for config, table in module._sharded_tables():
+        for k in range(len(table.shards)):
+            del state_dict[f"{prefix}embedding_bags.{config.name}.shards.{k}"]
+        local = [(s, p.detach()) for s, p in zip(table.shard_slices, table.shards)]
+        state_dict[f"{prefix}embedding_bags.{config.name}.weight"] = sharded_tensor(
+            (config.num_embeddings, config.embedding_dim),
+            module.table_shards(config.name),
+            local,
+            module._device,
+            module._env.pg,
+        )
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
@@ -112,6 +130,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._local = self._build_local(module)
         self._register_tables()
         self.fused_optimizer = self._make_fused_optimizer()
+        self._register_state_dict_hook(_state_dict_hook)
+        self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         logger.info(
             "rank %d: %d local shard group(s), %d output class(es), %d data-parallel table(s)",
             env.rank,
@@ -209,6 +229,39 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     )
                 )
         return FusedOptimizer(tables) if tables else None
+
+    # -- state dict: see [Note: sharded state dicts] --------------------------------------
+
+    def _sharded_tables(self) -> list[tuple[Any, ShardedTable]]:
+        return [
+            (c, self.embedding_bags[c.name])
+            for c in self._configs
+            if isinstance(self.embedding_bags[c.name], ShardedTable)
+        ]
+
+    def table_shards(self, table: str) -> list[ShardSlice]:
+        """Every shard of ``table`` in the job (from the layout)."""
+        found: dict[tuple, ShardSlice] = {}
+        for unit in self._layout.units:
+            for shard in unit.shards:
+                if shard.table == table:
+                    found.setdefault((shard.row_start, shard.col_start), shard)
+        return [found[k] for k in sorted(found)]
+
+    def _load_state_dict_pre_hook(self, state_dict, prefix, *args: Any) -> None:
+        for name in self._local_tables:
+            key = f"{prefix}embedding_bags.{name}.weight"
+            if key in state_dict:
+                state_dict[f"{prefix}_local.embedding_bags.{name}.weight"] = state_dict[key]
+        for config, table in self._sharded_tables():
+            key = f"{prefix}embedding_bags.{config.name}.weight"
+            if key not in state_dict:
+                continue
+            value = state_dict.pop(key)
+            for k, slice_ in enumerate(table.shard_slices):
+                state_dict[f"{prefix}embedding_bags.{config.name}.shards.{k}"] = block_of(
+                    value, slice_, key
+                )
 
     # -- forward ---------------------------------------------------------------------------
 
