@@ -116,12 +116,14 @@ PUBLIC = {
         "split_evenly",
     ],
     "shardkit.sharding": [
+        "DataExhaustedError",
         "DistributedModelParallel",
         "EmbeddingBagCollectionSharder",
         "EmbeddingCollectionSharder",
         "InputError",
         "ParameterShardingGenerator",
         "ShardedEmbeddingBagCollection",
+        "TrainPipelineSparseDist",
         "apply_to_all",
         "column_wise",
         "construct_module_sharding_plan",
@@ -144,6 +146,7 @@ PUBLIC = {
         "ShardingType",
     ],
     "shardkit.distributed.model_parallel": ["DistributedModelParallel"],
+    "shardkit.distributed.train_pipeline": ["DataExhaustedError", "TrainPipelineSparseDist"],
     "shardkit.distributed.embedding_types": [
         "BaseEmbeddingSharder",
         "EmbeddingComputeKernel",

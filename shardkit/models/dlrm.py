@@ -14,6 +14,7 @@ features through a low-rank DCN-v2 cross network instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -219,8 +220,9 @@ class DLRM_DCN(DLRM):  # TorchRec's name
 
 
 class DLRMTrain(nn.Module):
-    """Wraps a DLRM for training: ``(dense, sparse, labels) -> (loss, (loss, logits, labels))``
-    with binary cross-entropy on the logits, TorchRec's training interface."""
+    """Wraps a DLRM for training (TorchRec's interface): ``model(batch) -> (loss, (loss, logits,
+    labels))`` with binary cross-entropy on the logits. ``batch`` has ``dense_features``,
+    ``sparse_features`` and ``labels`` (e.g. `shardkit.data.Batch`)."""
 
     def __init__(self, dlrm_module: DLRM) -> None:
         super().__init__()
@@ -228,8 +230,8 @@ class DLRMTrain(nn.Module):
         self.loss_fn = nn.BCEWithLogitsLoss()
 
     def forward(
-        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor, labels: torch.Tensor
+        self, batch: Any
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        logits = self.model(dense_features, sparse_features).squeeze(-1)
-        loss = self.loss_fn(logits, labels.float())
-        return loss, (loss.detach(), logits.detach(), labels.detach())
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())

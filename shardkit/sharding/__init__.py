@@ -20,14 +20,17 @@ from shardkit.sharding._sharding_plan import (
 )
 from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding.model_parallel import DistributedModelParallel
+from shardkit.sharding.train_pipeline import DataExhaustedError, TrainPipelineSparseDist
 
 __all__ = [
+    "DataExhaustedError",
     "DistributedModelParallel",
     "EmbeddingBagCollectionSharder",
     "EmbeddingCollectionSharder",
     "InputError",
     "ParameterShardingGenerator",
     "ShardedEmbeddingBagCollection",
+    "TrainPipelineSparseDist",
     "apply_to_all",
     "column_wise",
     "construct_module_sharding_plan",

@@ -35,6 +35,12 @@ class InputError(ValueError):
     """Some rank's input to a sharded collection was refused; raised on every rank."""
 
 
+class OtherRankInputError(InputError):
+    """Raised on the ranks whose own input was fine, when another rank's was refused."""
+
+    reports_other_rank = True
+
+
 @dataclass(frozen=True)
 class SourceBatch:
     """This rank's batch in the collection's feature order.
@@ -181,7 +187,7 @@ def _check_headers(headers: torch.Tensor, batch: SourceBatch, rank: int) -> None
     if bad:
         if batch.error is not None:
             raise InputError(batch.error)
-        raise InputError(
+        raise OtherRankInputError(
             f"rank(s) {bad} refused their input to the sharded collection (their error says "
             "why); every rank stops here instead of waiting for them"
         )

@@ -33,6 +33,9 @@ __all__ = ["ShardedEmbeddingBagCollection"]
 
 logger = logging.getLogger(__name__)
 
+# Input dists started ahead of their forward that a collection keeps (the pipeline needs 2).
+_MAX_PREFETCHED = 2
+
 # The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
 DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
 
@@ -130,6 +133,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._local = self._build_local(module)
         self._register_tables()
         self.fused_optimizer = self._make_fused_optimizer()
+        self._prefetched: list[DistributedInput] = []
         self._register_state_dict_hook(_state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         logger.info(
@@ -309,7 +313,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
             )
         return self._assemble(units, dist_input.features, batch_size)
 
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Start the input dist of ``features`` now; the forward that receives this very KJT
+        object uses it (see `TrainPipelineSparseDist`)."""
+        self._prefetched.append(self.input_dist(features))
+        del self._prefetched[:-_MAX_PREFETCHED]
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        for index, prefetched in enumerate(self._prefetched):
+            if prefetched.features is features:
+                del self._prefetched[: index + 1]  # older ones were never used
+                return self.compute_and_output_dist(prefetched)
         return self.compute_and_output_dist(self.input_dist(features))
 
     def _assemble(self, units, features: KeyedJaggedTensor, batch_size: int) -> KeyedTensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -64,7 +66,9 @@ def test_training_lowers_the_loss(cls):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     losses = []
     for _ in range(30):
-        loss, (_, logits, _) = model(dense, sparse, labels)
+        loss, (_, logits, _) = model(
+            SimpleNamespace(dense_features=dense, sparse_features=sparse, labels=labels)
+        )
         assert logits.shape == (16,)
         optimizer.zero_grad()
         loss.backward()
