@@ -123,6 +123,7 @@ PUBLIC = {
         "InputError",
         "ParameterShardingGenerator",
         "ShardedEmbeddingBagCollection",
+        "ShardedEmbeddingCollection",
         "TrainPipelineSparseDist",
         "apply_to_all",
         "column_wise",
@@ -155,9 +156,7 @@ PUBLIC = {
         "EmbeddingBagCollectionSharder",
         "ShardedEmbeddingBagCollection",
     ],
-    "shardkit.distributed.embedding": [
-        "EmbeddingCollectionSharder",
-    ],
+    "shardkit.distributed.embedding": ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"],
     "shardkit.distributed.sharding_plan": [
         "ParameterShardingGenerator",
         "apply_to_all",

@@ -18,6 +18,7 @@ from shardkit.sharding._sharding_plan import (
     table_row_wise,
     table_wise,
 )
+from shardkit.sharding.embedding import ShardedEmbeddingCollection
 from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding.model_parallel import DistributedModelParallel
 from shardkit.sharding.train_pipeline import DataExhaustedError, TrainPipelineSparseDist
@@ -30,6 +31,7 @@ __all__ = [
     "InputError",
     "ParameterShardingGenerator",
     "ShardedEmbeddingBagCollection",
+    "ShardedEmbeddingCollection",
     "TrainPipelineSparseDist",
     "apply_to_all",
     "column_wise",

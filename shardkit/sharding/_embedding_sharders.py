@@ -12,6 +12,7 @@ from torch import nn
 
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
 from shardkit.planner import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
+from shardkit.sharding.embedding import ShardedEmbeddingCollection
 from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 
 __all__ = ["EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]
@@ -61,3 +62,25 @@ class EmbeddingCollectionSharder(BaseEmbeddingSharder):
     @property
     def module_type(self) -> type[nn.Module]:
         return EmbeddingCollection
+
+    def shard(
+        self,
+        module: nn.Module,
+        params: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+        *,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> nn.Module:
+        """The `ShardedEmbeddingCollection` of ``module`` for plan ``params`` on ``env``."""
+        return ShardedEmbeddingCollection(
+            module,
+            params,
+            env,
+            device,
+            fused_params=self.fused_params,
+            local_world_size=local_world_size,
+            gradient_division=gradient_division,
+        )

@@ -69,11 +69,18 @@ class Received:
 
 
 class PendingInput:
-    """The ids all-to-alls in flight; `wait` returns the `Received`."""
+    """The ids all-to-alls in flight; `wait` returns the `Received`.
 
-    def __init__(self, finish) -> None:
+    Also what this rank sent, which sequence lookups need to put returned rows back in order:
+    ``sent_counts[d][k]`` ids for the k-th slot bound for rank d, and ``orders[unit index]``, the
+    permutation that sorted a row-bucketed unit's ids by shard.
+    """
+
+    def __init__(self, finish, sent_counts: list[list[int]], orders: dict) -> None:
         self._finish = finish
         self._result: Received | None = None
+        self.sent_counts = sent_counts
+        self.orders = orders
 
     def wait(self) -> Received:
         if self._result is None:
@@ -91,7 +98,9 @@ def exchange_start(
 ) -> PendingInput:
     """Send this rank's ids to the shards' ranks; returns a handle on what it receives."""
     world = layout.world_size
-    payload = _payload(batch, layout, world, with_weights) if batch.error is None else None
+    payload, sent_counts, orders = None, [], {}
+    if batch.error is None:
+        payload, sent_counts, orders = _payload(batch, layout, world, with_weights)
     sent_ids = [0] * world if payload is None else [p.ids.numel() for p in payload]
     status = _OK if batch.error is None else _BAD_INPUT
     header = torch.tensor([[batch.batch_size, n, status] for n in sent_ids], dtype=torch.int64)
@@ -121,7 +130,7 @@ def exchange_start(
     def finish() -> Received:
         return _unpack(ints_handle, weights_handle, slots, received_ids, world, size)
 
-    return PendingInput(finish)
+    return PendingInput(finish, sent_counts, orders)
 
 
 @dataclass(frozen=True)
@@ -131,9 +140,13 @@ class _Payload:
     weights: torch.Tensor | None  # [n_d]
 
 
-def _payload(batch: SourceBatch, layout: Layout, world: int, with_weights: bool) -> list[_Payload]:
-    """Per destination rank: its slots' lengths, ids and weights (see [Note: routes])."""
+def _payload(
+    batch: SourceBatch, layout: Layout, world: int, with_weights: bool
+) -> tuple[list[_Payload], list[list[int]], dict[int, torch.Tensor]]:
+    """Per destination rank: its slots' lengths, ids and weights (see [Note: routes]); the ids
+    sent per slot; each bucketed unit's sort order."""
     per_rank: list[list[tuple]] = [[] for _ in range(world)]
+    orders: dict[int, torch.Tensor] = {}
     for unit in layout.units:
         if unit.route == Route.LOCAL:
             continue
@@ -141,7 +154,10 @@ def _payload(batch: SourceBatch, layout: Layout, world: int, with_weights: bool)
         lengths = batch.lengths_per_feature[feature]
         values = batch.values_per_feature[feature]
         weights = batch.weights_per_feature[feature] if batch.weights_per_feature else None
-        for shard, part in zip(unit.shards, _split_unit(unit, lengths, values, weights)):
+        parts, order = _split_unit(unit, lengths, values, weights)
+        if order is not None:
+            orders[unit.index] = order
+        for shard, part in zip(unit.shards, parts):
             per_rank[shard.rank].append(part)
     empty_ids = torch.empty(0, dtype=torch.int64)
     empty_w = torch.empty(0, dtype=torch.float32)
@@ -156,15 +172,17 @@ def _payload(batch: SourceBatch, layout: Layout, world: int, with_weights: bool)
                 else None,
             )
         )
-    return out
+    sent_counts = [[part[1].numel() for part in parts] for parts in per_rank]
+    return out, sent_counts, orders
 
 
 def _split_unit(
     unit: Unit, lengths: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | None
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """A unit's ids per shard: all of them for PLACED; bucketed and rebased by row range else."""
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], torch.Tensor | None]:
+    """A unit's ids per shard: all of them for PLACED; bucketed and rebased by row range else
+    (then also the permutation that sorted the ids by shard)."""
     if unit.route == Route.PLACED:
-        return [(lengths, values, weights)]
+        return [(lengths, values, weights)], None
     batch = lengths.numel()
     starts = torch.tensor([s.row_start for s in unit.shards], dtype=torch.int64)
     bucket = torch.bucketize(values, starts[1:], right=True)  # [n]: shard of each id
@@ -177,7 +195,7 @@ def _split_unit(
     counts = shard_lengths.sum(1).tolist()
     ids = torch.split(rebased, counts)
     ws = torch.split(weights[order], counts) if weights is not None else [None] * num_shards
-    return list(zip(shard_lengths, ids, ws))
+    return list(zip(shard_lengths, ids, ws)), order
 
 
 def _check_headers(headers: torch.Tensor, batch: SourceBatch, rank: int) -> None:
