@@ -1,0 +1,19 @@
+"""Data for shardkit's jobs: batches, global-batch iterators, UCI Adult, Criteo, synthetic.
+
+Everything here is torch only (no NumPy, no pandas) and never downloads anything.
+"""
+
+from shardkit.data._batch import Batch
+from shardkit.data._global_batch import LastBatch
+from shardkit.data._iterator import GlobalBatchIterator, epoch_order
+from shardkit.data._tabular import MapDataset, TabularDataset, batch_from_ids
+
+__all__ = [
+    "Batch",
+    "GlobalBatchIterator",
+    "LastBatch",
+    "MapDataset",
+    "TabularDataset",
+    "batch_from_ids",
+    "epoch_order",
+]
