@@ -3,12 +3,15 @@
 Everything here is torch only (no NumPy, no pandas) and never downloads anything.
 """
 
+from shardkit.data._adult import ADULT_PATH, AdultData, load_adult
 from shardkit.data._batch import Batch
 from shardkit.data._global_batch import LastBatch
 from shardkit.data._iterator import GlobalBatchIterator, epoch_order
 from shardkit.data._tabular import MapDataset, TabularDataset, batch_from_ids
 
 __all__ = [
+    "ADULT_PATH",
+    "AdultData",
     "Batch",
     "GlobalBatchIterator",
     "LastBatch",
@@ -16,4 +19,5 @@ __all__ = [
     "TabularDataset",
     "batch_from_ids",
     "epoch_order",
+    "load_adult",
 ]
