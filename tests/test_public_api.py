@@ -79,6 +79,17 @@ PUBLIC = {
         "reduce_scatter_tensor",
         "set_debug",
     ],
+    "shardkit.metrics": [
+        "AUC",
+        "Accuracy",
+        "BinaryMetrics",
+        "JsonlWriter",
+        "LogLoss",
+        "NormalizedEntropy",
+        "ThroughputMeter",
+        "auc_score",
+        "read_jsonl",
+    ],
     "shardkit.sparse": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
     "shardkit.sparse.jagged_tensor": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
 }
