@@ -5,6 +5,8 @@ Everything here is torch only (no NumPy, no pandas) and never downloads anything
 
 from shardkit.data._adult import ADULT_PATH, AdultData, load_adult
 from shardkit.data._batch import Batch
+from shardkit.data._criteo import CriteoReader, read_criteo
+from shardkit.data._criteo_format import CriteoConfig, CriteoFormat, IdMapping, Missing
 from shardkit.data._global_batch import LastBatch
 from shardkit.data._iterator import GlobalBatchIterator, epoch_order
 from shardkit.data._tabular import MapDataset, TabularDataset, batch_from_ids
@@ -13,11 +15,17 @@ __all__ = [
     "ADULT_PATH",
     "AdultData",
     "Batch",
+    "CriteoConfig",
+    "CriteoFormat",
+    "CriteoReader",
     "GlobalBatchIterator",
+    "IdMapping",
     "LastBatch",
     "MapDataset",
+    "Missing",
     "TabularDataset",
     "batch_from_ids",
     "epoch_order",
     "load_adult",
+    "read_criteo",
 ]

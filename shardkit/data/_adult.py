@@ -104,17 +104,18 @@ def load_adult(
     raw = _numeric(path, rows, columns)  # [N, D] float64
     mean, std = _standardise(raw, train_rows)
     dense = ((raw - mean) / std).float()
+    sizes = tuple(len(vocabularies[k]) + NUM_RESERVED_IDS for k in CATEGORICAL)
     data = AdultData(
         train=_subset(dense, ids, labels, train_rows),
         validation=_subset(dense, ids, labels, validation_rows),
         keys=CATEGORICAL,
-        num_embeddings_per_feature=tuple(len(vocabularies[k]) + NUM_RESERVED_IDS for k in CATEGORICAL),
+        num_embeddings_per_feature=sizes,
         vocabularies=vocabularies,
         dense_names=NUMERIC,
         dense_mean=tuple(mean.tolist()),
         dense_std=tuple(std.tolist()),
         validation_rows=validation_rows,
-    )  # fmt: skip
+    )
     logger.info(
         "Adult from %s: %d train / %d validation examples (seed %d), tables %s",
         path, len(train_rows), len(validation_rows), seed,
