@@ -9,10 +9,12 @@ from shardkit.data._criteo import CriteoReader, read_criteo
 from shardkit.data._criteo_format import CriteoConfig, CriteoFormat, IdMapping, Missing
 from shardkit.data._global_batch import LastBatch
 from shardkit.data._iterator import GlobalBatchIterator, epoch_order
+from shardkit.data._synthetic import TERABYTE_NUM_EMBEDDINGS, SyntheticConfig, SyntheticDataset
 from shardkit.data._tabular import MapDataset, TabularDataset, batch_from_ids
 
 __all__ = [
     "ADULT_PATH",
+    "TERABYTE_NUM_EMBEDDINGS",
     "AdultData",
     "Batch",
     "CriteoConfig",
@@ -23,6 +25,8 @@ __all__ = [
     "LastBatch",
     "MapDataset",
     "Missing",
+    "SyntheticConfig",
+    "SyntheticDataset",
     "TabularDataset",
     "batch_from_ids",
     "epoch_order",

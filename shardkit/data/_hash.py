@@ -34,34 +34,47 @@ def _finalise_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _step_int(z: int, part: int) -> int:
+    return _finalise_int((z + _GOLDEN + (part & _MASK64)) & _MASK64)
+
+
 def mix_int(*parts: int) -> int:
     """Hash non-negative ints to a uniformly spread 64-bit int (in ``[0, 2**64)``)."""
     z = 0
     for part in parts:
-        z = _finalise_int((z + _GOLDEN + (part & _MASK64)) & _MASK64)
+        z = _step_int(z, part)
     return z
 
 
 def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+    shifted = x >> bits
+    return shifted.bitwise_and_((1 << (64 - bits)) - 1)
 
 
 def _finalise_tensor(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _shift_right(z, 30)) * _signed(_M1)
-    z = (z ^ _shift_right(z, 27)) * _signed(_M2)
-    return z ^ _shift_right(z, 31)
+    """splitmix64's finaliser, in place on ``z`` (a tensor this module made)."""
+    z ^= _shift_right(z, 30)
+    z *= _signed(_M1)
+    z ^= _shift_right(z, 27)
+    z *= _signed(_M2)
+    z ^= _shift_right(z, 31)
+    return z
 
 
 def mix_tensor(*parts: int | torch.Tensor) -> torch.Tensor:
     """`mix_int` elementwise over int64 tensors (broadcast), as int64 holding the same bits."""
-    z = torch.zeros((), dtype=torch.int64)
+    folded = 0
+    while parts and isinstance(parts[0], int):  # leading constants: fold them on the host
+        folded = _step_int(folded, parts[0])
+        parts = parts[1:]
+    z = torch.tensor(_signed(folded), dtype=torch.int64)
     for part in parts:
         if isinstance(part, int):
             part = torch.tensor(_signed(part), dtype=torch.int64)
-        z = _finalise_tensor(z + _signed(_GOLDEN) + part)
+        z = _finalise_tensor(z + (_signed(_GOLDEN) + part))
     return z
 
 
 def uniform(*parts: int | torch.Tensor) -> torch.Tensor:
     """Floats in ``[0, 1)`` (float64, 53 random bits) from `mix_tensor` of ``parts``."""
-    return _shift_right(mix_tensor(*parts), 11).to(torch.float64) * (1.0 / (1 << 53))
+    return _shift_right(mix_tensor(*parts), 11).to(torch.float64).mul_(1.0 / (1 << 53))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.data import ADULT_PATH, AdultData, GlobalBatchIterator, LastBatch, load_adult
+from shardkit.data._adult import _split as split_rows
 from shardkit.metrics import BinaryMetrics
 from shardkit.models import DLRM
 
@@ -39,9 +40,10 @@ def test_split_is_deterministic_and_seeded(adult):
     assert torch.equal(again.validation_rows, adult.validation_rows)
     assert torch.equal(again.train.ids, adult.train.ids)
     assert torch.equal(again.validation.dense, adult.validation.dense)
-    other = load_adult(seed=1, validation_fraction=0.1)
-    assert len(other.validation) == 4884
-    assert other.validation_rows[:5].tolist() != [1, 5, 7, 14, 17]
+    validation, train = split_rows(48842, seed=1, fraction=0.1)
+    assert len(validation) == 4884 and len(train) == 48842 - 4884
+    assert sorted(validation.tolist() + train.tolist()) == list(range(48842))
+    assert validation[:5].tolist() != [1, 5, 7, 14, 17]
 
 
 def test_tables_and_vocabularies(adult):
