@@ -73,6 +73,10 @@ class AdultData:
     dense_std: tuple[float, ...]
     validation_rows: torch.Tensor
 
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense_names)
+
 
 def load_adult(
     path: str | Path | None = None, *, seed: int = 0, validation_fraction: float = 0.2

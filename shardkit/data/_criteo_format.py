@@ -117,6 +117,15 @@ class CriteoConfig:
                 )
 
     @property
+    def keys(self) -> tuple[str, ...]:
+        """The 26 feature names, ``cat_0`` ... ``cat_25`` (TorchRec's)."""
+        return CATEGORICAL_KEYS
+
+    @property
+    def num_dense(self) -> int:
+        return NUM_DENSE
+
+    @property
     def num_embeddings_per_feature(self) -> tuple[int, ...]:
         """The rows of each of the 26 tables."""
         sizes = self.num_embeddings

@@ -48,8 +48,8 @@ class SyntheticConfig:
 
     Args:
         num_examples: the data set's length (examples ``0 .. num_examples - 1``).
-        num_embeddings_per_feature: table sizes (default: Criteo Terabyte's 26).
-        max_num_embeddings: caps every table at this many rows (e.g. ``--num-embeddings``).
+        num_embeddings: caps every table at this many rows (e.g. ``--num-embeddings``), or None.
+        table_sizes: the tables' rows before the cap (default: Criteo Terabyte's 26).
         zipf_exponent: ``s`` of the power law, >= 0 (0: uniform ids).
         min_ids_per_bag, max_ids_per_bag: bag lengths, uniform in that range (0 allowed).
         num_dense: dense features per example.
@@ -61,8 +61,8 @@ class SyntheticConfig:
     """
 
     num_examples: int
-    num_embeddings_per_feature: tuple[int, ...] = TERABYTE_NUM_EMBEDDINGS
-    max_num_embeddings: int | None = None
+    num_embeddings: int | None = None
+    table_sizes: tuple[int, ...] = TERABYTE_NUM_EMBEDDINGS
     zipf_exponent: float = 1.05
     min_ids_per_bag: int = 1
     max_ids_per_bag: int = 1
@@ -75,21 +75,19 @@ class SyntheticConfig:
     keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "num_embeddings_per_feature", tuple(self.num_embeddings_per_feature)
-        )
+        object.__setattr__(self, "table_sizes", tuple(self.table_sizes))
         _check_config(self)
         object.__setattr__(self, "keys", tuple(f"cat_{i}" for i in range(self.num_features)))
 
     @property
     def num_features(self) -> int:
-        return len(self.num_embeddings_per_feature)
+        return len(self.table_sizes)
 
     @property
-    def table_sizes(self) -> tuple[int, ...]:
+    def num_embeddings_per_feature(self) -> tuple[int, ...]:
         """The rows of each table after the cap: what the model's configs need."""
-        cap = self.max_num_embeddings
-        return tuple(n if cap is None else min(n, cap) for n in self.num_embeddings_per_feature)
+        cap = self.num_embeddings
+        return tuple(n if cap is None else min(n, cap) for n in self.table_sizes)
 
 
 def _check_config(config: SyntheticConfig) -> None:
@@ -98,11 +96,11 @@ def _check_config(config: SyntheticConfig) -> None:
 
     if config.num_examples < 1:
         fail("num_examples must be >= 1", config.num_examples)
-    sizes = config.num_embeddings_per_feature
+    sizes = config.table_sizes
     if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
-        fail("num_embeddings_per_feature must be a non-empty list of ints >= 1", sizes)
-    if config.max_num_embeddings is not None and config.max_num_embeddings < 1:
-        fail("max_num_embeddings must be >= 1 or None", config.max_num_embeddings)
+        fail("table_sizes must be a non-empty list of ints >= 1", sizes)
+    if config.num_embeddings is not None and config.num_embeddings < 1:
+        fail("num_embeddings (the cap) must be >= 1 or None", config.num_embeddings)
     if not config.zipf_exponent >= 0:
         fail("zipf_exponent must be >= 0 (0: uniform)", config.zipf_exponent)
     if not 0 <= config.min_ids_per_bag <= config.max_ids_per_bag:
@@ -122,19 +120,19 @@ class SyntheticDataset:
     (use ``shuffle=False``: the examples are independent already, and a shuffle of a huge
     ``num_examples`` would cost a sort of that many keys)::
 
-        data = SyntheticDataset(SyntheticConfig(num_examples=10**8, max_num_embeddings=10**6))
-        it = GlobalBatchIterator(data, batch_size=4096, shuffle=False)
-        tables = dict(zip(data.config.keys, data.config.table_sizes))
+        config = SyntheticConfig(num_examples=10**8, num_embeddings=10**6)
+        it = GlobalBatchIterator(SyntheticDataset(config), batch_size=4096, shuffle=False)
+        tables = dict(zip(config.keys, config.num_embeddings_per_feature))
     """
 
     def __init__(self, config: SyntheticConfig) -> None:
         self.config = config
-        sizes = torch.tensor(config.table_sizes, dtype=torch.int64)  # [F]
-        self._sizes = sizes
+        sizes = config.num_embeddings_per_feature
+        self._sizes = torch.tensor(sizes, dtype=torch.int64)  # [F]
         self._spread = torch.tensor([_coprime_multiplier(config.seed, f, n)
-                                     for f, n in enumerate(config.table_sizes)])  # fmt: skip
+                                     for f, n in enumerate(sizes)])  # fmt: skip
         self._offset = torch.tensor([mix_int(config.seed, _SPREAD, f) % n
-                                     for f, n in enumerate(config.table_sizes)])  # fmt: skip
+                                     for f, n in enumerate(sizes)])  # fmt: skip
 
     def __len__(self) -> int:
         return self.config.num_examples

@@ -19,13 +19,13 @@ from tests.data.helpers import assert_batches_equal, concat
 
 def test_terabyte_tables_by_default_and_the_cap():
     config = SyntheticConfig(num_examples=10)
-    assert config.table_sizes == TERABYTE_NUM_EMBEDDINGS
+    assert config.num_embeddings_per_feature == TERABYTE_NUM_EMBEDDINGS
     assert len(TERABYTE_NUM_EMBEDDINGS) == 26 and sum(TERABYTE_NUM_EMBEDDINGS) == 177944275
     assert config.keys == tuple(f"cat_{i}" for i in range(26))
-    capped = SyntheticConfig(num_examples=10, max_num_embeddings=1000)
-    assert capped.table_sizes[:6] == (1000, 1000, 1000, 1000, 1000, 3)
+    capped = SyntheticConfig(num_examples=10, num_embeddings=1000)
+    assert capped.num_embeddings_per_feature[:6] == (1000, 1000, 1000, 1000, 1000, 3)
     batch = SyntheticDataset(SyntheticConfig(num_examples=500)).batch(torch.arange(500))
-    for key, size in zip(config.keys, config.table_sizes):
+    for key, size in zip(config.keys, config.num_embeddings_per_feature):
         values = batch.sparse_features[key].values()
         assert int(values.min()) >= 0 and int(values.max()) < size
     assert batch.dense_features.shape == (500, 13) and batch.labels.shape == (500,)
@@ -53,7 +53,7 @@ def test_each_example_depends_only_on_seed_and_index():
 
 
 def test_ranks_together_read_the_global_batch():
-    data = SyntheticDataset(SyntheticConfig(num_examples=50, max_num_embeddings=100))
+    data = SyntheticDataset(SyntheticConfig(num_examples=50, num_embeddings=100))
     ranks = [
         GlobalBatchIterator(data, batch_size=4, rank=r, world_size=3, shuffle=False)
         for r in range(3)
@@ -74,7 +74,7 @@ def test_bag_lengths_in_range_and_empty_bags():
 @pytest.mark.parametrize("exponent", [0.0, 0.8, 1.0, 1.2])
 def test_id_frequencies_follow_the_power_law(exponent):
     n, samples = 20, 40_000
-    config = SyntheticConfig(num_examples=samples, num_embeddings_per_feature=(n,), zipf_exponent=exponent,
+    config = SyntheticConfig(num_examples=samples, table_sizes=(n,), zipf_exponent=exponent,
                              num_signal_features=0)  # fmt: skip
     ids = SyntheticDataset(config).batch(torch.arange(samples)).sparse_features.values()
     observed = torch.bincount(ids, minlength=n).double().sort(descending=True).values / samples
@@ -85,16 +85,14 @@ def test_id_frequencies_follow_the_power_law(exponent):
 
 
 def test_hot_ids_are_spread_over_the_table():
-    config = SyntheticConfig(
-        num_examples=5000, num_embeddings_per_feature=(1000,), num_signal_features=0
-    )
+    config = SyntheticConfig(num_examples=5000, table_sizes=(1000,), num_signal_features=0)
     ids = SyntheticDataset(config).batch(torch.arange(5000)).sparse_features.values()
     hottest = torch.bincount(ids, minlength=1000).topk(5).indices.tolist()
     assert sorted(hottest) != [0, 1, 2, 3, 4]
 
 
 def _config(num_examples: int) -> SyntheticConfig:
-    return SyntheticConfig(num_examples=num_examples, max_num_embeddings=50, min_ids_per_bag=0,
+    return SyntheticConfig(num_examples=num_examples, num_embeddings=50, min_ids_per_bag=0,
                            max_ids_per_bag=2, num_dense=4)  # fmt: skip
 
 
@@ -103,8 +101,8 @@ def test_labels_can_be_learnt():
     config, train_size = _config(10_000), 8_000
     data = SyntheticDataset(config)
     assert 0.15 < float(data.batch(torch.arange(10_000)).labels.mean()) < 0.35
-    offsets = torch.tensor([0, *config.table_sizes[:-1]]).cumsum(0)  # [F]
-    rows = torch.nn.EmbeddingBag(sum(config.table_sizes), 1, mode="mean")
+    offsets = torch.tensor([0, *config.num_embeddings_per_feature[:-1]]).cumsum(0)  # [F]
+    rows = torch.nn.EmbeddingBag(sum(config.num_embeddings_per_feature), 1, mode="mean")
     torch.nn.init.zeros_(rows.weight)
     optimizer = torch.optim.Adam(rows.parameters(), lr=0.1)
 
@@ -131,8 +129,8 @@ def test_labels_can_be_learnt():
     ("kwargs", "match"),
     [
         ({"num_examples": 0}, r"num_examples must be >= 1, got 0"),
-        ({"num_embeddings_per_feature": (5, 0)}, r"num_embeddings_per_feature must be a non-empty list of ints >= 1, got \(5, 0\)"),
-        ({"max_num_embeddings": 0}, r"max_num_embeddings must be >= 1 or None, got 0"),
+        ({"table_sizes": (5, 0)}, r"table_sizes must be a non-empty list of ints >= 1, got \(5, 0\)"),
+        ({"num_embeddings": 0}, r"num_embeddings \(the cap\) must be >= 1 or None, got 0"),
         ({"zipf_exponent": -1.0}, r"zipf_exponent must be >= 0 \(0: uniform\), got -1.0"),
         ({"min_ids_per_bag": 3, "max_ids_per_bag": 2}, r"need 0 <= min_ids_per_bag <= max_ids_per_bag, got \(3, 2\)"),
         ({"num_dense": 0}, r"num_dense must be >= 1, got 0"),
