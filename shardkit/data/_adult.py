@@ -48,7 +48,7 @@ _MISSING = ("?", "")
 _LABELS = {">50K": 1.0, "<=50K": 0.0}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class AdultData:
     """The Adult splits and what a model needs to know about them (see [Note: Adult features]).
 

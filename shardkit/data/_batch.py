@@ -11,7 +11,7 @@ from shardkit.sparse import KeyedJaggedTensor
 __all__ = ["Batch"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class Batch:
     """One rank's share of a global batch: ``model(batch.dense_features, batch.sparse_features)``.
 

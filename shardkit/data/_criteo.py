@@ -34,8 +34,13 @@ from shardkit.data._criteo_format import (
     CriteoFormat,
     parse_lines,
 )
-from shardkit.data._global_batch import LastBatch, RankShare, rank_share, resolve_rank
-from shardkit.data._iterator import _check_args
+from shardkit.data._global_batch import (
+    LastBatch,
+    RankShare,
+    check_batching,
+    rank_share,
+    resolve_rank,
+)
 from shardkit.data._position import Position
 from shardkit.data._tabular import TabularDataset, batch_from_ids
 
@@ -137,7 +142,7 @@ class CriteoReader:
         chunk_batches: int = 8,
     ) -> None:
         self.rank, self.world_size = resolve_rank("CriteoReader", rank, world_size)
-        _check_args("CriteoReader", batch_size, 0, last_batch)
+        check_batching("CriteoReader", batch_size, last_batch)
         if not isinstance(chunk_batches, int) or chunk_batches < 1:
             raise ValueError(
                 f"CriteoReader: chunk_batches must be an int >= 1, got {chunk_batches!r}"

@@ -26,8 +26,9 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -136,7 +137,7 @@ class LineError(ValueError):
     """A line that does not fit its layout; the reader adds the file and line number."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ParsedLines:
     """``n`` parsed lines: ``dense [n, 13]`` float32, ``ids [n, 26]`` int64 (table rows, -1 for an
     empty bag), ``labels [n]`` float32."""
@@ -227,7 +228,11 @@ def _paddle_float(token: str, position: int) -> float:
     return value
 
 
-_PARSERS = {CriteoFormat.TSV: _parse_tsv, CriteoFormat.PADDLEREC: _parse_paddlerec}
+_Parser = Callable[[str], tuple[int, list[Any], list[int]]]
+_PARSERS: dict[CriteoFormat, _Parser] = {
+    CriteoFormat.TSV: _parse_tsv,
+    CriteoFormat.PADDLEREC: _parse_paddlerec,
+}
 
 
 def parse_lines(
@@ -244,7 +249,9 @@ def parse_lines(
         ValueError: ``"<where>: <what is wrong>"`` for the first bad line.
     """
     parse = _PARSERS[config.format]
-    labels, dense, values = [], [], []
+    labels: list[int] = []
+    dense: list[list[Any]] = []
+    values: list[list[int]] = []
     for index, text in enumerate(lines):
         try:
             label, numbers, ids = parse(text)
@@ -262,7 +269,7 @@ def parse_lines(
     )
 
 
-def _dense(rows: list[list], config: CriteoConfig) -> torch.Tensor:
+def _dense(rows: list[list[Any]], config: CriteoConfig) -> torch.Tensor:
     if config.format is CriteoFormat.PADDLEREC:
         return torch.tensor(rows, dtype=torch.float32).view(-1, NUM_DENSE)
     counts = torch.tensor(rows, dtype=torch.int64).view(-1, NUM_DENSE).clamp(min=0)  # [n, 13]

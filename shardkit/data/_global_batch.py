@@ -29,7 +29,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["LastBatch", "RankShare", "num_global_batches", "rank_share", "resolve_rank"]
+__all__ = [
+    "LastBatch",
+    "RankShare",
+    "check_batching",
+    "num_global_batches",
+    "rank_share",
+    "resolve_rank",
+]
 
 
 class LastBatch(enum.Enum):
@@ -104,3 +111,14 @@ def resolve_rank(owner: str, rank: int | None, world_size: int | None) -> tuple[
             f"world_size={world_size}"
         )
     return rank, world_size
+
+
+def check_batching(owner: str, batch_size: object, last_batch: object) -> None:
+    """``batch_size`` an int >= 1, ``last_batch`` a `LastBatch`."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"{owner}: batch_size must be an int >= 1, got {batch_size!r}")
+    if not isinstance(last_batch, LastBatch):
+        raise TypeError(
+            f"{owner}: last_batch must be a LastBatch, got {last_batch!r}; use "
+            "LastBatch.DROP, LastBatch.PAD or LastBatch.UNEVEN"
+        )

@@ -13,6 +13,7 @@ import torch
 from shardkit.data._batch import Batch
 from shardkit.data._global_batch import (
     LastBatch,
+    check_batching,
     num_global_batches,
     rank_share,
     resolve_rank,
@@ -73,7 +74,9 @@ class GlobalBatchIterator:
         last_batch: LastBatch = LastBatch.DROP,
     ) -> None:
         self.rank, self.world_size = resolve_rank("GlobalBatchIterator", rank, world_size)
-        _check_args("GlobalBatchIterator", batch_size, seed, last_batch)
+        check_batching("GlobalBatchIterator", batch_size, last_batch)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"GlobalBatchIterator: seed must be an int >= 0, got {seed!r}")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -156,18 +159,6 @@ class GlobalBatchIterator:
             "GlobalBatchIterator resumes at epoch %d, example %d of %d",
             self._position.epoch, self._position.examples, self.num_examples,
         )  # fmt: skip
-
-
-def _check_args(owner: str, batch_size: Any, seed: Any, last_batch: Any) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"{owner}: batch_size must be an int >= 1, got {batch_size!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"{owner}: seed must be an int >= 0, got {seed!r}")
-    if not isinstance(last_batch, LastBatch):
-        raise TypeError(
-            f"{owner}: last_batch must be a LastBatch, got {last_batch!r}; use "
-            "LastBatch.DROP, LastBatch.PAD or LastBatch.UNEVEN"
-        )
 
 
 def _check_enough(num_examples: int, global_batch_size: int, last_batch: LastBatch) -> None:

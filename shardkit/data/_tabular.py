@@ -70,7 +70,7 @@ def batch_from_ids(
     return Batch(dense_features=dense, sparse_features=sparse, labels=labels, weights=weights)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class TabularDataset:
     """``N`` examples held in memory, each with at most one id per feature.
 
