@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "fsdp": {"comm", "launch"},
     "models": {"sparse", "modules", "optim"},
     "data": {"sparse"},
+    "metrics": {"comm", "launch"},
     "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
