@@ -30,11 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "bench", "train",
+        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
     },
     "train": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint",
+        "fsdp", "models", "data", "checkpoint", "metrics",
     },
 }  # fmt: skip
 

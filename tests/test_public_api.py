@@ -53,6 +53,16 @@ PUBLIC = {
         "OverArch",
         "SparseArch",
     ],
+    "shardkit.checkpoint": [
+        "CheckpointError",
+        "export_checkpoint",
+        "import_checkpoint",
+        "latest",
+        "load",
+        "save",
+        "verify",
+    ],
+    "shardkit.train": ["DataSource", "DenseOptimizer", "ModelKind", "TrainConfig", "run", "train_rank"],
     "shardkit.launch": [
         "RankFailedError",
         "RankInfo",
