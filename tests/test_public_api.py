@@ -62,7 +62,14 @@ PUBLIC = {
         "save",
         "verify",
     ],
-    "shardkit.train": ["DataSource", "DenseOptimizer", "ModelKind", "TrainConfig", "run", "train_rank"],
+    "shardkit.train": [
+        "DataSource",
+        "DenseOptimizer",
+        "ModelKind",
+        "TrainConfig",
+        "run",
+        "train_rank",
+    ],
     "shardkit.launch": [
         "RankFailedError",
         "RankInfo",

@@ -107,18 +107,30 @@ def load(
     directory = _resolve(Path(path))
     _verify_everywhere(directory, rank, world, group)
     metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    with_optimizers = any(k.startswith("optim.") for k in metadata)
+    if not with_optimizers:  # e.g. made by import_checkpoint from a plain state dict
+        logger.info("%s holds no optimizer state: optimizers start fresh", directory)
+        optimizer = None
     state = _state(model, optimizer, extra or {}, rank)
+    if not with_optimizers:
+        del state["optim"]
     with quiet_sharded_tensor():
         _check_fits(state, metadata, group)
+    for name in [k for k, v in state.items() if isinstance(v, dict) and not _flatten(v)]:
+        del state[name]  # torch.distributed.checkpoint reads an empty dict as a missing value
     if optimizer is not None:
         state["optim"]["dense"] = {"state": _dense_template(metadata)}
     if f"rng.rank{rank}" not in metadata:
         del state["rng"]
-    state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
+    if "extra" in metadata:
+        state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
+    else:
+        del state["extra"]
     with object_collectives_without_numpy(), quiet_sharded_tensor():
         dcp.load(state, checkpoint_id=str(directory), process_group=group)
-    apply_fused(model, state["optim"]["fused"])
-    extra = _unpack(state["extra"])
+    if with_optimizers:
+        apply_fused(model, state["optim"]["fused"])
+    extra = _unpack(state["extra"]) if "extra" in state else {}
     meta = extra.pop(_DENSE_META, None)
     if optimizer is not None:
         if meta is None:
@@ -217,7 +229,8 @@ def _check_fits(state: dict[str, Any], metadata: dict[str, Any], group: Group) -
     """Refuse a checkpoint of another model, naming the first key that differs (the same on
     every rank: a rank holds only its shards' optimizer state, so keys are pooled first)."""
     wanted = {k: v for k, v in _flatten({"model": state["model"]}).items()}
-    wanted.update(_flatten({"optim": {"fused": state["optim"]["fused"]}}))
+    if "optim" in state:
+        wanted.update(_flatten({"optim": {"fused": state["optim"]["fused"]}}))
     everyone = set().union(*comm.all_gather_object(sorted(wanted), group=group))
     saved_model = sorted(k for k in metadata if k.startswith(("model.", "optim.fused.")))
     for key in sorted(wanted):
