@@ -1,0 +1,37 @@
+"""The README's quick starts run as printed (so they cannot rot)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks() -> dict[str, str]:
+    text = README.read_text()
+    found = {}
+    for title, body in re.findall(r"## (Quick start: [^\n]+)\n\n```python\n(.*?)```", text, re.S):
+        found[title] = body
+    return found
+
+
+def test_the_readme_has_both_quick_starts():
+    assert set(_blocks()) == {
+        "Quick start: model-parallel embeddings",
+        "Quick start: fully sharded data parallel",
+    }
+
+
+@pytest.mark.parametrize("title", sorted(_blocks()))
+def test_quick_start_runs(title, tmp_path):
+    script = tmp_path / "quick_start.py"
+    script.write_text(_blocks()[title])
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
