@@ -9,8 +9,11 @@ re-sharding it with one of its options whose largest shard costs less than its l
 busiest rank (e.g. table-wise -> two column-wise halves); the new shards go to the least-loaded
 ranks (or host) with memory for them, the other tables stay put. Keep the first move that
 improves (max rank cost, number of ranks at that max, total cost), lexicographically; stop
-when the busiest rank has no improving move or after a fixed number of tries. Deterministic,
-like everything else: ties go to the lower rank, host and table index.
+when the busiest rank has no improving move or after a fixed number of tries.
+
+A second phase does the same for memory: it relieves the rank with the most memory, accepting
+a move only if the maximum rank cost does not grow. Deterministic, like everything else: ties
+go to the lower rank, host and table index.
 """
 
 from __future__ import annotations
@@ -26,17 +29,18 @@ __all__ = ["refine"]
 
 _CANDIDATE_TABLES = 4  # tables of the busiest rank tried per round
 _TIE = 1e-12  # relative tolerance for "at the max"
+_COST, _MEMORY = 0, 1  # what a phase balances: index into a rank's (cost, memory)
 
 
 class _State:
-    """Per-rank loads, the ranks of each table's shards, and which tables each rank holds."""
+    """Per-rank loads, the ranks of each table's shards, and what each rank holds of which table."""
 
     def __init__(self, proposal: list[Option], placement: Placement, world: int) -> None:
         self.proposal = proposal
         self.ranks = [list(r) if r is not None else None for r in placement.ranks]
         self.cost = list(placement.cost)
         self.memory = list(placement.memory)
-        self.held: list[dict[int, float]] = [{} for _ in range(world)]
+        self.held: list[dict[int, list[float]]] = [{} for _ in range(world)]
         for table, (option, ranks) in enumerate(zip(proposal, self.ranks)):
             if ranks is not None:
                 self._hold(table, option, ranks, 1)
@@ -44,22 +48,34 @@ class _State:
     def _hold(self, table: int, option: Option, ranks: list[int], sign: int) -> None:
         for rank, shard in zip(ranks, option.shards()):
             if sign > 0:
-                self.held[rank][table] = self.held[rank].get(table, 0.0) + shard.cost.total
+                load = self.held[rank].setdefault(table, [0.0, 0.0])
+                load[_COST] += shard.cost.total
+                load[_MEMORY] += shard.cost.memory
             else:  # a table leaves all its ranks at once
                 self.held[rank].pop(table, None)
 
     def apply(self, table: int, option: Option, ranks: list[int] | None, sign: int) -> None:
         """Add (sign 1) or remove (sign -1) ``table``'s shards as ``option`` on ``ranks``."""
-        shards = option.shards() if ranks is not None else _uniform(option)
+        shards = option.shards()
         for rank, shard in zip(ranks if ranks is not None else range(len(shards)), shards):
             self.cost[rank] += sign * shard.cost.total
             self.memory[rank] += sign * shard.cost.memory
         if ranks is not None:
             self._hold(table, option, ranks, sign)
 
-    def key(self) -> tuple[float, int, float]:
-        top = max(self.cost)
-        return (top, sum(1 for c in self.cost if c >= top * (1 - _TIE)), sum(self.cost))
+    def key(self, phase: int, cost_cap: float) -> tuple | None:
+        """What the phase minimises; None if a memory move made the busiest rank slower."""
+        top_cost = max(self.cost)
+        if phase == _COST:
+            return (top_cost, _at(self.cost, top_cost), sum(self.cost))
+        if top_cost > cost_cap:
+            return None
+        top_memory = max(self.memory)
+        return (top_memory, _at(self.memory, top_memory), top_cost)
+
+
+def _at(values: list[float], top: float) -> int:
+    return sum(1 for v in values if v >= top * (1 - _TIE))
 
 
 def refine(
@@ -73,19 +89,28 @@ def refine(
     """Improve a fitting placement by local moves. See [Note: local search]."""
     choice = list(choice)
     state = _State([options[t][i] for t, i in enumerate(choice)], placement, topology.world_size)
-    best = state.key()
+    for phase in (_COST, _MEMORY):
+        _search(phase, options, choice, state, topology, available, budget)
+    return choice, Placement(state.ranks, state.cost, state.memory, [])
+
+
+def _search(phase, options, choice, state: _State, topology, available, budget) -> None:
+    cost_cap = max(state.cost) * (1 + _TIE)
+    best = state.key(phase, cost_cap)
+    loads = state.memory if phase == _MEMORY else state.cost
     tries = 0
     while tries < budget:
-        busiest = max(range(topology.world_size), key=lambda r: (state.cost[r], -r))
+        busiest = max(range(topology.world_size), key=lambda r: (loads[r], -r))
+        held = sorted(state.held[busiest].items(), key=lambda item: (-item[1][phase], item[0]))
         moved = False
-        loads = sorted(state.held[busiest].items(), key=lambda item: (-item[1], item[0]))
-        for table, load in loads[:_CANDIDATE_TABLES]:
-            for index in _alternatives(options[table], choice[table], load):
+        for table, load in held[:_CANDIDATE_TABLES]:
+            for index in _alternatives(options[table], choice[table], load[phase], phase):
                 tries += 1
-                if _try(state, table, options[table][index], topology, available, best):
-                    choice[table] = index
-                    best = state.key()
-                    moved = True
+                key = _try(
+                    state, table, options[table][index], topology, available, phase, best, cost_cap
+                )
+                if key is not None:
+                    choice[table], best, moved = index, key, True
                     break
                 if tries >= budget:
                     break
@@ -93,51 +118,52 @@ def refine(
                 break
         if not moved:
             break
-    refined = Placement(state.ranks, state.cost, state.memory, [])
-    return choice, refined
 
 
-def _alternatives(table_options: Sequence[Option], current: int, load: float) -> list[int]:
-    """The current option (a move), then cheaper-per-shard options, cheapest total first."""
-    return [current] + [
-        i for i, o in enumerate(table_options) if i != current and o.max_cost < load
-    ]
+def _alternatives(
+    table_options: Sequence[Option], current: int, load: float, phase: int
+) -> list[int]:
+    """The current option (a move), then options with smaller shards, cheapest total first."""
+
+    def smaller(option: Option) -> bool:
+        return (option.max_memory if phase == _MEMORY else option.max_cost) < load
+
+    return [current] + [i for i, o in enumerate(table_options) if i != current and smaller(o)]
 
 
-def _try(
-    state: _State, table: int, option: Option, topology: Topology, available: int, best
-) -> bool:
-    """Re-place ``table`` as ``option``; keep it if the key improves, else undo."""
+def _try(state: _State, table: int, option: Option, topology, available, phase, best, cost_cap):
+    """Re-place ``table`` as ``option``; keep it and return the new key if it improves."""
     old_option, old_ranks = state.proposal[table], state.ranks[table]
     state.apply(table, old_option, old_ranks, -1)
-    ranks = _place(option, state, topology, available)
+    ranks = _place(option, state, topology, available, phase)
     if ranks is not False:
         state.apply(table, option, ranks, 1)
-        if state.key() < best:
+        key = state.key(phase, cost_cap)
+        if key is not None and key < best:
             state.proposal[table], state.ranks[table] = option, ranks
-            return True
+            return key
         state.apply(table, option, ranks, -1)
     state.apply(table, old_option, old_ranks, 1)
-    return False
+    return None
 
 
-def _place(option: Option, state: _State, topology: Topology, available: int):
+def _place(option: Option, state: _State, topology: Topology, available: int, phase: int):
     """Ranks for ``option``'s shards given the other tables (None: uniform), or False."""
     if option.partition == Partition.UNIFORM:
-        shards = _uniform(option)
-        fits = all(m + s.cost.memory <= available for m, s in zip(state.memory, shards))
+        fits = all(m + s.cost.memory <= available for m, s in zip(state.memory, option.shards()))
         return None if fits else False
+    order = _order(state, phase)
     if option.partition == Partition.DEVICE:
-        return _on_devices(option.shards(), range(topology.world_size), state, available)
+        return _on_devices(option.shards(), range(topology.world_size), state, available, order)
     local = topology.local_world_size
     shards = option.shards()
-    blocks = [shards[i : i + local] for i in range(0, len(shards), local)]
-    if option.partition == Partition.HOST:
-        blocks = [shards]
+    blocks = [shards]
+    if option.partition == Partition.GRID:
+        blocks = [shards[i : i + local] for i in range(0, len(shards), local)]
     ranks: list[int] = []
     used: set[int] = set()
     for block in blocks:
-        found = _on_a_host(block, state, topology, available, used)
+        found = _on_a_host(block, state, topology, available, used, order)
         if found is None:
             return False
         used.add(found[0])
@@ -145,34 +171,31 @@ def _place(option: Option, state: _State, topology: Topology, available: int):
     return ranks
 
 
-def _on_devices(shards: list[Kind], candidates, state: _State, available: int):
+def _order(state: _State, phase: int):
+    if phase == _MEMORY:
+        return lambda r: (state.memory[r], state.cost[r], r)
+    return lambda r: (state.cost[r], state.memory[r], r)
+
+
+def _on_devices(shards: list[Kind], candidates, state: _State, available: int, order):
     need = max(s.cost.memory for s in shards)
-    ranks = heapq.nsmallest(
-        len(shards),
-        (r for r in candidates if state.memory[r] + need <= available),
-        key=lambda r: (state.cost[r], state.memory[r], r),
-    )
+    fitting = (r for r in candidates if state.memory[r] + need <= available)
+    ranks = heapq.nsmallest(len(shards), fitting, key=order)
     return ranks if len(ranks) == len(shards) else False
 
 
-def _on_a_host(block: list[Kind], state: _State, topology: Topology, available: int, used: set):
+def _on_a_host(block: list[Kind], state: _State, topology: Topology, available: int, used, order):
     local = topology.local_world_size
-    order = sorted(
-        (h for h in range(topology.num_hosts) if h not in used),
-        key=lambda h: (sum(state.cost[h * local : (h + 1) * local]), h),
-    )
-    for host in order:
+    hosts = [h for h in range(topology.num_hosts) if h not in used]
+    hosts.sort(key=lambda h: (sum(order(r)[0] for r in range(h * local, (h + 1) * local)), h))
+    for host in hosts:
         first = host * local
         if len(block) == local:  # row shards: local rank i gets shard i
             ranks = list(range(first, first + local))
             if all(state.memory[r] + s.cost.memory <= available for r, s in zip(ranks, block)):
                 return host, ranks
             continue
-        ranks = _on_devices(block, range(first, first + local), state, available)
+        ranks = _on_devices(block, range(first, first + local), state, available, order)
         if ranks is not False:
             return host, ranks
     return None
-
-
-def _uniform(option: Option) -> list[Kind]:
-    return option.shards()

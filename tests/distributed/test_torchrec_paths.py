@@ -88,3 +88,17 @@ def test_the_distributed_package_imports_nothing():
         [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_importing_the_planner_has_no_side_effects():
+    code = (
+        "import logging, torch.distributed as dist, shardkit.planner, shardkit.sharding,"
+        " shardkit.distributed.planner, shardkit.distributed.types, shardkit.distributed.embeddingbag;"
+        "assert not dist.is_initialized();"
+        "assert logging.getLogger().handlers == [];"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "ok", out.stderr
