@@ -1,5 +1,29 @@
 """shardkit: model-parallel embeddings and fully sharded data parallel in plain PyTorch."""
 
+# `shardkit.distributed.DistributedModelParallel` must work after a bare `import shardkit`, as
+# `torchrec.distributed.DistributedModelParallel` does after `import torchrec` (seed 002).
+from shardkit import distributed  # noqa: F401 (see above)
+from shardkit.modules import (
+    DataType,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    PoolingType,
+)
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "DataType",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
+    "PoolingType",
+    "__version__",
+]

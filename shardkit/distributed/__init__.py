@@ -1,8 +1,10 @@
 """TorchRec's import paths (``torchrec.distributed.*``) for shardkit's classes.
 
 Code written for TorchRec runs after ``torchrec`` -> ``shardkit`` in its imports. Each module
-here only re-exports; the code lives in ``shardkit.planner`` and ``shardkit.sharding``. This
-package itself imports nothing, so ``import shardkit.distributed.types`` stays light.
+here only re-exports; the code lives in ``shardkit.planner`` and ``shardkit.sharding``.
 """
 
-__all__: list[str] = []
+from shardkit.planner import ShardingEnv, ShardingPlan
+from shardkit.sharding import DistributedModelParallel
+
+__all__ = ["DistributedModelParallel", "ShardingEnv", "ShardingPlan"]

@@ -1,5 +1,5 @@
 """``torchrec.distributed.embedding``: the sharder of `EmbeddingCollection`."""
 
-from shardkit.sharding import EmbeddingCollectionSharder
+from shardkit.sharding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 
-__all__ = ["EmbeddingCollectionSharder"]
+__all__ = ["EmbeddingCollectionSharder", "ShardedEmbeddingCollection"]

@@ -1,5 +1,5 @@
 """``torchrec.distributed.embeddingbag``: the sharder of `EmbeddingBagCollection`."""
 
-from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.sharding import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
 
-__all__ = ["EmbeddingBagCollectionSharder"]
+__all__ = ["EmbeddingBagCollectionSharder", "ShardedEmbeddingBagCollection"]

@@ -29,6 +29,9 @@ class RankFailure:
     message: str
     traceback: str
     pickled_exception: bytes | None = None
+    # The error only reports that another rank failed (the exception class sets
+    # `reports_other_rank = True`); the other rank's failure is the one to show.
+    secondary: bool = False
 
     def exception(self) -> BaseException | None:
         if self.pickled_exception is None:
@@ -53,6 +56,7 @@ def describe_exception(exc: BaseException, *, rank: int, phase: str) -> RankFail
         message=_explain_timeout(exc),
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         pickled_exception=pickled,
+        secondary=bool(getattr(exc, "reports_other_rank", False)),
     )
 
 

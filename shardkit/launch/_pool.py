@@ -338,6 +338,9 @@ def _error(failures: list[RankFailure], world_size: int) -> RankFailedError:
 
 
 def _lost_peer(failure: RankFailure) -> bool:
+    """The failure only says that another rank went away or failed first."""
+    if failure.secondary:
+        return True
     return failure.phase == "fn" and any(m in failure.message for m in _PEER_LOSS)
 
 

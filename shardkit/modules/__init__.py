@@ -8,11 +8,14 @@ from shardkit.modules.embedding_configs import (
     PoolingType,
     data_type_to_dtype,
 )
+from shardkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = [
     "BaseEmbeddingConfig",
     "DataType",
+    "EmbeddingBagCollection",
     "EmbeddingBagConfig",
+    "EmbeddingCollection",
     "EmbeddingConfig",
     "PoolingType",
     "data_type_to_dtype",

@@ -137,16 +137,27 @@ class TableStack:
             self.params[index].data = view
         return Group(tables, indices, [self.params[i] for i in indices], config)
 
-    def convert(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Apply ``Module._apply``'s ``fn`` to every buffer; re-point the Parameters."""
+    def convert(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> list[nn.Parameter]:
+        """Apply ``Module._apply``'s ``fn`` to every buffer; re-point the Parameters at the new
+        buffers. Returns the parameters: the same objects, unless the tensor type changed
+        (e.g. meta -> cpu), where new ones carry the old ones' attributes (as ``Module._apply``)."""
         for group in self.groups:
             group.tables.weight = fn(group.tables.weight)
             if group.tables.optimizer is not None:
                 group.tables.optimizer.to_(fn)
-            for param, view in zip(group.params, group.tables.table_views()):
-                param.data = view
+            for position, (index, view) in enumerate(
+                zip(group.table_indices, group.tables.table_views())
+            ):
+                param = self.params[index]
+                if torch._has_compatible_shallow_copy_type(param, view):
+                    param.data = view
+                else:
+                    new = nn.Parameter(view, requires_grad=param.requires_grad)
+                    new.__dict__.update(param.__dict__)
+                    self.params[index] = group.params[position] = new
         if self.fused_optimizer is not None:
             self.fused_optimizer = self._fused_optimizer()
+        return self.params
 
     def reset_parameters(self) -> None:
         """TorchRec's init: uniform in ``[weight_init_min, weight_init_max]`` (or ``init_fn``)."""

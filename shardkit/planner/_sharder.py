@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -48,7 +48,10 @@ def embedding_compute_kernels(
     return [EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE]
 
 
-class ModuleSharder(abc.ABC):
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleSharder(abc.ABC, Generic[M]):
     """What the planner needs to know about sharding one module type (TorchRec's interface).
 
     Subclasses say which module type they handle (`module_type`, matched exactly, as in

@@ -1,14 +1,19 @@
-"""The sharders of `EmbeddingBagCollection` and `EmbeddingCollection`, as the planner needs
-them: which module type, which tables, which sharding types and kernels, which fused optimizer.
-
-Sharding a module (``shard()``) comes with the sharded modules; these classes describe.
+"""The sharders of `EmbeddingBagCollection` and `EmbeddingCollection`: what the planner needs
+(which module type, tables, sharding types and kernels, fused optimizer) and ``shard()``, which
+builds the sharded module for a plan.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import torch
 from torch import nn
 
-from shardkit.planner import BaseEmbeddingSharder
+from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
+from shardkit.planner import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
+from shardkit.sharding.embedding import ShardedEmbeddingCollection
+from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 
 __all__ = ["EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]
 
@@ -25,9 +30,29 @@ class EmbeddingBagCollectionSharder(BaseEmbeddingSharder):
 
     @property
     def module_type(self) -> type[nn.Module]:
-        from shardkit.modules.embedding_modules import EmbeddingBagCollection
-
         return EmbeddingBagCollection
+
+    def shard(
+        self,
+        module: nn.Module,
+        params: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+        *,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> nn.Module:
+        """The `ShardedEmbeddingBagCollection` of ``module`` for plan ``params`` on ``env``."""
+        return ShardedEmbeddingBagCollection(
+            module,
+            params,
+            env,
+            device,
+            fused_params=self.fused_params,
+            local_world_size=local_world_size,
+            gradient_division=gradient_division,
+        )
 
 
 class EmbeddingCollectionSharder(BaseEmbeddingSharder):
@@ -36,6 +61,26 @@ class EmbeddingCollectionSharder(BaseEmbeddingSharder):
 
     @property
     def module_type(self) -> type[nn.Module]:
-        from shardkit.modules.embedding_modules import EmbeddingCollection
-
         return EmbeddingCollection
+
+    def shard(
+        self,
+        module: nn.Module,
+        params: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+        *,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> nn.Module:
+        """The `ShardedEmbeddingCollection` of ``module`` for plan ``params`` on ``env``."""
+        return ShardedEmbeddingCollection(
+            module,
+            params,
+            env,
+            device,
+            fused_params=self.fused_params,
+            local_world_size=local_world_size,
+            gradient_division=gradient_division,
+        )

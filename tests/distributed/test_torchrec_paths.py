@@ -78,10 +78,13 @@ def test_manual_plans_from_the_torchrec_path():
     assert torch.Size([4096, 64]) == ebc.embedding_bags["large_table_0"].weight.shape
 
 
-def test_the_distributed_package_imports_nothing():
+def test_import_shardkit_gives_distributed_model_parallel():
+    """Seed 002 reaches DMP as ``torchrec.distributed.DistributedModelParallel`` after a bare
+    ``import torchrec``; the same must hold for shardkit."""
     code = (
-        "import sys, shardkit.distributed;"
-        "assert 'shardkit.planner' not in sys.modules and 'shardkit.sharding' not in sys.modules;"
+        "import shardkit;"
+        "from shardkit.sharding import DistributedModelParallel as DMP;"
+        "assert shardkit.distributed.DistributedModelParallel is DMP;"
         "print('ok')"
     )
     out = subprocess.run(

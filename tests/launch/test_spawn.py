@@ -141,3 +141,23 @@ def test_unpicklable_result_is_an_error():
 def test_bad_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         spawn(_identity, args=("x",), **kwargs)
+
+
+class _Echo(RuntimeError):
+    reports_other_rank = True
+
+
+def _one_cause_one_echo(rank: int, world_size: int):
+    if rank == 0:
+        time.sleep(0.2)  # the cause arrives second
+        raise ValueError("the real problem, on rank 0")
+    raise _Echo("rank 0 failed, so rank 1 stops too")
+
+
+def test_the_cause_is_reported_not_the_echo():
+    with pytest.raises(
+        RankFailedError,
+        match=r"rank 0 of 2 failed in the function it ran: ValueError: the real problem",
+    ) as info:
+        spawn(_one_cause_one_echo, world_size=2, timeout=FAST)
+    assert "rank 1 also failed: _Echo" in str(info.value)

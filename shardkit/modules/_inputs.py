@@ -1,0 +1,152 @@
+"""From a KeyedJaggedTensor to the inputs of each batched group.
+
+[Note: input plan]
+A collection fixes an order of its features: group by group (see `_tables`), in the module's
+feature order within a group. A KJT whose keys come in that order is used as is; otherwise it is
+permuted once (one gather of values). Then each group's ids, lengths and weights are contiguous
+slices, shifted by the first row of their table in the group's buffer. The plan is cached per key
+order, so a steady stream of batches pays for it once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shardkit.modules._tables import Group, is_mean
+from shardkit.modules.embedding_configs import BaseEmbeddingConfig
+from shardkit.sparse import KeyedJaggedTensor
+
+__all__ = ["GroupInput", "InputPlan", "check_ids", "group_input", "make_plan"]
+
+
+@dataclass(frozen=True)
+class GroupFeatures:
+    """The features of one group, in the plan's order."""
+
+    first_key: int  # index of its first feature in the plan's key order
+    num_keys: int
+    row_base_per_key: tuple[int, ...]  # first row of each feature's table in the group buffer
+    mean_per_key: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    keys: tuple[str, ...]  # the plan's key order (group-major)
+    permute: list[int] | None  # KJT key indices to gather, None when already in order
+    groups: tuple[GroupFeatures, ...]
+    num_embeddings_per_key: tuple[int, ...]
+    table_per_key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupInput:
+    ids: torch.Tensor  # [N_g] int64 rows of the group buffer
+    offsets: torch.Tensor  # [num_keys * B + 1] bag boundaries
+    lengths: torch.Tensor  # [num_keys * B]
+    per_sample_weights: torch.Tensor | None  # [N_g]
+    length_per_key: list[int]
+
+
+def make_plan(
+    kjt_keys: Sequence[str],
+    configs: Sequence[BaseEmbeddingConfig],
+    groups: Sequence[Group],
+) -> InputPlan:
+    """The key order of the module's groups, and how to get there from ``kjt_keys``."""
+    expected = [f for c in configs for f in c.feature_names]
+    missing = [f for f in expected if f not in kjt_keys]
+    extra = [k for k in kjt_keys if k not in set(expected)]
+    if missing or extra:
+        raise ValueError(
+            f"the KeyedJaggedTensor's keys do not match the module's features: missing "
+            f"{missing}, extra {extra}. The module looks up {expected}; build the KJT with "
+            "exactly those keys (any order)"
+        )
+    order: list[str] = []
+    spec = []
+    num_embeddings, tables = [], []
+    for group in groups:
+        first = len(order)
+        bases, means = [], []
+        for position, index in enumerate(group.table_indices):
+            config = configs[index]
+            for feature in config.feature_names:
+                order.append(feature)
+                bases.append(group.tables.row_starts[position])
+                means.append(is_mean(config))
+                num_embeddings.append(config.num_embeddings)
+                tables.append(config.name)
+        spec.append(GroupFeatures(first, len(order) - first, tuple(bases), tuple(means)))
+    index_of = {k: i for i, k in enumerate(kjt_keys)}
+    gather = [index_of[k] for k in order]
+    return InputPlan(
+        keys=tuple(order),
+        permute=None if gather == list(range(len(kjt_keys))) else gather,
+        groups=tuple(spec),
+        num_embeddings_per_key=tuple(num_embeddings),
+        table_per_key=tuple(tables),
+    )
+
+
+def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
+    """Slice ``kjt`` (already in plan order) to one group's kernel inputs."""
+    stride = kjt.stride()
+    first, last = features.first_key, features.first_key + features.num_keys
+    offset_per_key = kjt.offset_per_key()
+    length_per_key = kjt.length_per_key()[first:last]
+    lo, hi = offset_per_key[first], offset_per_key[last]
+    ids = kjt.values()[lo:hi].long()
+    lengths = kjt.lengths()[first * stride : last * stride]
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    bases = torch.tensor(features.row_base_per_key, dtype=torch.int64, device=ids.device)
+    if any(features.row_base_per_key):
+        ids = ids + torch.repeat_interleave(
+            bases, torch.tensor(length_per_key), output_size=hi - lo
+        )
+    weights = kjt.weights_or_none()
+    weights = None if weights is None else weights[lo:hi]
+    if any(features.mean_per_key):
+        weights = _mean_scale(lengths, features, stride, weights, hi - lo)
+    return GroupInput(ids, offsets, lengths, weights, length_per_key)
+
+
+def _mean_scale(
+    lengths: torch.Tensor,
+    features: GroupFeatures,
+    stride: int,
+    weights: torch.Tensor | None,
+    num_ids: int,
+) -> torch.Tensor:
+    """MEAN pooling as SUM with each id weighted by 1 / (its bag's length)."""
+    mean_bags = torch.tensor(features.mean_per_key, device=lengths.device).repeat_interleave(stride)
+    scale = torch.where(mean_bags, 1.0 / lengths.clamp(min=1).float(), torch.ones(()))
+    per_id = torch.repeat_interleave(scale, lengths, output_size=num_ids)
+    return per_id if weights is None else weights * per_id
+
+
+def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
+    """Every id of key k must be in ``[0, num_embeddings of k's table)``; name the first that isn't."""
+    values = kjt.values()
+    if values.numel() == 0:
+        return
+    limits = torch.tensor(plan.num_embeddings_per_key, device=values.device)
+    length_per_key = torch.tensor(kjt.length_per_key(), device=values.device)
+    limit = torch.repeat_interleave(limits, length_per_key, output_size=values.numel())
+    bad = (values < 0) | (values >= limit)
+    if not bool(bad.any()):
+        return
+    position = int(bad.nonzero()[0, 0])
+    offsets = kjt.offset_per_key()
+    key = bisect.bisect_right(offsets, position) - 1
+    raise ValueError(
+        f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
+        f"{int(values[position])} at position {position - offsets[key]} of the feature's values is "
+        f"out of range: ids must satisfy 0 <= id < num_embeddings = "
+        f"{plan.num_embeddings_per_key[key]}. Map ids into range (e.g. id % num_embeddings), or "
+        "pass validate_ids=False to skip this check"
+    )

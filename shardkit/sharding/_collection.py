@@ -1,0 +1,307 @@
+"""What sharded bag and sequence collections share: shards, kernel groups, replicas of
+data-parallel tables, state dicts, the fused optimizer and the input dist.
+
+A subclass says which unsharded module it shards (``_TABLES``, the attribute and state-dict
+prefix of its tables) and implements `compute_and_output_dist`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardkit.modules import BaseEmbeddingConfig, PoolingType, data_type_to_dtype
+from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, FusedTable, fused_config_of
+from shardkit.planner import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
+from shardkit.sharding._groups import Group, build_group, classes, group_specs
+from shardkit.sharding._input_dist import PendingInput, exchange_start
+from shardkit.sharding._inputs import source_batch
+from shardkit.sharding._layout import Route, ShardSlice, build_layout
+from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._state import block_of, sharded_tensor
+from shardkit.sparse import KeyedJaggedTensor
+
+__all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
+
+logger = logging.getLogger(__name__)
+
+# Input dists started ahead of their forward that a collection keeps (the pipeline needs 2).
+_MAX_PREFETCHED = 2
+
+# The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
+DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
+
+
+@dataclass
+class DistributedInput:
+    """A batch whose ids are on their way to the shards (see `ShardedCollection.input_dist`)."""
+
+    features: KeyedJaggedTensor
+    pending: PendingInput
+
+
+class ShardedTable(nn.Module):
+    """This rank's shards of one table (``shards[k]`` is a view of a kernel group's stack)."""
+
+    def __init__(self, shards: list[ShardSlice], params: list[nn.Parameter]) -> None:
+        super().__init__()
+        self.shard_slices = shards
+        self.shards = nn.ParameterList(params)
+
+    def extra_repr(self) -> str:
+        blocks = [
+            f"rows {s.row_start}+{s.rows}, cols {s.col_start}+{s.cols}" for s in self.shard_slices
+        ]
+        return "; ".join(blocks) or "no shard on this rank"
+
+
+class ShardedCollection(nn.Module):
+    """Shared by `ShardedEmbeddingBagCollection` and `ShardedEmbeddingCollection`.
+
+    Args:
+        module: the unsharded collection; its configs, and its weights when they are
+            materialised (each rank copies its shards; on "meta" shards are initialised anew).
+        plan: table name -> `ParameterSharding` for this module.
+        env: the ranks and their process group.
+        device: where this rank's shards live.
+        fused_params: the fused optimizer of FUSED tables that `apply_optimizer_in_backward` did
+            not set (default: the module's own ``fused_params``, else SGD with lr 0.01).
+        local_world_size: ranks per host (for table-row-wise); default: all on one host.
+        gradient_division: scale the tables' gradients by ``1 / world size`` so that they match
+            data-parallel's averaged dense gradients (and unsharded training on the global
+            batch with a mean loss), as TorchRec does by default.
+    """
+
+    _TABLES = ""
+
+    def __init__(
+        self,
+        module: Any,
+        plan: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | str | None = None,
+        *,
+        fused_params: Mapping[str, Any] | None = None,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> None:
+        super().__init__()
+        self._configs: list[BaseEmbeddingConfig] = list(module._stack.configs)
+        self._is_weighted = getattr(module, "is_weighted", lambda: False)()
+        self._env = env
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._validate_ids = module.validate_ids
+        world = env.world_size
+        self._layout = build_layout(
+            self._configs, plan, world_size=world, local_world_size=local_world_size or world
+        )
+        self._gradient_scale = 1.0 / world if gradient_division else 1.0
+        self._with_weights = self._is_weighted or any(
+            getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
+        )
+        keys = self._table_keys(module, plan, fused_params)
+        self._specs = [group_specs(self._layout, r, keys) for r in range(world)]
+        self._classes = classes(self._layout)
+        self._groups = self._build_groups(module)
+        self._hosts = None
+        if self._layout.units_of(Route.HOST_SUMMED):
+            self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
+        setattr(self, self._TABLES, nn.ModuleDict())
+        self._local = self._build_local(module)
+        self._register_tables()
+        self.fused_optimizer = self._make_fused_optimizer()
+        self._prefetched: list[DistributedInput] = []
+        self._register_state_dict_hook(_state_dict_hook)
+        self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
+        logger.info(
+            "rank %d: %d local shard group(s), %d output class(es), %d data-parallel table(s)",
+            env.rank,
+            len(self._groups),
+            len(self._classes),
+            len(self._local_tables),
+        )
+
+    # -- construction --------------------------------------------------------------------
+
+    @property
+    def tables(self) -> nn.ModuleDict:
+        return getattr(self, self._TABLES)
+
+    def _table_keys(self, module, plan, fused_params) -> list[tuple]:
+        default = None
+        if fused_params is not None:
+            default = FusedOptimizerConfig.from_fused_params(fused_params)
+        module_default = module._stack.default_config
+        keys = []
+        for config, param in zip(self._configs, module._stack.params):
+            dtype = data_type_to_dtype(config.data_type)
+            if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:
+                keys.append((dtype, None))
+                continue
+            chosen = fused_config_of(param) or default or module_default or DEFAULT_FUSED
+            keys.append((dtype, chosen))
+        return keys
+
+    def _build_groups(self, module: Any) -> list[Group]:
+        weights = {c.name: p for c, p in zip(self._configs, module._stack.params)}
+        by_name = {c.name: c for c in self._configs}
+
+        def initial(shard: ShardSlice) -> torch.Tensor | None:
+            full = weights[shard.table]
+            if full.device.type == "meta":
+                config = by_name[shard.table]
+                block = torch.empty(shard.rows, shard.cols)
+                return block.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+            rows = slice(shard.row_start, shard.row_start + shard.rows)
+            cols = slice(shard.col_start, shard.col_start + shard.cols)
+            return full.detach()[rows, cols]
+
+        return [build_group(spec, self._device, initial) for spec in self._specs[self._env.rank]]
+
+    def _build_local(self, module: Any) -> nn.Module | None:
+        """Data-parallel tables: a replica, looked up like the unsharded module (dense kernel)."""
+        names = {self._configs[u.table_index].name for u in self._layout.units_of(Route.LOCAL)}
+        unique = [c for c in self._configs if c.name in names]
+        self._local_tables = [c.name for c in unique]
+        if not unique:
+            return None
+        kwargs = {"is_weighted": self._is_weighted} if hasattr(module, "is_weighted") else {}
+        local = type(module)(
+            tables=unique, device=self._device, validate_ids=self._validate_ids, **kwargs
+        )
+        source = dict(zip((c.name for c in self._configs), module._stack.params))
+        with torch.no_grad():
+            for name in self._local_tables:
+                if source[name].device.type != "meta":
+                    getattr(local, self._TABLES)[name].weight.copy_(source[name])
+        return local
+
+    def _register_tables(self) -> None:
+        shards: dict[str, tuple[list, list]] = {}
+        for group in self._groups:
+            for slice_, param in zip(group.spec.shards, group.params):
+                entry = shards.setdefault(slice_.table, ([], []))
+                entry[0].append(slice_)
+                entry[1].append(param)
+        for config in self._configs:
+            if config.name in self._local_tables:
+                assert self._local is not None
+                self.tables[config.name] = getattr(self._local, self._TABLES)[config.name]
+            else:
+                slices, params = shards.get(config.name, ([], []))
+                self.tables[config.name] = ShardedTable(slices, params)
+
+    def _make_fused_optimizer(self) -> FusedOptimizer | None:
+        tables = []
+        for group in self._groups:
+            if group.tables.optimizer is None:
+                continue
+            starts = group.tables.row_starts
+            for k, (slice_, param) in enumerate(zip(group.spec.shards, group.params)):
+                index = self.tables[slice_.table].shard_slices.index(slice_)
+                tables.append(
+                    FusedTable(
+                        name=f"{self._TABLES}.{slice_.table}.shards.{index}",
+                        table=slice_.table,
+                        param=param,
+                        optimizer=group.tables.optimizer,
+                        row_start=starts[k],
+                        row_end=starts[k + 1],
+                    )
+                )
+        return FusedOptimizer(tables) if tables else None
+
+    # -- state dict: see [Note: sharded state dicts] --------------------------------------
+
+    def _sharded_tables(self) -> list[tuple[BaseEmbeddingConfig, ShardedTable]]:
+        return [
+            (c, self.tables[c.name])
+            for c in self._configs
+            if isinstance(self.tables[c.name], ShardedTable)
+        ]
+
+    def table_shards(self, table: str) -> list[ShardSlice]:
+        """Every shard of ``table`` in the job (from the layout)."""
+        found: dict[tuple, ShardSlice] = {}
+        for unit in self._layout.units:
+            for shard in unit.shards:
+                if shard.table == table:
+                    found.setdefault((shard.row_start, shard.col_start), shard)
+        return [found[k] for k in sorted(found)]
+
+    def _load_state_dict_pre_hook(self, state_dict, prefix, *args: Any) -> None:
+        for name in self._local_tables:
+            key = f"{prefix}{self._TABLES}.{name}.weight"
+            if key in state_dict:
+                state_dict[f"{prefix}_local.{self._TABLES}.{name}.weight"] = state_dict[key]
+        for config, table in self._sharded_tables():
+            key = f"{prefix}{self._TABLES}.{config.name}.weight"
+            if key not in state_dict:
+                continue
+            value = state_dict.pop(key)
+            for k, slice_ in enumerate(table.shard_slices):
+                state_dict[f"{prefix}{self._TABLES}.{config.name}.shards.{k}"] = block_of(
+                    value, slice_, key
+                )
+
+    # -- input dist ------------------------------------------------------------------------
+
+    def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
+        """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
+        source = source_batch(
+            features,
+            self._configs,
+            weighted=self._is_weighted,
+            with_weights=self._with_weights,
+            validate_ids=self._validate_ids,
+        )
+        pending = exchange_start(
+            source, self._layout, self._env.rank, self._env.pg, with_weights=self._with_weights
+        )
+        return DistributedInput(features, pending)
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Start the input dist of ``features`` now; the forward that receives this very KJT
+        object uses it (see `TrainPipelineSparseDist`)."""
+        self._prefetched.append(self.input_dist(features))
+        del self._prefetched[:-_MAX_PREFETCHED]
+
+    def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
+        raise NotImplementedError
+
+    def forward(self, features: KeyedJaggedTensor) -> Any:
+        for index, prefetched in enumerate(self._prefetched):
+            if prefetched.features is features:
+                del self._prefetched[: index + 1]  # older ones were never used
+                return self.compute_and_output_dist(prefetched)
+        return self.compute_and_output_dist(self.input_dist(features))
+
+    def _local_features(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The KJT of the data-parallel tables' features only."""
+        names = [f for c in self._configs if c.name in self._local_tables for f in c.feature_names]
+        keys = features.keys()
+        return features.permute([keys.index(f) for f in names])
+
+
+def _state_dict_hook(module: ShardedCollection, state_dict, prefix, _meta) -> None:
+    """See [Note: sharded state dicts]."""
+    # data-parallel tables appear once, as <tables>.<t>.weight (not also under _local)
+    for key in [k for k in state_dict if k.startswith(f"{prefix}_local.")]:
+        del state_dict[key]
+    tables = module._TABLES
+    for config, table in module._sharded_tables():
+        for k in range(len(table.shards)):
+            del state_dict[f"{prefix}{tables}.{config.name}.shards.{k}"]
+        local = [(s, p.detach()) for s, p in zip(table.shard_slices, table.shards)]
+        state_dict[f"{prefix}{tables}.{config.name}.weight"] = sharded_tensor(
+            (config.num_embeddings, config.embedding_dim),
+            module.table_shards(config.name),
+            local,
+            module._device,
+            module._env.pg,
+        )

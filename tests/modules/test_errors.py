@@ -1,0 +1,119 @@
+"""Bad input to embedding collections is refused with the key, the value and the rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardkit import KeyedJaggedTensor
+from shardkit.modules import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingConfig,
+    PoolingType,
+)
+
+TABLES = [
+    EmbeddingBagConfig(
+        name="product_table", embedding_dim=4, num_embeddings=10, feature_names=["product"]
+    ),
+    EmbeddingBagConfig(
+        name="user_table", embedding_dim=4, num_embeddings=20, feature_names=["user"]
+    ),
+]
+
+
+def _kjt(values, keys=("product", "user"), **kwargs):
+    return KeyedJaggedTensor(
+        keys=list(keys), values=torch.tensor(values), lengths=torch.tensor([1, 1, 1, 1]), **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "pattern"),
+    [
+        (
+            [1, 2, 3, 20],
+            r"feature 'user' \(table 'user_table'\): id 20 at position 1 .* 0 <= id < num_embeddings = 20",
+        ),
+        ([1, -1, 3, 4], r"feature 'product' \(table 'product_table'\): id -1 at position 1"),
+    ],
+)
+def test_ids_out_of_range(values, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        EmbeddingBagCollection(tables=TABLES)(_kjt(values))
+
+
+def test_id_check_can_be_switched_off():
+    ebc = EmbeddingBagCollection(tables=TABLES, validate_ids=False)
+    assert ebc(_kjt([1, 2, 3, 4])).values().shape == (2, 8)
+
+
+def test_keys_must_match_features():
+    with pytest.raises(ValueError, match=r"missing \['user'\], extra \['item'\]"):
+        EmbeddingBagCollection(tables=TABLES)(_kjt([1, 2, 3, 4], keys=("product", "item")))
+
+
+def test_weighted_module_needs_weights():
+    with pytest.raises(ValueError, match=r"weighted but the KJT has no weights"):
+        EmbeddingBagCollection(tables=TABLES, is_weighted=True)(_kjt([1, 2, 3, 4]))
+
+
+def test_variable_batch_size_is_refused():
+    kjt = KeyedJaggedTensor(
+        keys=["product", "user"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]),
+        stride_per_key_per_rank=[[2], [1]],
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"needs one batch size for all keys"):
+        EmbeddingBagCollection(tables=TABLES)(kjt)
+
+
+@pytest.mark.parametrize(
+    ("tables", "error", "pattern"),
+    [
+        ([TABLES[0], TABLES[0]], ValueError, r"table names must be unique; \['product_table'\]"),
+        (
+            [
+                TABLES[0],
+                EmbeddingBagConfig(
+                    name="x", embedding_dim=4, num_embeddings=3, feature_names=["product"]
+                ),
+            ],
+            ValueError,
+            r"feature 'product' is looked up in two tables \('product_table' and 'x'\)",
+        ),
+        (
+            [EmbeddingConfig(name="e", embedding_dim=4, num_embeddings=3, feature_names=["f"])],
+            TypeError,
+            r"expected EmbeddingBagConfig, got EmbeddingConfig",
+        ),
+    ],
+)
+def test_bad_tables(tables, error, pattern):
+    with pytest.raises(error, match=pattern):
+        EmbeddingBagCollection(tables=tables)
+
+
+def test_unknown_fused_params_key():
+    with pytest.raises(ValueError, match=r"unknown fused_params key\(s\) \['momentum'\]"):
+        EmbeddingBagCollection(tables=TABLES, fused_params={"optimizer": "sgd", "momentum": 0.9})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"num_embeddings": 0}, r"table 't': num_embeddings must be >= 1, got 0"),
+        ({"embedding_dim": 0}, r"table 't': embedding_dim must be >= 1, got 0"),
+        ({"name": ""}, r"an embedding table needs a name"),
+        ({"feature_names": ["f", "f"]}, r"table 't': feature names \['f'\] appear twice"),
+        ({"pooling": PoolingType.NONE}, r"an EmbeddingBagConfig pools \(SUM or MEAN\)"),
+        (
+            {"weight_init_min": 1.0, "weight_init_max": 0.0},
+            r"weight_init_min \(1.0\) > weight_init_max \(0.0\)",
+        ),
+    ],
+)
+def test_bad_configs(kwargs, pattern):
+    base = {"name": "t", "embedding_dim": 4, "num_embeddings": 3, "feature_names": ["f"]}
+    with pytest.raises(ValueError, match=pattern):
+        EmbeddingBagConfig(**{**base, **kwargs})

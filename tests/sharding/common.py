@@ -1,0 +1,127 @@
+"""Shared pieces of the sharded-collection tests: tables with awkward sizes, global batches, and
+plans by name."""
+
+from __future__ import annotations
+
+import torch
+
+from shardkit import EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor, PoolingType
+from shardkit.planner import (
+    EmbeddingComputeKernel,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingType,
+    ShardMetadata,
+)
+from shardkit.sharding import (
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    grid_shard,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+
+LIMITS = {"a": 11, "b": 11, "c": 7, "d": 5, "e": 9}
+FEATURES = list(LIMITS)
+
+
+def configs(pooling: PoolingType = PoolingType.SUM) -> list[EmbeddingBagConfig]:
+    """Rows and dims that divide by nothing: 11 x 4 (two features), 7 x 6, 5 x 4, 9 x 5."""
+    return [
+        EmbeddingBagConfig(
+            name="t0", embedding_dim=4, num_embeddings=11, feature_names=["a", "b"], pooling=pooling
+        ),
+        EmbeddingBagConfig(
+            name="t1", embedding_dim=6, num_embeddings=7, feature_names=["c"], pooling=pooling
+        ),
+        EmbeddingBagConfig(name="t2", embedding_dim=4, num_embeddings=5, feature_names=["d"]),
+        EmbeddingBagConfig(
+            name="t3", embedding_dim=5, num_embeddings=9, feature_names=["e"], pooling=pooling
+        ),
+    ]
+
+
+def global_batch(seed: int, size: int, weighted: bool) -> KeyedJaggedTensor:
+    """Bags of 0-3 ids with duplicates; feature 'e' has no ids at all in even steps."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, values = [], []
+    for key in FEATURES:
+        key_lengths = torch.randint(0, 4, (size,), generator=g)
+        if key == "e" and seed % 2 == 0:
+            key_lengths.zero_()
+        lengths.append(key_lengths)
+        values.append(torch.randint(0, LIMITS[key], (int(key_lengths.sum()),), generator=g))
+    values = torch.cat(values)
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    return KeyedJaggedTensor(
+        keys=FEATURES, values=values, lengths=torch.cat(lengths), weights=weights
+    )
+
+
+def local_part(kjt: KeyedJaggedTensor, rank: int, world_size: int) -> KeyedJaggedTensor:
+    """Rank ``rank``'s examples of a global batch: ``[rank * B, (rank + 1) * B)``."""
+    size = kjt.stride() // world_size
+    parts = {}
+    for key, jt in kjt.to_dict().items():
+        offsets = jt.offsets()
+        lo, hi = int(offsets[rank * size]), int(offsets[(rank + 1) * size])
+        weights = jt.weights_or_none()
+        parts[key] = JaggedTensor(
+            values=jt.values()[lo:hi],
+            lengths=jt.lengths()[rank * size : (rank + 1) * size],
+            weights=None if weights is None else weights[lo:hi],
+        )
+    return KeyedJaggedTensor.from_jt_dict(parts)
+
+
+def _table_column_wise(ranks: list[int]):
+    """Column shards placed table-wise (several may share a rank)."""
+
+    def generate(param, local_size, world_size, device_type, sharder):
+        rows, cols = param.shape
+        widths = [cols // len(ranks) + (i < cols % len(ranks)) for i in range(len(ranks))]
+        shards, start = [], 0
+        for width, rank in zip(widths, ranks):
+            shards.append(ShardMetadata([0, start], [rows, width], f"rank:{rank}/cpu"))
+            start += width
+        return ParameterSharding(
+            ShardingType.TABLE_COLUMN_WISE,
+            EmbeddingComputeKernel.FUSED,
+            ranks,
+            EnumerableShardingSpec(shards),
+        )
+
+    return generate
+
+
+def generators(kind: str, world_size: int, local_size: int):
+    """Per table index: the plan generator for sharding type ``kind`` (or 'mixed')."""
+    hosts = world_size // local_size
+    by_kind = {
+        "table_wise": lambda i: table_wise(rank=(i + 1) % world_size),
+        "row_wise": lambda i: row_wise(),
+        "column_wise": lambda i: column_wise(
+            ranks=[(i + r) % world_size for r in range(min(world_size, 3))]
+        ),
+        "table_column_wise": lambda i: _table_column_wise([i % world_size, i % world_size]),
+        "table_row_wise": lambda i: table_row_wise(host_index=i % hosts),
+        "grid_shard": lambda i: grid_shard(host_indexes=list(range(hosts))),
+        "data_parallel": lambda i: data_parallel(),
+    }
+    if kind == "mixed":
+        kinds = ["row_wise", "table_wise", "column_wise", "data_parallel"]
+        return [by_kind[kinds[i]](i) for i in range(4)]
+    return [by_kind[kind](i) for i in range(4)]
+
+
+def make_plan(ebc, kind: str, world_size: int, local_size: int):
+    gens = generators(kind, world_size, local_size)
+    return construct_module_sharding_plan(
+        ebc,
+        {f"t{i}": gens[i] for i in range(4)},
+        world_size=world_size,
+        local_size=local_size,
+        device_type="cpu",
+    )
