@@ -261,6 +261,60 @@ def _translate(theirs) -> ShardingPlan:
     return ShardingPlan(modules)
 
 
+def markdown(report: dict) -> str:
+    """The report as Markdown tables."""
+    m = report["machine"]
+    lines = [
+        "# Planner speed and plan quality",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Machine: {m['host']}, {m['cpu_count']} CPU cores ({m['cpu']}), shared; Python "
+        f"{m['python']}, torch {m['torch']}, torchrec {m['torchrec']}; {m['date']}.  ",
+        f"Batch size {report['batch_size']} per rank, hosts of {report['local_world_size']} "
+        "ranks, compute device cuda (32 GiB HBM, TorchRec's default bandwidths), fused kernel.",
+        "",
+    ]
+    if "speed" in report:
+        lines += [
+            "## Speed (plan_tables on synthetic tables, seconds, best / median)",
+            "",
+            "| tables | 8 ranks | 128 ranks | 1,024 ranks |",
+            "|---:|---:|---:|---:|",
+        ]
+        for count in (10, 100, 1000):
+            cells = [
+                f"{r['best_s']:.3f} / {r['median_s']:.3f}"
+                for r in report["speed"]
+                if r["tables"] == count
+            ]
+            lines.append(f"| {count:,} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        "## Quality (both plans scored by shardkit's estimator)",
+        "",
+        "Max cost: the busiest rank's estimated ms per step. Imbalance: max / mean over ranks.",
+        "",
+        "| case | ranks | planner | max cost (ms) | cost imbalance | max memory (GiB) | "
+        "memory imbalance | planning time (s) | sharding types |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in report["quality"]:
+        for who in ("shardkit", "torchrec"):
+            r = row.get(who)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {row['case']} | {row['ranks']} | {who} | {r['error']} |||||")
+                continue
+            types = ", ".join(f"{k} {v}" for k, v in r["sharding_types"].items())
+            lines.append(
+                f"| {row['case']} | {row['ranks']} | {who} | {r['max_cost_ms']:.3f} | "
+                f"{r['cost_imbalance']:.3f} | {r['max_memory_gib']:.2f} | "
+                f"{r['memory_imbalance']:.3f} | {r['seconds']:.2f} | {types} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def machine() -> dict:
     try:
         import torchrec
@@ -282,6 +336,7 @@ def machine() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the report (JSON) here")
+    parser.add_argument("--markdown", help="also write the report as Markdown here")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--no-torchrec", action="store_true", help="do not run TorchRec's planner")
@@ -293,8 +348,11 @@ def main() -> int:
     except ImportError:
         with_torchrec = False
         print("torchrec is not importable: shardkit's side only")
+    command = " ".join([sys.executable, *sys.argv])
+    if os.environ.get("PYTHONPATH"):
+        command = f"PYTHONPATH={os.environ['PYTHONPATH']} {command}"
     report = {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": command,
         "machine": machine(),
         "batch_size": BATCH_SIZE,
         "local_world_size": LOCAL_WORLD_SIZE,
@@ -310,6 +368,10 @@ def main() -> int:
         quality("synthetic_1000", synthetic, synthetic_constraints, ranks, with_torchrec)
         for ranks in (8, 64, 128)
     ]
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(report))
+        print(f"wrote {args.markdown}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

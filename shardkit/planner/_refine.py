@@ -74,7 +74,7 @@ class _State:
         return (top_memory, _at(self.memory, top_memory), top_cost)
 
 
-def _at(values: list[float], top: float) -> int:
+def _at(values: Sequence[float], top: float) -> int:
     return sum(1 for v in values if v >= top * (1 - _TIE))
 
 
