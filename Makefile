@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/collectives.py
+	$(VENV)/bin/shardkit train
 
 test: $(STAMP) lint
 	$(PY) -m pytest

@@ -25,15 +25,16 @@ ALLOWED: dict[str, set[str]] = {
     "fsdp": {"comm", "launch"},
     "models": {"sparse", "modules", "optim"},
     "data": {"sparse"},
+    "metrics": {"comm", "launch"},
     "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "bench", "train",
+        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
     },
     "train": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint",
+        "fsdp", "models", "data", "checkpoint", "metrics",
     },
 }  # fmt: skip
 

@@ -12,7 +12,9 @@ from which each rank copies its blocks. Data-parallel tables are plain tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +28,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 
 from shardkit.sharding._layout import ShardSlice
 
-__all__ = ["block_of", "sharded_tensor"]
+__all__ = ["block_of", "fused_state", "load_fused_state", "sharded_tensor"]
 
 
 def _metadata(shard: ShardSlice, device: torch.device) -> TorchShardMetadata:
@@ -61,16 +63,31 @@ def sharded_tensor(
         for slice_, tensor in local
         if slice_.rows and slice_.cols
     ]
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
-        local_shards, metadata, process_group=group
-    )
+    with quiet_sharded_tensor():
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            local_shards, metadata, process_group=group
+        )
+
+
+@contextlib.contextmanager
+def quiet_sharded_tensor() -> Iterator[None]:
+    """torch deprecates ShardedTensor in favour of DTensor, which cannot place arbitrary blocks
+    (a table on rank 1, column shards on chosen ranks); TorchRec and torch.distributed.checkpoint
+    still use it, and so do we, without a warning per call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Please use DTensor instead", category=FutureWarning
+        )
+        yield
 
 
 def block_of(value: Any, shard: ShardSlice, key: str) -> torch.Tensor:
     """This shard's block of a saved table: from a full tensor, or from a ShardedTensor whose
     local shard has the same offsets and sizes."""
     if isinstance(value, ShardedTensor):
-        for local in value.local_shards():
+        with quiet_sharded_tensor():
+            shards = value.local_shards()
+        for local in shards:
             meta = local.metadata
             if list(meta.shard_offsets) == [shard.row_start, shard.col_start] and list(
                 meta.shard_sizes
@@ -91,3 +108,67 @@ def block_of(value: Any, shard: ShardSlice, key: str) -> torch.Tensor:
             f"(rows {shard.row_start}:{rows}, columns {shard.col_start}:{cols})"
         )
     return value[shard.row_start : rows, shard.col_start : cols]
+
+
+def fused_state(collection: Any) -> dict[str, Any]:
+    """The fused optimizer's state of a sharded collection, laid out like its tables.
+
+    ``{"<table>.<state>": ShardedTensor [rows, dim]}`` plus ``"<table>.step"``. Row-wise
+    Adagrad's one value per row is repeated across the shard's columns, so that the state
+    tiles the table exactly like the weights and reshards the same way (see
+    `load_fused_state`). Tensors here are copies: write back with `load_fused_state`.
+    """
+    out: dict[str, Any] = {}
+    for config, group, position in _fused_shards(collection):
+        optimizer = group.tables.optimizer
+        start, end = group.tables.row_starts[position], group.tables.row_starts[position + 1]
+        slice_ = group.spec.shards[position]
+        for name, state in optimizer.state.items():
+            block = state[start:end]
+            if block.dim() == 1:  # row-wise: [rows] -> [rows, cols]
+                block = block.unsqueeze(1).expand(-1, slice_.cols)
+            out.setdefault(f"{config.name}.{name}", []).append((slice_, block.contiguous()))
+        out[f"{config.name}.step"] = torch.tensor(float(optimizer.step))
+    shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in collection._configs}
+    for key, value in list(out.items()):
+        if isinstance(value, list):
+            table = key.rsplit(".", 1)[0]
+            out[key] = sharded_tensor(
+                shapes[table],
+                collection.table_shards(table),
+                value,
+                collection._device,
+                collection._env.pg,
+            )
+    return out
+
+
+def load_fused_state(collection: Any, state: dict[str, Any]) -> None:
+    """Write state laid out by `fused_state` (and filled, e.g., by a checkpoint load) back into
+    the live optimizer. For row-wise Adagrad a shard takes its first column when all its
+    columns agree (bit-exact on the same plan) and their mean otherwise (a checkpoint of column
+    shards, each with its own accumulator, loaded into a table of wider shards)."""
+    for config, group, position in _fused_shards(collection):
+        optimizer = group.tables.optimizer
+        start, end = group.tables.row_starts[position], group.tables.row_starts[position + 1]
+        slice_ = group.spec.shards[position]
+        for name, live in optimizer.state.items():
+            value = state[f"{config.name}.{name}"]
+            block = block_of(value, slice_, f"{config.name}.{name}")
+            if live.dim() == 1:
+                same = bool((block == block[:, :1]).all())
+                block = block[:, 0] if same else block.mean(1)
+            live[start:end].copy_(block)
+        step = state.get(f"{config.name}.step")
+        if step is not None:
+            optimizer.step = int(step)
+
+
+def _fused_shards(collection: Any):
+    """(config, group, position in the group) of every fused local shard."""
+    configs = {c.name: c for c in collection._configs}
+    for group in collection._groups:
+        if group.tables.optimizer is None:
+            continue
+        for position, slice_ in enumerate(group.spec.shards):
+            yield configs[slice_.table], group, position

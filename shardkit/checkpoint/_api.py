@@ -1,0 +1,261 @@
+"""`save` and `load`: training checkpoints through torch.distributed.checkpoint.
+
+Every rank calls both, with the same arguments; every rank writes (and reads) only its shards.
+See [Note: atomic checkpoints] in `_store`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from shardkit import comm
+from shardkit.checkpoint._state import (
+    apply_dense_optimizer,
+    apply_fused,
+    dense_optimizer_state,
+    fused_states,
+)
+from shardkit.checkpoint._store import (
+    CheckpointError,
+    commit,
+    file_digests,
+    latest,
+    prepare,
+    verify,
+    write_manifest,
+)
+from shardkit.comm._compat import object_collectives_without_numpy
+from shardkit.sharding._state import quiet_sharded_tensor
+
+__all__ = ["load", "save"]
+
+_DENSE_META = "__dense_optimizer__"
+
+logger = logging.getLogger(__name__)
+
+Group = dist.ProcessGroup | None
+
+
+def save(
+    root: str | os.PathLike,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+    group: Group = None,
+) -> Path:
+    """Write checkpoint ``<root>/step-<step>`` from every rank and point ``latest`` at it.
+
+    Args:
+        root: the directory of checkpoints (on a file system all ranks share).
+        step: the training step, names the checkpoint.
+        model: the model (sharded tables, DDP or FSDP parts: each shard is written once).
+        optimizer: the dense parameters' optimizer (sharded tables' fused optimizers are
+            saved with the model).
+        extra: picklable values every rank agrees on (data position, epoch, ...).
+        keep: how many checkpoints to keep.
+    Returns:
+        the checkpoint's directory.
+    """
+    rank = dist.get_rank(group)
+    temporary, final = _broadcast_paths(root, step, rank, group)
+    state = _state(model, optimizer, extra or {}, rank)
+    with object_collectives_without_numpy(), quiet_sharded_tensor():
+        dcp.save(state, checkpoint_id=str(temporary), process_group=group)
+    mine = sorted(n for n in os.listdir(temporary) if n.startswith(f"__{rank}_"))
+    digests = comm.all_gather_object(file_digests(temporary, mine), group=group)
+    if rank == 0:
+        files = {k: v for d in digests for k, v in d.items()}
+        files.update(file_digests(temporary, [".metadata"]))
+        info = {"step": step, "world_size": dist.get_world_size(group)}
+        write_manifest(temporary, files, info)
+        commit(temporary, final, keep=keep)
+        logger.info("checkpoint of step %d written to %s", step, final)
+    comm.barrier(group=group)
+    return final
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+    group: Group = None,
+) -> dict[str, Any]:
+    """Load a checkpoint (a ``step-*`` directory, or a root with ``latest``) into ``model``
+    and ``optimizer``, in whatever sharding and world size they have now.
+
+    Returns the saved ``extra`` values (``extra`` given here lists the keys expected).
+    Raises `CheckpointError`, on every rank, for a missing, corrupted or mismatching checkpoint.
+    """
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    directory = _resolve(Path(path))
+    _verify_everywhere(directory, rank, world, group)
+    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    with_optimizers = any(k.startswith("optim.") for k in metadata)
+    if not with_optimizers:  # e.g. made by import_checkpoint from a plain state dict
+        logger.info("%s holds no optimizer state: optimizers start fresh", directory)
+        optimizer = None
+    state = _state(model, optimizer, extra or {}, rank)
+    if not with_optimizers:
+        del state["optim"]
+    with quiet_sharded_tensor():
+        _check_fits(state, metadata, group)
+    for name in [k for k, v in state.items() if isinstance(v, dict) and not _flatten(v)]:
+        del state[name]  # torch.distributed.checkpoint reads an empty dict as a missing value
+    if optimizer is not None:
+        state["optim"]["dense"] = {"state": _dense_template(metadata)}
+    if f"rng.rank{rank}" not in metadata:
+        del state["rng"]
+    if "extra" in metadata:
+        state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
+    else:
+        del state["extra"]
+    with object_collectives_without_numpy(), quiet_sharded_tensor():
+        dcp.load(state, checkpoint_id=str(directory), process_group=group)
+    if with_optimizers:
+        apply_fused(model, state["optim"]["fused"])
+    extra = _unpack(state["extra"]) if "extra" in state else {}
+    meta = extra.pop(_DENSE_META, None)
+    if optimizer is not None:
+        if meta is None:
+            raise CheckpointError(f"{directory} holds no dense optimizer state to load")
+        dense = state["optim"]["dense"]["state"]
+        for name, entries in meta["state"].items():
+            dense.setdefault(name, {}).update(entries)
+        apply_dense_optimizer(
+            model, optimizer, {"state": dense, "param_groups": meta["param_groups"]}
+        )
+    if "rng" in state:
+        torch.set_rng_state(state["rng"][f"rank{rank}"])
+    logger.info("loaded checkpoint %s", directory)
+    return extra
+
+
+def _state(model, optimizer, extra, rank) -> dict[str, Any]:
+    """The checkpoint's dict. Tensors go to torch.distributed.checkpoint as they are; the rest
+    (extras, the dense optimizer's param groups and non-tensor state) in one pickled blob."""
+    extra = dict(extra)
+    state: dict[str, Any] = {
+        "model": model.state_dict(),
+        "optim": {"fused": fused_states(model)},
+        "rng": {f"rank{rank}": torch.get_rng_state()},
+    }
+    if optimizer is not None:
+        dense = dense_optimizer_state(model, optimizer)
+        tensors = {
+            name: {k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}
+            for name, entries in dense["state"].items()
+        }
+        others = {
+            name: {k: v for k, v in entries.items() if not isinstance(v, torch.Tensor)}
+            for name, entries in dense["state"].items()
+        }
+        state["optim"]["dense"] = {"state": tensors}
+        extra[_DENSE_META] = {"param_groups": dense["param_groups"], "state": others}
+    state["extra"] = _pack(extra)
+    return state
+
+
+def _pack(extra: dict[str, Any]) -> torch.Tensor:
+    """Extras travel as one pickled byte tensor, the same on every rank (saved once)."""
+    return torch.frombuffer(bytearray(pickle.dumps(dict(extra))), dtype=torch.uint8).clone()
+
+
+def _unpack(data: torch.Tensor) -> dict[str, Any]:
+    return pickle.loads(ctypes.string_at(data.data_ptr(), data.numel()))
+
+
+def _broadcast_paths(root, step, rank, group) -> tuple[Path, Path]:
+    paths = prepare(root, step) if rank == 0 else None
+    return comm.broadcast_object(paths, src=_global(0, group), group=group)
+
+
+def _global(group_rank: int, group: Group) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _resolve(path: Path) -> Path:
+    if (path / "latest").exists():
+        found = latest(path)
+        assert found is not None
+        return found
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint at {path}")
+    return path
+
+
+def _verify_everywhere(directory: Path, rank: int, world: int, group: Group) -> None:
+    """Each rank checks a share of the files; all raise the first problem found."""
+    try:
+        manifest = verify(directory, names=[])
+        names = sorted(manifest["files"])
+        verify(directory, names[rank::world])
+        problem = None
+    except CheckpointError as exc:
+        problem = str(exc)
+    problems = [p for p in comm.all_gather_object(problem, group=group) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+
+
+def _flatten(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _check_fits(state: dict[str, Any], metadata: dict[str, Any], group: Group) -> None:
+    """Refuse a checkpoint of another model, naming the first key that differs (the same on
+    every rank: a rank holds only its shards' optimizer state, so keys are pooled first)."""
+    wanted = {k: v for k, v in _flatten({"model": state["model"]}).items()}
+    if "optim" in state:
+        wanted.update(_flatten({"optim": {"fused": state["optim"]["fused"]}}))
+    everyone = set().union(*comm.all_gather_object(sorted(wanted), group=group))
+    saved_model = sorted(k for k in metadata if k.startswith(("model.", "optim.fused.")))
+    for key in sorted(wanted):
+        if key not in metadata:
+            raise CheckpointError(f"the checkpoint has no {key!r}: it is from another model")
+        value, saved = wanted[key], metadata[key]
+        shapes_differ = hasattr(value, "size") and list(saved.size) != list(value.size())
+        if isinstance(saved, TensorStorageMetadata) and shapes_differ:
+            raise CheckpointError(
+                f"{key!r} has shape {list(saved.size)} in the checkpoint but "
+                f"{list(value.size())} in the model: the checkpoint is from another model"
+            )
+    extra = [k for k in saved_model if k not in everyone]
+    if extra:
+        raise CheckpointError(
+            f"the checkpoint has {extra[0]!r}, which the model lacks: it is from another model"
+        )
+
+
+def _dense_template(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Empty tensors shaped like the checkpoint's dense optimizer state, for DCP to fill."""
+    state: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key.startswith("optim.dense.state.") and isinstance(value, TensorStorageMetadata):
+            *name, entry = key[len("optim.dense.state.") :].split(".")
+            tensor = torch.empty(value.size, dtype=value.properties.dtype)
+            state.setdefault(".".join(name), {})[entry] = tensor
+    return state

@@ -1,0 +1,57 @@
+"""One file <-> a checkpoint directory, with no processes.
+
+`export_checkpoint` writes the unsharded model (every table whole, dense parameters) as a plain
+``torch.save`` state dict that a single-process model loads; `import_checkpoint` turns such a
+file back into a checkpoint directory that `load` (and ``--resume``) read, in any sharding.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+from shardkit.checkpoint._store import file_digests, latest, verify, write_manifest
+
+__all__ = ["export_checkpoint", "import_checkpoint"]
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike) -> dict:
+    """Write the model of ``checkpoint`` (a ``step-*`` directory or a root with ``latest``)
+    as one unsharded state dict file; returns that state dict."""
+    directory = Path(checkpoint)
+    if (directory / "latest").exists():
+        directory = latest(directory)  # type: ignore[assignment]
+    verify(directory)
+    with tempfile.TemporaryDirectory() as scratch:
+        everything = Path(scratch) / "all.pt"
+        dcp_to_torch_save(directory, everything)
+        state = torch.load(everything, weights_only=False)
+    model = state.get("model", state)
+    model = {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
+    torch.save(model, output)
+    return model
+
+
+def import_checkpoint(
+    state_file: str | os.PathLike, root: str | os.PathLike, *, step: int = 0
+) -> Path:
+    """Turn an unsharded state dict file (as `export_checkpoint` writes, or any plain model's
+    ``state_dict()``) into checkpoint ``<root>/step-<step>`` that `load` reads."""
+    state = torch.load(state_file, weights_only=True)
+    if "model" not in state:
+        state = {"model": state}
+    root = Path(root)
+    directory = root / f"step-{step:08d}"
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        wrapped = Path(scratch) / "model.pt"
+        torch.save(state, wrapped)
+        torch_save_to_dcp(wrapped, directory)
+    names = sorted(n for n in os.listdir(directory) if n != "shardkit.json")
+    write_manifest(directory, file_digests(directory, names), {"step": step, "imported": True})
+    (root / "latest").write_text(directory.name + "\n")
+    return directory

@@ -1,0 +1,138 @@
+"""One rank of ``shardkit train``: plan, shard, train with the pipeline, validate, checkpoint.
+
+[Note: resuming bit-identically]
+A checkpoint is written at the end of every epoch with the tables (and their fused optimizer
+state), the dense parameters and optimizer, the data iterator's position and every rank's RNG
+state. Resuming loads all of it, so the run continues as if it had never stopped: training 2
+epochs straight and 1 epoch + resume + 1 epoch give the same losses and weights (same world
+size and plan; a different world size or plan loads the same model and optimizer state, resharded,
+and the data position when the global batch size is unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from shardkit import checkpoint, comm
+from shardkit.metrics import BinaryMetrics, JsonlWriter, ThroughputMeter
+from shardkit.sharding import DistributedModelParallel, TrainPipelineSparseDist
+from shardkit.train._build import (
+    build_data,
+    build_model,
+    dense_optimizer,
+    planner_for,
+    sharders_for,
+)
+from shardkit.train._config import TrainConfig
+from shardkit.train._progress import Progress
+
+__all__ = ["train_rank"]
+
+logger = logging.getLogger(__name__)
+
+
+def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
+    """Train on this rank; returns the last validation metrics (and plan text) on every rank."""
+    torch.manual_seed(config.seed)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    data = build_data(config, rank, world_size)
+    model = build_model(config, data)
+    sharders = sharders_for(config)
+    planner = planner_for(config, model, world_size)
+    plan = planner.collective_plan(model, sharders)
+    say(f"sharding plan: {plan}")
+    if planner.stats is not None:
+        say(str(planner.stats))
+    if config.plan_only:
+        return {"plan": str(plan)}
+    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
+    optimizer = dense_optimizer(config, dmp)
+    start_epoch, step = _maybe_resume(config, dmp, optimizer, data, say)
+    history = []
+    metrics = JsonlWriter(config.metrics_file) if rank == 0 else None
+    for epoch in range(start_epoch, config.epochs):
+        step, loss, speed = _train_epoch(config, dmp, optimizer, data, epoch, step, rank)
+        results = _validate(dmp, data)
+        results.update(epoch=epoch, step=step, train_loss=loss, samples_per_s=speed)
+        history.append(results)
+        say(
+            f"epoch {epoch}: validation AUC {results['auc']:.4f}, log loss "
+            f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
+            f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
+            f"train {results['samples_per_s']:,.0f} samples/s"
+        )
+        if metrics is not None:
+            metrics.write({"kind": "validation", **results})
+        path = checkpoint.save(
+            config.checkpoint_dir,
+            step=step,
+            model=dmp,
+            optimizer=optimizer,
+            extra={"epoch": epoch + 1, "step": step, "data": data.train.state_dict()},
+            keep=config.keep_checkpoints,
+        )
+        say(f"checkpoint: {path}")
+    if metrics is not None:
+        metrics.close()
+    return {"history": history, "plan": str(plan)}
+
+
+def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
+    if not config.resume:
+        return 0, 0
+    found = checkpoint.latest(config.checkpoint_dir)
+    if found is None:
+        say(f"--resume: no checkpoint in {config.checkpoint_dir} yet, starting afresh")
+        return 0, 0
+    extra = checkpoint.load(
+        found, model=dmp, optimizer=optimizer, extra={"epoch": 0, "step": 0, "data": {}}
+    )
+    data.train.load_state_dict(extra["data"])
+    say(f"resumed from {found}: epoch {extra['epoch']}, step {extra['step']}")
+    return extra["epoch"], extra["step"]
+
+
+def _train_epoch(config, dmp, optimizer, data, epoch, step, rank) -> tuple[int, float, float]:
+    pipeline = TrainPipelineSparseDist(dmp, optimizer)
+    total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
+    if config.max_steps_per_epoch is not None:
+        total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
+    batches = iter(data.train)
+    progress = Progress(total, epoch, enabled=config.progress and rank == 0)
+    meter = ThroughputMeter(warmup_steps=2 if total is None else min(2, max(total - 1, 0)))
+    global_batch = config.batch_size * torch.distributed.get_world_size()
+    start, losses = time.perf_counter(), []
+    done = 0
+    while total is None or done < total:
+        done += 1
+        try:
+            loss, _, _ = pipeline.progress(batches)
+        except StopIteration:
+            break
+        step += 1
+        losses.append(loss.item())
+        meter.step(config.batch_size)
+        progress.update(step, losses[-1], done * global_batch / (time.perf_counter() - start))
+    progress.close()
+    if config.max_steps_per_epoch is not None:
+        for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
+            pass
+    # the epoch's mean loss over all ranks' examples (each rank's batch is the same size)
+    mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64)
+    mean = comm.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
+    return step, float(mean), meter.compute().get("samples_per_s", float("nan"))
+
+
+@torch.no_grad()
+def _validate(dmp, data) -> dict[str, float]:
+    dmp.eval()
+    metrics = BinaryMetrics()
+    for batch in data.validation:
+        _, (_, logits, labels) = dmp(batch)
+        metrics.update(logits, labels, batch.weights)
+    dmp.train()
+    return {k: float(v) for k, v in metrics.compute().items()}
