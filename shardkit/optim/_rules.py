@@ -64,7 +64,8 @@ def _adagrad(state: State, rows: torch.Tensor, grads: torch.Tensor, hyper: Any, 
 
 
 def _rowwise_adagrad(state: State, rows: torch.Tensor, grads: torch.Tensor, hyper: Any, step: int):
-    acc = state["momentum1"].index_select(0, rows).add_(grads.pow(2).mean(1))
+    mean_square = torch.linalg.vector_norm(grads, dim=1).square_().div_(grads.shape[1])
+    acc = state["momentum1"].index_select(0, rows).add_(mean_square)
     state["momentum1"].index_copy_(0, rows, acc)
     scale = acc.sqrt_().add_(hyper["eps"]).reciprocal_().mul_(-hyper["lr"])
     return grads.mul_(scale.unsqueeze(1))

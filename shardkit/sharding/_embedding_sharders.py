@@ -12,13 +12,47 @@ from torch import nn
 
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
 from shardkit.planner import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
+from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding.embedding import ShardedEmbeddingCollection
 from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 
 __all__ = ["EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]
 
 
-class EmbeddingBagCollectionSharder(BaseEmbeddingSharder):
+class _CollectionSharder(BaseEmbeddingSharder):
+    """Shards ``unsharded`` modules into ``sharded`` ones."""
+
+    unsharded: type[nn.Module]
+    sharded: type[ShardedCollection]
+
+    @property
+    def module_type(self) -> type[nn.Module]:
+        return self.unsharded
+
+    def shard(
+        self,
+        module: nn.Module,
+        params: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+        *,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> nn.Module:
+        """The sharded version of ``module`` for its plan ``params`` on ``env``."""
+        return self.sharded(
+            module,
+            params,
+            env,
+            device,
+            fused_params=self.fused_params,
+            local_world_size=local_world_size,
+            gradient_division=gradient_division,
+        )
+
+
+class EmbeddingBagCollectionSharder(_CollectionSharder):
     """Shards an `EmbeddingBagCollection` (TorchRec's name and arguments).
 
     Args:
@@ -28,59 +62,13 @@ class EmbeddingBagCollectionSharder(BaseEmbeddingSharder):
         shardable_params: names of the tables to shard (default: all).
     """
 
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return EmbeddingBagCollection
-
-    def shard(
-        self,
-        module: nn.Module,
-        params: Mapping[str, ParameterSharding],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-        *,
-        local_world_size: int | None = None,
-        gradient_division: bool = True,
-    ) -> nn.Module:
-        """The `ShardedEmbeddingBagCollection` of ``module`` for plan ``params`` on ``env``."""
-        return ShardedEmbeddingBagCollection(
-            module,
-            params,
-            env,
-            device,
-            fused_params=self.fused_params,
-            local_world_size=local_world_size,
-            gradient_division=gradient_division,
-        )
+    unsharded = EmbeddingBagCollection
+    sharded = ShardedEmbeddingBagCollection
 
 
-class EmbeddingCollectionSharder(BaseEmbeddingSharder):
+class EmbeddingCollectionSharder(_CollectionSharder):
     """Shards an `EmbeddingCollection` (TorchRec's name and arguments; see
     `EmbeddingBagCollectionSharder`)."""
 
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return EmbeddingCollection
-
-    def shard(
-        self,
-        module: nn.Module,
-        params: Mapping[str, ParameterSharding],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-        *,
-        local_world_size: int | None = None,
-        gradient_division: bool = True,
-    ) -> nn.Module:
-        """The `ShardedEmbeddingCollection` of ``module`` for plan ``params`` on ``env``."""
-        return ShardedEmbeddingCollection(
-            module,
-            params,
-            env,
-            device,
-            fused_params=self.fused_params,
-            local_world_size=local_world_size,
-            gradient_division=gradient_division,
-        )
+    unsharded = EmbeddingCollection
+    sharded = ShardedEmbeddingCollection

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingCollection, EmbeddingConfig
+from shardkit.modules import EmbeddingConfig
 from shardkit.modules._kernel import lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
 from shardkit.sharding._grad import scale_grad
@@ -86,6 +86,3 @@ class ShardedEmbeddingCollection(ShardedCollection):
                 values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
                 out[feature] = JaggedTensor(values=values, lengths=by_key[feature].lengths())
         return out
-
-
-ShardedEmbeddingCollection.unsharded = EmbeddingCollection  # type: ignore[attr-defined]

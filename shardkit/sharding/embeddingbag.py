@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from shardkit.modules import EmbeddingBagConfig
 from shardkit.modules._kernel import lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
 from shardkit.sharding._grad import scale_grad
@@ -80,7 +80,3 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 names.append(feature)
                 dims.append(config.embedding_dim)
         return KeyedTensor(names, dims, torch.cat(values, dim=1))
-
-
-# The unsharded class this shards (used by the sharder and by DMP).
-ShardedEmbeddingBagCollection.unsharded = EmbeddingBagCollection  # type: ignore[attr-defined]
