@@ -113,6 +113,8 @@ class _Collection(nn.Module):
                 f"{type(self).__name__} needs one batch size for all keys; this "
                 f"KeyedJaggedTensor has a batch size per key ({features.stride_per_key()})"
             )
+        if self.validate_ids:
+            features.validate()  # lengths vs values, offsets, weights: names the key
         keys = tuple(features.keys())
         plan = self._plans.get(keys)
         if plan is None:
@@ -151,8 +153,9 @@ class EmbeddingBagCollection(_Collection):
             (or sharding) materialises them.
         fused_params: optimizer fused into backward, TorchRec's dict, e.g.
             ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}``.
-        validate_ids: check every id is within its table (a clear error instead of a wrong
-            answer); False skips the check (one pass over the ids) for speed.
+        validate_ids: check the input (`KeyedJaggedTensor.validate`: lengths, offsets and
+            weights agree with the values) and that every id is within its table: a clear error
+            instead of a wrong answer. False skips these passes over the input, for speed.
     """
 
     _TABLES = "embedding_bags"

@@ -27,6 +27,11 @@ def source_batch(
     the header exchange and all ranks raise together (see [Note: input exchange]).
     """
     error = _check(features, configs, weighted)
+    if error is None and validate_ids:
+        try:
+            features.validate()
+        except ValueError as exc:
+            error = str(exc)
     if error is not None:
         return SourceBatch(features.stride() if features.keys() else 0, [], [], None, error)
     by_key = features.to_dict()

@@ -93,7 +93,9 @@ def test_row_wise_checkpoint_loads_resharded(run_ranks, tmp_path, world_size, ki
     assert all(extra == {"epoch": 1} for extra, _ in loaded)
     restored = _assemble([view for _, view in loaded])
     for key in saved:  # bit-exact; NaN marks the padding beyond each table
-        torch.testing.assert_close(restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(
+            restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key
+        )
 
 
 def _crash_in_commit(rank: int, world_size: int, root: str):

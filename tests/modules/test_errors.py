@@ -117,3 +117,13 @@ def test_bad_configs(kwargs, pattern):
     base = {"name": "t", "embedding_dim": 4, "num_embeddings": 3, "feature_names": ["f"]}
     with pytest.raises(ValueError, match=pattern):
         EmbeddingBagConfig(**{**base, **kwargs})
+
+
+def test_lengths_that_do_not_sum_to_the_values_are_refused():
+    kjt = KeyedJaggedTensor(
+        keys=["product", "user"],
+        values=torch.tensor([1, 2, 3, 4, 5]),
+        lengths=torch.tensor([1, 1, 1, 1]),
+    )
+    with pytest.raises(ValueError, match=r"lengths sum to 4 .* but values have 5 entries"):
+        EmbeddingBagCollection(tables=TABLES)(kjt)
