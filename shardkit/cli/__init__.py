@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from shardkit.cli import _bench, _train
+from shardkit.cli import _bench, _plan, _train
 
 __all__ = ["main"]
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train.add_parsers(commands)
     _bench.add_parser(commands)
+    _plan.add_parser(commands)
     return parser
 
 

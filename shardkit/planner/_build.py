@@ -61,7 +61,7 @@ def _parameter_sharding(
     ranks = world if ranks is None else ranks
     shards = [
         ShardMetadata(offsets, sizes, places[rank])
-        for (offsets, sizes), rank in zip(shard_layout(option), ranks)
+        for (offsets, sizes), rank in zip(shard_layout(option), ranks, strict=True)
     ]
     return ParameterSharding(
         option.sharding_type, option.kernel, list(ranks), EnumerableShardingSpec(shards)

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from shardkit.planner._enumerate import Option, Rejection, table_options
+from shardkit.planner._enumerate import TYPE_ORDER, Option, Rejection, table_options
 from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
 from shardkit.planner._reservation import Reservation
 from shardkit.planner._search import SearchResult
@@ -34,8 +34,9 @@ def no_option_error(
     for index, table in enumerate(tables):
         if options[index]:
             continue
-        reasons = "; ".join(r.reason for r in rejections[index])
-        lines.append(f"  table '{table.key}' ({_shape(table)}): {reasons}")
+        lines.append(
+            f"  table '{table.key}' ({_shape(table)}): {_reasons(rejections[index], reservation)}"
+        )
         fixes = _fixes(table, None, reservation.available, topology, reservation, batch_size)
         if fixes:
             lines.append(f"    would fit: {'; '.join(fixes)}")
@@ -87,6 +88,18 @@ def no_fit_error(
     )
 
 
+def _reasons(rejections: Sequence[Rejection], reservation: Reservation) -> str:
+    """Structural reasons as they are; memory ones as one list of needs per rank."""
+    reasons = [r.reason for r in rejections if r.needs is None]
+    needs = [f"{r.sharding_type.value} {format_bytes(r.needs)}" for r in rejections if r.needs]
+    if needs:
+        reasons.append(
+            f"each layout needs more than the {format_bytes(reservation.available)} a rank has "
+            f"for tables ({', '.join(needs)} on a rank)"
+        )
+    return "; ".join(reasons)
+
+
 def _where(topology: Topology, reservation: Reservation) -> str:
     return (
         f"{topology.world_size} ranks with {format_bytes(reservation.available)} for tables each "
@@ -108,12 +121,16 @@ def _fixes(table, option, free, topology, reservation, batch_size) -> list[str]:
     fixes = []
     others, _ = table_options(0, table, topology, free, table.sharder_choices)
     allowed = {t for t, _ in table.choices}
-    excluded = sorted({o.sharding_type for o in others if o.sharding_type not in allowed})
-    for sharding_type in excluded:
-        least = min(o.max_memory for o in others if o.sharding_type == sharding_type)
-        fixes.append(
-            f"{sharding_type.value} ({format_bytes(least)} per rank), which the constraints exclude"
-        )
+    excluded = sorted(
+        {o.sharding_type for o in others if o.sharding_type not in allowed}, key=TYPE_ORDER.get
+    )
+    if excluded:
+        needs = [
+            f"{t.value} ({format_bytes(min(o.max_memory for o in others if o.sharding_type == t))} "
+            "per rank)"
+            for t in excluded
+        ]
+        fixes.append(f"{' or '.join(needs)}, which the constraints exclude")
     ranks = _ranks_needed(table, topology, reservation.available)
     if ranks is not None and ranks > topology.world_size:
         fixes.append(f"{ranks} ranks (world_size {topology.world_size} now) for this table alone")

@@ -18,7 +18,15 @@ from shardkit.planner._shards import Groups, size_groups
 from shardkit.planner._tables import TableSpec
 from shardkit.planner._topology import Topology
 
-__all__ = ["Kind", "Option", "Partition", "Rejection", "enumerate_options", "table_options"]
+__all__ = [
+    "TYPE_ORDER",
+    "Kind",
+    "Option",
+    "Partition",
+    "Rejection",
+    "enumerate_options",
+    "table_options",
+]
 
 
 class Partition(enum.Enum):
@@ -40,7 +48,7 @@ _PARTITION = {
     ShardingType.DATA_PARALLEL: Partition.UNIFORM,
 }
 # Preference among options of equal cost: simpler layouts first.
-_TYPE_ORDER = {t: i for i, t in enumerate(_PARTITION)}
+TYPE_ORDER = {t: i for i, t in enumerate(_PARTITION)}
 _KERNEL_ORDER = {EmbeddingComputeKernel.FUSED: 0, EmbeddingComputeKernel.DENSE: 1}
 
 
@@ -73,7 +81,7 @@ class Option:
 
     @property
     def tiebreak(self) -> tuple[int, int, int]:
-        return (_TYPE_ORDER[self.sharding_type], _KERNEL_ORDER[self.kernel], self.num_shards)
+        return (TYPE_ORDER[self.sharding_type], _KERNEL_ORDER[self.kernel], self.num_shards)
 
     def shards(self) -> list[Kind]:
         """One entry per shard, in shard order."""
@@ -133,7 +141,7 @@ def table_options(
 def _too_big(sharding_type: ShardingType, needs: int, available: int) -> str:
     return (
         f"{sharding_type.value} needs {format_bytes(needs)} on a rank, more than the "
-        f"{format_bytes(available)} each rank has for tables"
+        f"{format_bytes(available)} a rank has for tables"
     )
 
 

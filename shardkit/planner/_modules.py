@@ -109,7 +109,7 @@ def _sources_of(path, module, sharder, params, compute_device) -> list[TableSour
         )
         for t in types
     }
-    optimizer = optimizer_of(sharder.fused_params)
+    optimizer = _module_optimizer(module, sharder)
     sources = []
     for name, param in params.items():
         config = configs.get(name)
@@ -130,6 +130,20 @@ def _sources_of(path, module, sharder, params, compute_device) -> list[TableSour
             )
         )
     return sources
+
+
+def _module_optimizer(module: nn.Module, sharder: ModuleSharder) -> EmbOptimType:
+    """The optimizer a FUSED table of ``module`` gets unless `apply_optimizer_in_backward` set
+    one: the sharder's ``fused_params``, else the module's own, else row-wise Adagrad (the
+    order the sharded modules use; their final fallback is SGD, which has no state, so
+    counting row-wise Adagrad's one float per row errs on the safe side)."""
+    if (sharder.fused_params or {}).get("optimizer") is not None:
+        return optimizer_of(sharder.fused_params)
+    # The collection's constructor ``fused_params`` (no public accessor yet).
+    config = getattr(getattr(module, "_stack", None), "default_config", None)
+    if config is not None:
+        return config.optimizer
+    return optimizer_of(None)
 
 
 def _check_unique(names: Sequence[str], path: str) -> None:

@@ -34,6 +34,10 @@ __all__ = [
 
 _JSON_FORMAT = "shardkit.sharding_plan"
 _JSON_VERSION = 1
+# Placements are immutable, so parsed ones are shared; device names are normalised once.
+_MAX_CACHED = 1 << 16
+_PARSED: dict[str, ShardPlacement] = {}
+_DEVICES: dict[object, str] = {}
 
 
 class ShardPlacement:
@@ -49,18 +53,29 @@ class ShardPlacement:
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise ValueError(f"a placement's rank must be an int >= 0, got {rank!r}")
         self._rank = rank
-        self._device = str(torch.device(device))
+        name = _DEVICES.get(device)
+        if name is None:
+            name = str(torch.device(device))
+            if isinstance(device, str):
+                _DEVICES[device] = name
+        self._device = name
 
     @classmethod
     def parse(cls, text: str) -> ShardPlacement:
         """From ``"rank:<r>/<device>"``, e.g. ``"rank:1/cuda:1"``."""
+        parsed = _PARSED.get(text)
+        if parsed is not None:
+            return parsed
         head, _, device = str(text).partition("/")
         prefix, _, rank = head.partition(":")
         if prefix != "rank" or not rank.isdigit() or not device:
             raise ValueError(
                 f"placement {text!r} is not of the form 'rank:<r>/<device>' (e.g. 'rank:0/cpu')"
             )
-        return cls(int(rank), device)
+        parsed = cls(int(rank), device)
+        if len(_PARSED) < _MAX_CACHED:
+            _PARSED[text] = parsed
+        return parsed
 
     def rank(self) -> int:
         return self._rank
@@ -109,12 +124,12 @@ class ShardMetadata:
 
 
 def _pair(name: str, values: Any, low: int) -> list[int]:
-    values = list(values)
-    if len(values) != 2 or any(
-        not isinstance(v, int) or isinstance(v, bool) or v < low for v in values
-    ):
-        raise ValueError(f"{name} must be two ints >= {low} (rows, columns), got {values}")
-    return values
+    # Plans of 1,000 row-wise tables on 1,024 ranks have a million shards: keep this lean.
+    if len(values) == 2:
+        first, second = values
+        if type(first) is int and type(second) is int and first >= low and second >= low:
+            return [first, second]
+    raise ValueError(f"{name} must be two ints >= {low} (rows, columns), got {list(values)}")
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ memory, it tries again allowing only options whose largest shard takes at most h
 ... of a rank's memory, which spreads big tables over more ranks.
 
 The best proposal (lowest maximum rank cost, then lowest total cost, then lowest maximum rank
-memory) is then improved greedily: on the busiest rank, try to give each table placed there its
-next option that is cheaper on that rank; keep a change when the plan gets better. Everything is
+memory) is then improved by local moves (see [Note: local search]). Everything is
 deterministic: see [Note: the planner is a pure function].
 """
 
@@ -24,16 +23,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit.planner._enumerate import Option, Partition
+from shardkit.planner._enumerate import Option
 from shardkit.planner._partition import Placement, partition
+from shardkit.planner._refine import refine
 from shardkit.planner._topology import Topology
 
 __all__ = ["SearchResult", "search"]
 
 _MAX_THRESHOLDS = 24  # proposals per memory level
 _MAX_MEMORY_LEVELS = 12
-_MAX_IMPROVEMENTS = 48  # partitions tried by the improvement loop
-_CANDIDATES_PER_ROUND = 4  # tables of the busiest rank tried per round
+_MAX_REFINE_TRIES = 1000  # moves tried by the local search
 
 
 @dataclass
@@ -68,10 +67,12 @@ def search(options: Sequence[Sequence[Option]], topology: Topology, available: i
         if best is not None and not best[2].failed:
             break
     assert best is not None
-    if not best[2].failed:
-        best = _improve(options, best, topology, available, seen)
-    proposal = [options[t][i] for t, i in enumerate(best[1])]
-    return SearchResult(proposal, best[2], len(seen))
+    _, choice, placement = best
+    if not placement.failed:
+        budget = min(_MAX_REFINE_TRIES, 64 + 2 * len(options))
+        choice, placement = refine(options, choice, placement, topology, available, budget)
+    proposal = [options[t][i] for t, i in enumerate(choice)]
+    return SearchResult(proposal, placement, len(seen))
 
 
 def _evaluate(options, choice, topology, available) -> tuple[tuple, list[int], Placement]:
@@ -118,49 +119,3 @@ def _choose(table: Sequence[Option], threshold: float, limit: float) -> int:
         if fallback_key is None or key < fallback_key:
             fallback, fallback_key = index, key
     return fallback
-
-
-def _improve(options, best, topology, available, seen):
-    """Greedy moves on the busiest rank, at most _MAX_IMPROVEMENTS partitions."""
-    tries = 0
-    while tries < _MAX_IMPROVEMENTS:
-        score, choice, placement = best
-        busiest = max(range(len(placement.cost)), key=lambda r: (placement.cost[r], -r))
-        better = None
-        for table, load in _loads_on(options, choice, placement, busiest)[:_CANDIDATES_PER_ROUND]:
-            for index, option in enumerate(options[table]):
-                if index == choice[table] or option.max_cost >= load:
-                    continue
-                trial = list(choice)
-                trial[table] = index
-                if tuple(trial) in seen:
-                    continue
-                seen.add(tuple(trial))
-                tries += 1
-                candidate = _evaluate(options, trial, topology, available)
-                if candidate[0] < score:
-                    better = candidate
-                    break
-                if tries >= _MAX_IMPROVEMENTS:
-                    break
-            if better is not None or tries >= _MAX_IMPROVEMENTS:
-                break
-        if better is None:
-            break
-        best = better
-    return best
-
-
-def _loads_on(options, choice, placement: Placement, rank: int) -> list[tuple[int, float]]:
-    """(table, cost it puts on ``rank``), largest first, for tables not spread uniformly."""
-    loads = []
-    for table, index in enumerate(choice):
-        option = options[table][index]
-        ranks = placement.ranks[table]
-        if option.partition == Partition.UNIFORM or ranks is None:
-            continue
-        load = sum(s.cost.total for r, s in zip(ranks, option.shards()) if r == rank)
-        if load > 0:
-            loads.append((table, load))
-    loads.sort(key=lambda item: (-item[1], item[0]))
-    return loads

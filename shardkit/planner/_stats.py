@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -148,18 +149,15 @@ class PlanStats:
         return _align(rows, left={0, 1, 2, 3, 4, 5})
 
 
-def format_ranks(ranks: tuple[int, ...] | list[int]) -> str:
+def format_ranks(ranks: Sequence[int]) -> str:
     """[0, 1, 2, 3, 7] -> "0-3,7"."""
-    parts: list[str] = []
-    start = prev = None
-    for rank in [*ranks, None]:
-        if start is not None and rank is not None and rank == prev + 1:
-            prev = rank
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = rank
-    return ",".join(parts)
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _imbalance(values: list[float]) -> float:
@@ -167,7 +165,7 @@ def _imbalance(values: list[float]) -> float:
     return max(values) / mean if mean > 0 else 1.0
 
 
-def _align(rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
+def _align(rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(

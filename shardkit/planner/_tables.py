@@ -189,7 +189,7 @@ def _choices(
         types = [t for t in types if t in c.sharding_types]
         if not types:
             raise PlannerError(
-                f"table '{name}': constraint sharding_types={[t.value for t in c.sharding_types]} "
+                f"table '{name}': constraint sharding_types={[str(t) for t in c.sharding_types]} "
                 f"leaves no sharding type: {source.sharder_name} supports "
                 f"{[t.value for t in source.sharding_types]}; allow one of those",
                 PlannerErrorType.STRICT_CONSTRAINTS,
@@ -209,7 +209,7 @@ def _choices(
         assert c is not None and c.compute_kernels  # sharders always give every type a kernel
         allowed = {t.value: [k.value for k in source.kernels.get(t, ())] for t in types}
         raise PlannerError(
-            f"table '{name}': constraint compute_kernels={[k.value for k in c.compute_kernels]} "
+            f"table '{name}': constraint compute_kernels={[str(k) for k in c.compute_kernels]} "
             f"leaves no kernel for its sharding types; {source.sharder_name} offers {allowed}",
             PlannerErrorType.STRICT_CONSTRAINTS,
         )

@@ -11,11 +11,12 @@ import torch
 
 # The seed's imports, with torchrec renamed.
 from shardkit.distributed.embedding_types import EmbeddingComputeKernel
+from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from shardkit.distributed.planner import EmbeddingShardingPlanner, Topology
 from shardkit.distributed.planner.types import ParameterConstraints, PlannerError
 from shardkit.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from shardkit.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
-from tests.planner._helpers import StandInEBC, StandInSharder, seed_tables
+from tests.planner._helpers import meta_ebc, seed_tables
 from tests.planner._seed_plans import SEED_PLANS
 
 
@@ -40,8 +41,8 @@ def gen_constraints(sharding_type: ShardingType = ShardingType.TABLE_WISE):
 def test_the_seed_planning_code_runs_and_prints_the_seed_plan():
     topology = Topology(world_size=2, compute_device="cuda")
     planner = EmbeddingShardingPlanner(topology=topology, constraints=gen_constraints())
-    sharders = [cast(ModuleSharder, StandInSharder())]
-    plan: ShardingPlan = planner.plan(StandInEBC(seed_tables()), sharders)
+    sharders = [cast(ModuleSharder, EmbeddingBagCollectionSharder())]
+    plan: ShardingPlan = planner.plan(meta_ebc(seed_tables()), sharders)
     assert f"{plan}" == SEED_PLANS["TABLE_WISE"]
     assert plan.plan[""]["small_table_1"].compute_kernel == EmbeddingComputeKernel.FUSED.value
 
@@ -51,7 +52,7 @@ def test_torchrec_kernel_strings_are_understood():
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=2, compute_device="cpu"), constraints=constraints
     )
-    plan = planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+    plan = planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     assert plan.plan[""]["large_table_0"].compute_kernel == EmbeddingComputeKernel.DENSE
     assert issubclass(PlannerError, Exception)
 
@@ -62,14 +63,14 @@ def test_sharding_env_is_plain_data():
 
 
 def test_manual_plans_from_the_torchrec_path():
-    ebc = StandInEBC(seed_tables())
+    ebc = meta_ebc(seed_tables())
     plan = construct_module_sharding_plan(
         ebc,
         {
             name: row_wise()
             for name in ["large_table_0", "large_table_1", "small_table_0", "small_table_1"]
         },
-        sharder=StandInSharder(),
+        sharder=EmbeddingBagCollectionSharder(),
         world_size=2,
         local_size=2,
         device_type="cuda",
@@ -85,6 +86,20 @@ def test_import_shardkit_gives_distributed_model_parallel():
         "import shardkit;"
         "from shardkit.sharding import DistributedModelParallel as DMP;"
         "assert shardkit.distributed.DistributedModelParallel is DMP;"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_importing_the_planner_has_no_side_effects():
+    code = (
+        "import logging, torch.distributed as dist, shardkit.planner, shardkit.sharding,"
+        " shardkit.distributed.planner, shardkit.distributed.types, shardkit.distributed.embeddingbag;"
+        "assert not dist.is_initialized();"
+        "assert logging.getLogger().handlers == [];"
         "print('ok')"
     )
     out = subprocess.run(

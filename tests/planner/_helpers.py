@@ -1,8 +1,7 @@
 """Tables and modules the planner tests share.
 
-`StandInEBC` has the interface of shardkit's `EmbeddingBagCollection` that the planner relies
-on (``embedding_bag_configs()``, ``is_weighted()``, weights named
-``embedding_bags.<table>.weight``), on the meta device, until that module lands.
+Modules are shardkit's `EmbeddingBagCollection` on the meta device (no memory); `StandInEBC`
+is a module type with the same interface that no default sharder knows.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shardkit.modules import EmbeddingBagConfig
+from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import BaseEmbeddingSharder, ParameterConstraints, ShardingType
 
 SEED_TABLE_NAMES = ["large_table_0", "large_table_1", "small_table_0", "small_table_1"]
@@ -47,6 +46,11 @@ def gen_constraints(sharding_type: ShardingType) -> dict[str, ParameterConstrain
     }
 
 
+def meta_ebc(tables, **kwargs) -> EmbeddingBagCollection:
+    """An `EmbeddingBagCollection` of ``tables`` that allocates nothing."""
+    return EmbeddingBagCollection(tables=tables, device="meta", **kwargs)
+
+
 class _Bag(nn.Module):
     def __init__(self, config: EmbeddingBagConfig, device: str) -> None:
         super().__init__()
@@ -55,7 +59,7 @@ class _Bag(nn.Module):
 
 
 class StandInEBC(nn.Module):
-    """The planner-facing interface of an EmbeddingBagCollection, allocating nothing."""
+    """The planner-facing interface of an EmbeddingBagCollection, as another module type."""
 
     def __init__(self, tables, is_weighted: bool = False, device: str = "meta") -> None:
         super().__init__()
@@ -82,7 +86,7 @@ class Model(nn.Module):
     def __init__(self, first, second) -> None:
         super().__init__()
         self.dense = nn.Linear(1000, 1000, device="meta")  # 1,001,000 parameters, 4 MB
-        self.sparse = nn.ModuleDict({"ebc": StandInEBC(first), "other": StandInEBC(second)})
+        self.sparse = nn.ModuleDict({"ebc": meta_ebc(first), "other": meta_ebc(second)})
 
 
 def assert_tiles(plan, tables, world_size: int, local_world_size: int | None = None) -> None:

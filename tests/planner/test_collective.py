@@ -9,14 +9,15 @@ from shardkit.planner import (
     ShardingType,
     Topology,
 )
-from tests.planner._helpers import StandInEBC, StandInSharder, gen_constraints, seed_tables
+from shardkit.sharding import EmbeddingBagCollectionSharder
+from tests.planner._helpers import gen_constraints, meta_ebc, seed_tables
 
 
 def _collective(rank, world_size, constraints, with_topology):
     topology = Topology(world_size=world_size, compute_device="cpu") if with_topology else None
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False)
     try:
-        plan = planner.collective_plan(StandInEBC(seed_tables()), [StandInSharder()])
+        plan = planner.collective_plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     except (PlannerError, ValueError) as exc:
         return type(exc).__name__, str(exc), getattr(exc, "error_type", None)
     return plan.to_json(), str(plan), planner.stats
@@ -30,7 +31,7 @@ def test_every_rank_gets_rank_zeros_plan(run_ranks):
     expected = EmbeddingShardingPlanner(
         topology=Topology(world_size=2, compute_device="cpu"),
         constraints=gen_constraints(ShardingType.COLUMN_WISE),
-    ).plan(StandInEBC(seed_tables()), [StandInSharder()])
+    ).plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     assert plan_json == expected.to_json()
 
 
@@ -51,7 +52,7 @@ def test_a_planning_error_reaches_every_rank(run_ranks):
 def _mismatch(rank, world_size):
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=4, compute_device="cpu"))
     try:
-        planner.collective_plan(StandInEBC(seed_tables()), [StandInSharder()])
+        planner.collective_plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     except ValueError as exc:
         return str(exc)
     return "planned"
@@ -73,13 +74,13 @@ def test_collective_plan_without_a_process_group_says_so():
         RuntimeError,
         match=r"collective_plan needs a process group: call torch.distributed.init_process_group\(\)",
     ):
-        planner.collective_plan(StandInEBC(seed_tables()), [StandInSharder()])
+        planner.collective_plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
 
 
 def _no_sharders(rank, world_size):
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
     try:
-        planner.collective_plan(StandInEBC(seed_tables()))
+        planner.collective_plan(meta_ebc(seed_tables()))
     except ValueError as exc:
         return str(exc)
     return "planned"

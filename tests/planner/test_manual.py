@@ -7,6 +7,7 @@ import pytest
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.planner import ShardingPlan, ShardingType
 from shardkit.sharding import (
+    EmbeddingBagCollectionSharder,
     apply_to_all,
     column_wise,
     construct_module_sharding_plan,
@@ -16,7 +17,7 @@ from shardkit.sharding import (
     table_row_wise,
     table_wise,
 )
-from tests.planner._helpers import StandInEBC, StandInSharder, assert_tiles, seed_tables
+from tests.planner._helpers import StandInEBC, assert_tiles, meta_ebc, seed_tables
 from tests.planner._seed_plans import SEED_PLANS
 
 TABLES = [
@@ -29,7 +30,7 @@ TABLES = [
 
 def _construct(per_table, world_size=4, local_size=2, device_type="cuda"):
     return construct_module_sharding_plan(
-        StandInEBC(TABLES), per_table, sharder=StandInSharder(),
+        meta_ebc(TABLES), per_table,
         local_size=local_size, world_size=world_size, device_type=device_type,
     )  # fmt: skip
 
@@ -63,8 +64,8 @@ def test_every_generator_tiles_its_table():
 
 
 def test_apply_to_all_reproduces_the_seeds_row_wise_plan():
-    ebc = StandInEBC(seed_tables())
-    sharder = StandInSharder()
+    ebc = meta_ebc(seed_tables())
+    sharder = EmbeddingBagCollectionSharder()
     plan = construct_module_sharding_plan(
         ebc, apply_to_all(ebc, row_wise(), sharder), sharder=sharder, local_size=2, world_size=2,
         device_type="cuda",
@@ -134,10 +135,9 @@ def test_construct_checks_tables_and_sizes():
         ValueError,
         match=r"construct_module_sharding_plan needs world_size=... when no process group is initialized",
     ):
-        construct_module_sharding_plan(StandInEBC(TABLES), _all_dp(), sharder=StandInSharder())
+        construct_module_sharding_plan(meta_ebc(TABLES), _all_dp())
 
 
 def test_modules_without_a_default_sharder_need_one():
-    pytest.importorskip("shardkit.modules.embedding_modules")  # lands with the modules issue
     with pytest.raises(TypeError, match=r"no default sharder for StandInEBC; pass sharder=..."):
         construct_module_sharding_plan(StandInEBC(TABLES), _all_dp(), world_size=2)

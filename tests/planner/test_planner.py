@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
@@ -22,11 +23,11 @@ from shardkit.planner import (
     estimate_plan,
     plan_tables,
 )
+from shardkit.sharding import EmbeddingBagCollectionSharder
 from tests.planner._helpers import (
     Model,
-    StandInEBC,
-    StandInSharder,
     assert_tiles,
+    meta_ebc,
     seed_tables,
 )
 
@@ -50,7 +51,7 @@ def random_tables(count: int, seed: int = 0) -> list[EmbeddingBagConfig]:
 def test_plan_walks_submodules_and_reserves_the_dense_model():
     model = Model(seed_tables()[:2], seed_tables()[2:])
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
-    plan = planner.plan(model, [StandInSharder()])
+    plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
     assert list(plan.plan) == ["sparse.ebc", "sparse.other"]
     assert list(plan.plan["sparse.ebc"]) == ["large_table_0", "large_table_1"]
     assert planner.stats.dense == 1_001_000 * 4 * 6  # the Linear's parameters, 6x
@@ -60,7 +61,7 @@ def test_plan_walks_submodules_and_reserves_the_dense_model():
 
 def test_a_module_without_tables_gets_an_empty_plan():
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
-    assert planner.plan(Model([], []).dense, [StandInSharder()]).plan == {}
+    assert planner.plan(Model([], []).dense, [EmbeddingBagCollectionSharder()]).plan == {}
 
 
 @pytest.mark.parametrize(("world", "local"), [(1, 1), (2, 2), (3, 3), (4, 2), (8, 4), (12, 4)])
@@ -165,10 +166,11 @@ def test_the_fused_optimizer_sets_the_state_counted():
     tables = seed_tables()
     topology = Topology(world_size=2, compute_device="cpu")
     planner = EmbeddingShardingPlanner(topology=topology, debug=False)
-    planner.plan(StandInEBC(tables), [StandInSharder()])
+    planner.plan(meta_ebc(tables), [EmbeddingBagCollectionSharder()])
     rowwise = planner.stats.tables[0].memory
     planner.plan(
-        StandInEBC(tables), [StandInSharder(fused_params={"optimizer": EmbOptimType.ADAM})]
+        meta_ebc(tables),
+        [EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.ADAM})],
     )
     adam = planner.stats.tables[0].memory
     assert planner.stats.tables[0].sharding_type == "table_wise"
@@ -190,7 +192,7 @@ def test_errors_name_the_missing_topology_and_unknown_tables():
     with pytest.raises(
         ValueError, match=r"plan\(\) needs a topology, e.g. EmbeddingShardingPlanner"
     ):
-        EmbeddingShardingPlanner().plan(StandInEBC(seed_tables()), [StandInSharder()])
+        EmbeddingShardingPlanner().plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=2, compute_device="cpu"),
         constraints={"nope": ParameterConstraints(sharding_types=["row_wise"])},
@@ -198,9 +200,14 @@ def test_errors_name_the_missing_topology_and_unknown_tables():
     with pytest.raises(
         ValueError, match=r"constraints name tables \['nope'\] that the sharded modules do not have"
     ):
-        planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
-    with pytest.raises(ValueError, match=r"two sharders for StandInEBC; pass one per module type"):
-        planner.plan(StandInEBC(seed_tables()), [StandInSharder(), StandInSharder()])
+        planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
+    with pytest.raises(
+        ValueError, match=r"two sharders for EmbeddingBagCollection; pass one per module type"
+    ):
+        planner.plan(
+            meta_ebc(seed_tables()),
+            [EmbeddingBagCollectionSharder(), EmbeddingBagCollectionSharder()],
+        )
     with pytest.raises(
         ValueError, match=r"batch_size must be an int >= 1 \(examples per rank\), got 0"
     ):
@@ -343,3 +350,95 @@ def test_planning_a_hundred_tables_on_128_ranks_is_quick():
     start = time.perf_counter()
     plan_tables(tables, Topology(world_size=128, compute_device="cuda", local_world_size=8))
     assert time.perf_counter() - start < 5.0
+
+
+def test_local_search_spreads_equal_tables_that_greedy_leaves_uneven():
+    # 26 equal tables on 8 ranks: greedy table-wise placement gives two ranks 4 tables
+    # (max/mean 4 / 3.25 = 1.23); splitting a few of them evens the ranks out.
+    tables = [
+        EmbeddingBagConfig(
+            name=f"cat_{i}", num_embeddings=10_000, embedding_dim=128, feature_names=[f"c{i}"]
+        )
+        for i in range(26)
+    ]
+    result = plan_tables(tables, Topology(world_size=8, compute_device="cuda"))
+    types = {s.sharding_type for s in result.plan.plan[""].values()}
+    assert ShardingType.TABLE_WISE in types and len(types) > 1
+    assert result.stats.cost_imbalance < 1.1
+    all_tw = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    greedy = plan_tables(tables, Topology(world_size=8, compute_device="cuda"), constraints=all_tw)
+    assert greedy.stats.cost_imbalance == pytest.approx(4 / 3.25)
+    assert result.stats.max_cost < 0.9 * greedy.stats.max_cost
+
+
+def test_optimizer_priority_is_the_tables_then_the_sharders_then_the_modules():
+    from shardkit.optim import apply_optimizer_in_backward
+
+    topology = Topology(world_size=2, compute_device="cpu")
+    planner = EmbeddingShardingPlanner(topology=topology, debug=False)
+
+    def memory_of(module, sharder):
+        planner.plan(module, [sharder])
+        return {t.table: t.memory for t in planner.stats.tables}
+
+    plain = memory_of(meta_ebc(seed_tables()), EmbeddingBagCollectionSharder())
+    module_adam = memory_of(
+        meta_ebc(seed_tables(), fused_params={"optimizer": "adam"}), EmbeddingBagCollectionSharder()
+    )
+    adam_minus_rowwise = 2 * 4096 * 64 * 4 - 4096 * 4
+    assert module_adam["large_table_0"] - plain["large_table_0"] == adam_minus_rowwise
+    sharder_sgd = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD})
+    module = meta_ebc(seed_tables(), fused_params={"optimizer": "adam"})
+    assert plain["large_table_0"] - memory_of(module, sharder_sgd)["large_table_0"] == 4096 * 4
+    apply_optimizer_in_backward(
+        torch.optim.Adagrad, [module.embedding_bags["large_table_1"].weight], {"lr": 0.1}
+    )
+    mixed = memory_of(module, sharder_sgd)
+    assert mixed["large_table_1"] - plain["large_table_1"] == 4096 * 64 * 4 - 4096 * 4
+
+
+def test_sequence_tables_of_an_embedding_collection():
+    from shardkit.modules import EmbeddingCollection, EmbeddingConfig
+    from shardkit.sharding import EmbeddingCollectionSharder
+
+    tables = [
+        EmbeddingConfig(
+            name=f"s{i}", num_embeddings=1000 * (i + 1), embedding_dim=32, feature_names=[f"f{i}"]
+        )
+        for i in range(4)
+    ]
+    ec = EmbeddingCollection(tables=tables, device="meta")
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=4, compute_device="cpu"), debug=False
+    )
+    plan = planner.plan(ec, [EmbeddingCollectionSharder()])
+    assert_tiles(plan, tables, 4)
+    bag = EmbeddingBagConfig(name="s0", num_embeddings=1000, embedding_dim=32, feature_names=["f0"])
+    pooled = {"s0": ParameterConstraints(pooling_factors=[10.0], sharding_types=["table_wise"])}
+    sequence = plan_tables(
+        [tables[0]], Topology(world_size=4, compute_device="cpu"), constraints=pooled
+    )
+    bags = plan_tables([bag], Topology(world_size=4, compute_device="cpu"), constraints=pooled)
+    # every id of a sequence table is an output row: 10x the output buffer of the pooled table
+    assert sequence.stats.tables[0].memory - bags.stats.tables[0].memory == 9 * 512 * 4 * 32 * 4
+
+
+def test_a_plain_module_sharder_gets_data_parallel_plans():
+    from shardkit.planner import ModuleSharder
+    from tests.planner._helpers import StandInEBC
+
+    class Replicated(ModuleSharder):
+        @property
+        def module_type(self):
+            return StandInEBC
+
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"), debug=False
+    )
+    plan = planner.plan(StandInEBC(seed_tables()), [Replicated()])
+    names = [
+        f"embedding_bags.{n}.weight"
+        for n in ["large_table_0", "large_table_1", "small_table_0", "small_table_1"]
+    ]
+    assert list(plan.plan[""]) == names
+    assert {s.sharding_type for s in plan.plan[""].values()} == {ShardingType.DATA_PARALLEL}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from shardkit.planner import EmbeddingShardingPlanner, ShardingType, Topology
-from tests.planner._helpers import StandInEBC, StandInSharder, gen_constraints, seed_tables
+from shardkit.sharding import EmbeddingBagCollectionSharder
+from tests.planner._helpers import gen_constraints, meta_ebc, seed_tables
 from tests.planner._seed_plans import SEED_PLANS
 
 
@@ -15,7 +16,7 @@ def _plan(sharding_type: ShardingType, device: str, world_size: int = 2, local: 
         topology=Topology(world_size=world_size, compute_device=device, local_world_size=local),
         constraints=gen_constraints(sharding_type),
     )
-    return planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+    return planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
 
 
 @pytest.mark.parametrize("name", sorted(SEED_PLANS))

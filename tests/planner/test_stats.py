@@ -10,7 +10,8 @@ import pytest
 
 from shardkit.planner import EmbeddingShardingPlanner, ShardingType, Topology, plan_tables
 from shardkit.planner._stats import format_ranks
-from tests.planner._helpers import StandInEBC, StandInSharder, gen_constraints, seed_tables
+from shardkit.sharding import EmbeddingBagCollectionSharder
+from tests.planner._helpers import gen_constraints, meta_ebc, seed_tables
 
 
 def test_stats_table_has_ranks_tables_and_imbalance():
@@ -18,7 +19,7 @@ def test_stats_table_has_ranks_tables_and_imbalance():
         topology=Topology(world_size=2, compute_device="cpu"),
         constraints=gen_constraints(ShardingType.ROW_WISE),
     )
-    planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+    planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     stats = planner.stats
     text = str(stats)
     lines = text.splitlines()
@@ -59,7 +60,7 @@ def test_stats_table_has_ranks_tables_and_imbalance():
 def test_stats_are_logged_at_info(caplog):
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"))
     with caplog.at_level(logging.INFO, logger="shardkit.planner"):
-        planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+        planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("shardkit.planner")]
     assert len(messages) == 1 and "planned 4 tables on 2 ranks" in messages[0]
     assert str(planner.stats) in messages[0]
@@ -70,7 +71,7 @@ def test_debug_false_logs_nothing(caplog):
         topology=Topology(world_size=2, compute_device="cpu"), debug=False
     )
     with caplog.at_level(logging.INFO, logger="shardkit.planner"):
-        planner.plan(StandInEBC(seed_tables()), [StandInSharder()])
+        planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     assert not [r for r in caplog.records if r.name.startswith("shardkit.planner")]
     assert planner.stats is not None
 
