@@ -36,7 +36,9 @@ def make_batches(rank: int, args) -> list[dict]:
     g = torch.Generator().manual_seed(1000 + rank)
     batches = []
     for _ in range(args.distinct_batches):
-        lengths = torch.randint(args.ids_per_bag - 10, args.ids_per_bag + 11, (args.tables * args.batch,), generator=g)
+        lengths = torch.randint(
+            args.ids_per_bag - 10, args.ids_per_bag + 11, (args.tables * args.batch,), generator=g
+        )
         values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
         labels = torch.randint(0, 2, (args.batch,), generator=g).float()
         batches.append({"values": values, "lengths": lengths, "labels": labels})
@@ -48,7 +50,9 @@ class Head(torch.nn.Module):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+        )
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.mlp(pooled).squeeze(-1)
@@ -79,7 +83,8 @@ def _optimizers(dmp, fused_marker) -> list[torch.optim.Optimizer]:
     """Adam for the MLP; Adagrad for data-parallel tables' replicas (dense gradients)."""
     head = list(dmp.module.head.parameters())
     replicas = [
-        p for n, p in dmp.named_parameters()
+        p
+        for n, p in dmp.named_parameters()
         if "head" not in n and p.requires_grad and not fused_marker(n, p)
     ]
     optimizers = [torch.optim.Adam(head, lr=1e-3)]
@@ -92,13 +97,19 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -
     from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from shardkit.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from shardkit.distributed.planner import (
+        EmbeddingShardingPlanner,
+        ParameterConstraints,
+        Topology,
+    )
     from shardkit.optim import CombinedOptimizer, EmbOptimType
     from shardkit.sharding import TrainPipelineSparseDist
 
     torch.set_num_threads(1)
     tables = [
-        EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"])
+        EmbeddingBagConfig(
+            name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
+        )
         for t in range(args.tables)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device="meta", validate_ids=False)
@@ -121,7 +132,9 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -
         while True:
             b = raw[i % len(raw)]
             i += 1
-            yield Batch(KeyedJaggedTensor(keys=keys, values=b["values"], lengths=b["lengths"]), b["labels"])
+            yield Batch(
+                KeyedJaggedTensor(keys=keys, values=b["values"], lengths=b["lengths"]), b["labels"]
+            )
 
     it = batches()
     if pipelined:
@@ -153,7 +166,9 @@ def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
 
     torch.set_num_threads(1)
     tables = [
-        torchrec.EmbeddingBagConfig(name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"])
+        torchrec.EmbeddingBagConfig(
+            name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
+        )
         for t in range(args.tables)
     ]
     ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -224,16 +239,27 @@ def main() -> None:
         have_torchrec = False
     rows = []
     for kind in args.types:
-        runs = [("shardkit (pipelined)", lambda r, w, k=kind: run_shardkit(r, w, args, k, True)),
-                ("shardkit (plain loop)", lambda r, w, k=kind: run_shardkit(r, w, args, k, False))]
+        runs = [
+            ("shardkit (pipelined)", lambda r, w, k=kind: run_shardkit(r, w, args, k, True)),
+            ("shardkit (plain loop)", lambda r, w, k=kind: run_shardkit(r, w, args, k, False)),
+        ]
         if have_torchrec:
             runs.append(("torchrec", lambda r, w, k=kind: run_torchrec(r, w, args, k)))
         for name, fn in runs:
-            results = spawn(fn, world_size=args.world_size, backend="gloo", timeout=900, threads_per_rank=1)
+            results = spawn(
+                fn, world_size=args.world_size, backend="gloo", timeout=900, threads_per_rank=1
+            )
             ms = results[0]["ms"]
             peak = max(r["peak_bytes"] for r in results)
-            rows.append({"type": kind, "impl": name, "ms_per_step": ms,
-                         "samples_per_s": args.batch * args.world_size / (ms / 1e3), "peak_rss_gb": peak / 1e9})
+            rows.append(
+                {
+                    "type": kind,
+                    "impl": name,
+                    "ms_per_step": ms,
+                    "samples_per_s": args.batch * args.world_size / (ms / 1e3),
+                    "peak_rss_gb": peak / 1e9,
+                }
+            )
             print(f"{kind:16} {name:24} {ms:8.1f} ms/step  {peak / 1e9:5.2f} GB", flush=True)
     if not have_torchrec:
         rows.append({"type": "-", "impl": "torchrec", "skipped": "torchrec is not importable here"})
@@ -247,8 +273,13 @@ def main() -> None:
 
 
 def machine() -> dict:
-    info = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__, "shardkit": shardkit.__version__}
+    info = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "shardkit": shardkit.__version__,
+    }
     try:
         import fbgemm_gpu
         import torchrec
@@ -261,10 +292,13 @@ def machine() -> dict:
 
 def render(rows, args) -> str:
     lines = [
-        "# DistributedModelParallel training step (bench_dmp.py)", "",
+        "# DistributedModelParallel training step (bench_dmp.py)",
+        "",
         f"{args.world_size} ranks on gloo, {args.tables} tables x {args.rows:,} x {args.dim}, batch {args.batch} per rank, "
         f"~{args.ids_per_bag} ids per bag, MLP 512-256-1, BCE, fused row-wise Adagrad; median of {args.iters} steps "
-        f"after {args.warmup} warm-up; 1 thread per rank.", f"Machine: {json.dumps(machine())}", "",
+        f"after {args.warmup} warm-up; 1 thread per rank.",
+        f"Machine: {json.dumps(machine())}",
+        "",
         "| sharding type | implementation | ms/step | samples/s (global) | peak RSS per rank (GB) |",
         "|---|---|---:|---:|---:|",
     ]
@@ -272,7 +306,9 @@ def render(rows, args) -> str:
         if "skipped" in row:
             lines.append(f"| {row['type']} | {row['impl']} | skipped: {row['skipped']} | | |")
             continue
-        lines.append(f"| {row['type']} | {row['impl']} | {row['ms_per_step']:.1f} | {row['samples_per_s']:,.0f} | {row['peak_rss_gb']:.2f} |")
+        lines.append(
+            f"| {row['type']} | {row['impl']} | {row['ms_per_step']:.1f} | {row['samples_per_s']:,.0f} | {row['peak_rss_gb']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from shardkit.launch._context import RankInfo, _set_current, select_backend_and_device
 from shardkit.launch._errors import RendezvousTimeoutError, describe_exception
 
-__all__ = ["WorkerConfig", "store_barrier", "worker_main"]
+__all__ = ["WorkerConfig", "finish_timeout", "store_barrier", "worker_main"]
 
 
 class WorkerConfig:
@@ -91,7 +91,12 @@ def _serve(conn: Connection, info: RankInfo, store: dist.Store) -> None:
             result = fn(info.rank, info.world_size, *args)
             phase = "finish"
             store_barrier(
-                store, f"done/{run_id}", info.rank, info.world_size, info.timeout_s, "finish"
+                store,
+                f"done/{run_id}",
+                info.rank,
+                info.world_size,
+                finish_timeout(info.timeout_s),
+                "finish",
             )
             phase = "result"
             reply = pickle.dumps(("ok", run_id, result))
@@ -141,6 +146,13 @@ def _join(config: WorkerConfig) -> tuple[RankInfo, dist.Store]:
     )
     _set_current(info)
     return info, store
+
+
+def finish_timeout(timeout_s: float) -> float:
+    """How long a finished rank waits for the others. Longer than a collective's timeout, so
+    that a rank stuck in a collective reports which one (more useful) before the ranks waiting
+    here give up; this wait only catches ranks stuck outside any collective."""
+    return 2 * timeout_s + 5
 
 
 def store_barrier(

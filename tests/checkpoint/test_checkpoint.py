@@ -5,8 +5,6 @@ export/import round-trip through one unsharded file."""
 from __future__ import annotations
 
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
