@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import shardkit
-from shardkit.launch import spawn
+from shardkit.launch import RankFailedError, spawn
 
 TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 
@@ -246,9 +246,15 @@ def main() -> None:
         if have_torchrec:
             runs.append(("torchrec", lambda r, w, k=kind: run_torchrec(r, w, args, k)))
         for name, fn in runs:
-            results = spawn(
-                fn, world_size=args.world_size, backend="gloo", timeout=900, threads_per_rank=1
-            )
+            try:
+                results = spawn(
+                    fn, world_size=args.world_size, backend="gloo", timeout=900, threads_per_rank=1
+                )
+            except RankFailedError as exc:
+                reason = str(exc).splitlines()[0].split(": ", 2)[-1][:160]
+                rows.append({"type": kind, "impl": name, "skipped": reason})
+                print(f"{kind:16} {name:24} failed: {reason}", flush=True)
+                continue
             ms = results[0]["ms"]
             peak = max(r["peak_bytes"] for r in results)
             rows.append(
