@@ -108,8 +108,8 @@ class ShardedParam:
         self._gather: Pending = None
         self._reduce: Pending = None
         self._reduce_buffer: torch.Tensor | None = None
-        if self.aliased:
-            self.sharded.register_post_accumulate_grad_hook(self._grad_ready)
+        self._hooked: nn.Parameter | None = None
+        self.ensure_grad_hook()
 
     # ---- shards ---------------------------------------------------------------------------------
 
@@ -187,7 +187,6 @@ class ShardedParam:
         full = full.view(self.shape)
         if self.unsharded is None:
             self.unsharded = nn.Parameter(full, self.sharded.requires_grad)
-            self.unsharded.register_post_accumulate_grad_hook(self._grad_ready)
         elif in_place:
             storage = self.unsharded.untyped_storage()
             storage.resize_(full.numel() * full.element_size())
@@ -197,7 +196,16 @@ class ShardedParam:
             self.unsharded.data = full
         if self.unsharded.requires_grad != self.sharded.requires_grad:
             self.unsharded.requires_grad_(self.sharded.requires_grad)
+        self.ensure_grad_hook()
         self.is_unsharded = True
+
+    def ensure_grad_hook(self) -> None:
+        """Have autograd report when the gathered parameter's gradient is accumulated (once per
+        parameter, and only once it requires grad: frozen parameters get none)."""
+        param = self.unsharded
+        if param is not None and param.requires_grad and self._hooked is not param:
+            param.register_post_accumulate_grad_hook(self._grad_ready)
+            self._hooked = param
 
     def free(self) -> None:
         """Free the gathered parameter's memory (and drop a prefetch that was never used)."""

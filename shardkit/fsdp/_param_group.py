@@ -64,6 +64,7 @@ class ParamGroup:
         self.start_unshard()
         for param in self.params:
             if param.aliased:
+                param.ensure_grad_hook()
                 continue
             param.finish_unshard(in_place=in_place)
             assert param.unsharded is not None
