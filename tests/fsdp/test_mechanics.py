@@ -31,6 +31,7 @@ from tests.fsdp.models import (
     make_model,
     reference,
 )
+from tests.fsdp.test_training import _full_state
 
 FSDP = FullyShardedDataParallel
 
@@ -85,12 +86,9 @@ def _gathered_storage(rank, ws, strategy):
     loss.backward()
     after_backward = {u.name: u.group.is_unsharded for u in _units(model)}
     shapes_ok = all(
-        tuple(p.shape) == p_local
+        tuple(getattr(sp.slots[0].module, sp.slots[0].attr).shape) == sp.local_shape
         for u in _units(model)
-        for p_local, p in (
-            (sp.local_shape, sp.slots[0].module._parameters[sp.slots[0].attr])
-            for sp in u.group.params
-        )
+        for sp in u.group.params
     )
     return after_forward, after_backward, shapes_ok
 
@@ -206,11 +204,7 @@ def test_prefetch_does_not_change_results(run_ranks, forward_prefetch, backward_
 def _accumulate(rank, ws, face):
     model = make_model()
     if face == "wrapper":
-        model = (
-            _wrapped(module=None)
-            if False
-            else FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
-        )
+        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
     else:
         for block in model.blocks:
             fully_shard(block)
@@ -227,8 +221,6 @@ def _accumulate(rank, ws, face):
             model.set_requires_gradient_sync(True)
     loss_fn(model, *local(last, rank, ws)).backward()
     optimizer.step()
-    from tests.fsdp.test_training import _full_state
-
     return _full_state(model)
 
 
@@ -392,8 +384,6 @@ def _checkpointed(rank, ws):
         optimizer.zero_grad()
         loss_fn(model, *local(batch, rank, ws)).backward()
         optimizer.step()
-    from tests.fsdp.test_training import _full_state
-
     return _full_state(model)
 
 
