@@ -157,9 +157,11 @@ class FullyShardedDataParallel(FSDPModule, nn.Module):
             _auto_wrap(module, policy, settings, param_init_fn)
         state = build_unit(self, module, settings, name=name)
         state.context.state_dict_type = StateDictType.FULL_STATE_DICT
+        # keys are the unwrapped module's: added back before the unit reads them on load,
+        # stripped after the unit wrote them on save
+        self.register_load_state_dict_pre_hook(_add_prefix)
         install_state_dict_hooks(self, state, inner_prefix=f"{WRAPPED}.")
         self.register_state_dict_post_hook(_strip_prefix)
-        self.register_load_state_dict_pre_hook(_add_prefix)
         if not child and has_meta(self):
             materialize(self, init_fn=param_init_fn, sync_module_states=settings.sync_module_states)
 
