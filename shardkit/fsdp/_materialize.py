@@ -108,7 +108,6 @@ def _materialize_one(
         if sync:
             _broadcast(full.detach(), param)
         param.set_shard_from_full(full.to(device))
-        set_param(module, attr, param.sharded)
     if sync:
         for attr in meta_buffers:
             buffer = module._buffers[attr]

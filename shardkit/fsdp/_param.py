@@ -127,21 +127,27 @@ class ShardedParam:
         return full[self.row_offset : self.row_offset + self.local_shape[0]]
 
     def _make_shard(self, full: torch.Tensor) -> torch.Tensor:
-        if self.aliased:
-            return full.to(self.storage_device)
         if full.is_meta:
             return torch.empty(self.local_shape, dtype=self.dtype, device="meta")
+        if self.aliased:
+            return full.to(self.storage_device)
         shard = torch.empty(self.local_shape, dtype=self.dtype, device=self.storage_device)
         if self.storage_device.type == "cpu" and self.topology.device.type == "cuda":
             shard = shard.pin_memory()
         return shard.copy_(self.local_rows(full))
 
     def set_shard_from_full(self, full: torch.Tensor) -> None:
-        """Replace the shard's values (and meta storage) by this rank's rows of ``full``."""
-        with torch.no_grad():
-            self.sharded.data = self._make_shard(full.detach())
+        """Make a new shard from this rank's rows of ``full`` and register it in every slot
+        (a meta tensor cannot take real storage in place)."""
+        shard = nn.Parameter(self._make_shard(full.detach()), self.sharded.requires_grad)
+        shard._shardkit_fsdp_shard = True  # type: ignore[attr-defined]
+        self.sharded = shard
+        for slot in self.slots:
+            set_param(slot.module, slot.attr, shard)
         if self.aliased:
-            self.unsharded = self.sharded
+            self.unsharded = shard
+            self.is_unsharded = True
+            self.ensure_grad_hook()
 
     def full_value(self, source: torch.Tensor | None = None) -> torch.Tensor:
         """All-gather the shard (or ``source``, laid out like it) into the full shape.

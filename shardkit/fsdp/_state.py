@@ -207,6 +207,12 @@ class FSDPState:
         ):
             args, kwargs = _cast_floats((args, kwargs), mp.param_dtype)
         first = ctx.record(self)
+        if any(p.sharded.is_meta for p in self.group.params):
+            raise ValueError(
+                f"unit {self.name!r} still has parameters on the meta device; initialise them "
+                "first: model.materialize() after fully_shard, or param_init_fn= when wrapping "
+                "with FullyShardedDataParallel"
+            )
         self._num_expected = self.group.num_grad_params
         self.group.start_unshard()
         if first and self.config.prefetch.forward and not ctx.in_backward:

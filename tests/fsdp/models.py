@@ -99,3 +99,27 @@ def assert_state_equal(
     assert list(got) == list(want), f"keys differ: {list(got)} vs {list(want)}"
     for key, value in want.items():
         torch.testing.assert_close(got[key].float(), value.float(), msg=key, **(tol or TOL))
+
+
+def init_module(module: nn.Module) -> None:
+    """Initialise one module's own parameters and buffers (what ``param_init_fn`` gets)."""
+    if isinstance(module, ToyNet):
+        with torch.no_grad():
+            module.frozen.normal_()
+            module.scale.fill_(1.5)
+            module.offset.normal_()
+    elif hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+
+
+def meta_reference(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The spec for meta-device init: the unsharded model materialised with ``to_empty`` and
+    initialised module by module in ``modules()`` order from the same seed."""
+    with torch.device("meta"):
+        model = ToyNet()
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    for module in model.modules():
+        if list(module.parameters(recurse=False)) or list(module.buffers(recurse=False)):
+            init_module(module)
+    return model.state_dict()
