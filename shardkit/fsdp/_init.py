@@ -70,8 +70,9 @@ def build_unit(
     hooks sit on ``trigger`` (``module`` itself, or the FSDP1 wrapper around it)."""
     label = name or type(module).__name__
     found = _collect(module, settings, label)
-    if get_state(module) is not None:
-        found.problems.insert(0, _already_wrapped(module, label))
+    existing = get_state(module)
+    if existing is not None:
+        found.problems.insert(0, _already_wrapped(module, existing))
     found.problems.extend(_device_problems(found.params, label))
     _agree(settings.topology.world_group, found, label, settings.strategy)
     params = _shard_params(found, settings, label)
@@ -136,17 +137,17 @@ def _own_modules(
     return out
 
 
-def _already_wrapped(module: nn.Module, label: str) -> str:
+def _already_wrapped(module: nn.Module, existing: FSDPState) -> str:
     return (
-        f"module {label!r} ({type(module).__name__}) is already fully sharded; wrap each module "
-        "once (call fully_shard or FullyShardedDataParallel on it a single time)"
+        f"{type(module).__name__} is already fully sharded (unit {existing.name!r}); wrap each "
+        "module once (call fully_shard or FullyShardedDataParallel on it a single time)"
     )
 
 
 def _shared_with_nested(label: str, fqn: str, param: torch.Tensor) -> str:
     return (
         f"parameter {fqn!r} of unit {label!r} (shape {list(param.shape)}) is also registered in "
-        "a nested unit, which already sharded it; wrap the modules that share a parameter in "
+        "another unit, which already sharded it; wrap the modules that share a parameter in "
         "one unit"
     )
 
