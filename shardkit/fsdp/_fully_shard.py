@@ -51,8 +51,7 @@ class FSDPModule:
     def unshard(self) -> None:
         """Gather this unit's parameters into its modules now; they stay until `reshard` (or,
         once a backward ran, its end)."""
-        state = self._fsdp_state
-        state.group.unshard(in_place=state.graph_alive)
+        self._fsdp_state.group.unshard()
 
     def reshard(self) -> None:
         """Free this unit's gathered parameters (the modules hold the shards again)."""

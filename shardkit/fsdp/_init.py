@@ -21,7 +21,7 @@ from torch import nn
 
 from shardkit import comm
 from shardkit.fsdp._api import CPUOffload, MixedPrecision, PrefetchPolicy, ShardingStrategy
-from shardkit.fsdp._param import ShardedParam, Slot, set_param
+from shardkit.fsdp._param import ShardedParam, Slot
 from shardkit.fsdp._param_group import BufferInfo, ParamGroup
 from shardkit.fsdp._stale import REPLACED_ATTR, mark_replaced
 from shardkit.fsdp._state import FSDPState, UnitConfig, get_state
@@ -75,9 +75,16 @@ def build_unit(
         found.problems.insert(0, _already_wrapped(module, existing))
     found.problems.extend(_device_problems(found.params, label))
     _agree(settings.topology.world_group, found, label, settings.strategy)
-    params = _shard_params(found, settings, label)
-    buffers = _prepare_buffers(found.buffers, settings)
-    group = ParamGroup(params, buffers, settings.mp)
+    params = [_describe(param, slots, settings) for param, slots in found.params]
+    group = ParamGroup(
+        params,
+        _prepare_buffers(found.buffers, settings),
+        settings.mp,
+        topology=settings.topology,
+        storage_device=settings.storage_device,
+        meta=any(param.is_meta for param, _ in found.params),
+    )
+    _shard_params(found, group, settings, label)
     config = UnitConfig(
         reshard_after_forward=settings.strategy
         in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD),
@@ -225,32 +232,32 @@ def _difference(first: dict[str, Any], other: dict[str, Any], rank: int) -> str 
 # ---- sharding ---------------------------------------------------------------------------------
 
 
-def _shard_params(found: _Found, settings: UnitSettings, label: str) -> list[ShardedParam]:
+def _describe(param: nn.Parameter, slots: list[Slot], settings: UnitSettings) -> ShardedParam:
+    return ShardedParam(
+        slots,
+        param.shape,
+        param.dtype,
+        requires_grad=param.requires_grad,
+        topology=settings.topology,
+        storage_device=settings.storage_device,
+        param_dtype=settings.mp.param_dtype,
+    )
+
+
+def _shard_params(found: _Found, group: ParamGroup, settings: UnitSettings, label: str) -> None:
     """Replace each parameter by its shard, one at a time, so that the full parameter can be
     freed before the next one is sharded."""
     topology = settings.topology
-    out = []
-    while found.params:
-        param, slots = found.params.pop(0)
+    for sharded in group.params:
+        param, _ = found.params.pop(0)
         full = param.detach()
         if not full.is_meta:
             full = full.to(topology.device)
             if settings.sync_module_states:
                 full = _broadcast_from_first(full, topology.world_group)
-        sharded = ShardedParam(
-            slots,
-            full,
-            requires_grad=param.requires_grad,
-            topology=topology,
-            storage_device=settings.storage_device,
-            param_dtype=settings.mp.param_dtype,
-        )
-        for slot in slots:
-            set_param(slot.module, slot.attr, sharded.sharded)
+        group.load(sharded, full)
         mark_replaced(param, f"'{sharded.fqn}' {list(sharded.shape)} of unit {label!r}")
-        out.append(sharded)
         del param, full
-    return out
 
 
 def _prepare_buffers(

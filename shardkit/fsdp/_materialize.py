@@ -21,6 +21,7 @@ from torch import nn
 
 from shardkit import comm
 from shardkit.fsdp._param import ShardedParam, set_param
+from shardkit.fsdp._param_group import ParamGroup
 from shardkit.fsdp._state import FSDPState, get_state
 
 __all__ = ["has_meta", "materialize"]
@@ -56,6 +57,7 @@ def materialize(
             "module wrapped with fully_shard or FullyShardedDataParallel"
         )
     owner = {(id(s.module), s.attr): p for u in units for p in u.group.params for s in p.slots}
+    groups = {id(p): u.group for u in units for p in u.group.params}
     buffer_dtype = {(id(b.module), b.name): u for u in units for b in u.group.buffers}
     device = units[0].group.params[0].topology.device if units[0].group.params else None
     count = 0
@@ -66,7 +68,8 @@ def materialize(
         if not own and not meta_buffers:
             continue
         device = device or torch.device("cpu")
-        _materialize_one(current, own, meta_buffers, device, init_fn, sync_module_states)
+        loads = [(attr, param, groups[id(param)]) for attr, param in own]
+        _materialize_one(current, loads, meta_buffers, device, init_fn, sync_module_states)
         for attr in meta_buffers:
             unit = buffer_dtype.get((id(current), attr))
             dtype = unit.config.mp.buffer_dtype if unit is not None else None
@@ -79,13 +82,13 @@ def materialize(
 
 def _materialize_one(
     module: nn.Module,
-    own: list[tuple[str, ShardedParam]],
+    own: list[tuple[str, ShardedParam, ParamGroup]],
     meta_buffers: list[str],
     device: torch.device,
     init_fn: Callable[[nn.Module], None] | None,
     sync: bool,
 ) -> None:
-    for attr, param in own:
+    for attr, param, _ in own:
         full = torch.empty(param.shape, dtype=param.dtype, device=device)
         set_param(module, attr, nn.Parameter(full, param.sharded.requires_grad))
     for attr in meta_buffers:
@@ -96,18 +99,18 @@ def _materialize_one(
         with torch.no_grad():
             module.reset_parameters()
     else:
-        names = [attr for attr, _ in own] + meta_buffers
+        names = [attr for attr, _, _ in own] + meta_buffers
         raise ValueError(
             f"{type(module).__name__} has parameters or buffers {names} on the meta device and "
             "no reset_parameters() to initialise them; pass param_init_fn= (FullyShardedDataParallel)"
             " or init_fn= (materialize) that initialises one module's own parameters"
         )
-    for attr, param in own:
+    for attr, param, group in own:
         full = module._parameters[attr]
         assert full is not None
         if sync:
             _broadcast(full.detach(), param)
-        param.set_shard_from_full(full.to(device))
+        group.load(param, full.detach().to(device))
     if sync:
         for attr in meta_buffers:
             buffer = module._buffers[attr]

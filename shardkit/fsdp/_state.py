@@ -35,6 +35,7 @@ from shardkit.fsdp._api import (
     ShardedStateDictConfig,
     StateDictType,
 )
+from shardkit.fsdp._memory import BufferPool, release_free_memory
 from shardkit.fsdp._param_group import ParamGroup
 
 __all__ = ["FSDPState", "TreeContext", "UnitConfig", "get_state"]
@@ -69,6 +70,7 @@ class TreeContext:
         self.in_backward = False
         self.requires_grad_sync = True
         self._pending_reduce: list[FSDPState] = []
+        self.reduce_buffers = BufferPool()
         self.state_dict_type = StateDictType.FULL_STATE_DICT
         self.state_dict_config: FullStateDictConfig | ShardedStateDictConfig = FullStateDictConfig()
         self.optim_state_dict_config: FullStateDictConfig | ShardedStateDictConfig = (
@@ -130,7 +132,7 @@ class TreeContext:
 
     def finish_pending_reduce(self) -> None:
         while self._pending_reduce:
-            self._pending_reduce.pop(0).group.finish_reduce()
+            self._pending_reduce.pop(0).group.finish_reduce(self.reduce_buffers)
 
     def finish_backward(self) -> None:
         """Runs once autograd is done. See [Note: one iteration]."""
@@ -147,6 +149,7 @@ class TreeContext:
             unit.group.reshard()
             unit.reset_iteration()
         self._pending_reduce.clear()
+        self.reduce_buffers.clear()
         self.in_backward = False
 
 
@@ -170,7 +173,6 @@ class FSDPState:
         self.name = name
         self.parent: FSDPState | None = None
         self.context = TreeContext(self)
-        self.graph_alive = False
         self._pre_backward_done = False
         self._post_backward_done = False
         self._num_ready = 0
@@ -219,14 +221,13 @@ class FSDPState:
             upcoming = ctx.next_in_forward(self)
             if upcoming is not None:
                 upcoming.group.start_unshard()
-        self.group.unshard(in_place=self.graph_alive or ctx.in_backward)
+        self.group.unshard()
         return args, kwargs
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
         ctx = self.context
         grad_enabled = torch.is_grad_enabled()
         if grad_enabled and not ctx.in_backward:
-            self.graph_alive = True
             for tensor in _tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._pre_backward_hook)
@@ -253,7 +254,7 @@ class FSDPState:
         self.group.start_unshard()
         if self.config.prefetch.backward is BackwardPrefetch.BACKWARD_PRE:
             self._prefetch_backward()
-        self.group.unshard(in_place=True)
+        self.group.unshard()
 
     def _prefetch_backward(self) -> None:
         upcoming = self.context.next_in_backward(self)
@@ -275,15 +276,16 @@ class FSDPState:
             self._prefetch_backward()
         self.reduce_grads()
         self.group.reshard()
+        if self.group.on_cpu:
+            release_free_memory()  # See [Note: returning memory]
 
     def reduce_grads(self) -> None:
         ctx = self.context
         if ctx.requires_grad_sync and self.group.has_grads():
             ctx.add_pending_reduce(self)
-            self.group.start_reduce()
+            self.group.start_reduce(ctx.reduce_buffers)
 
     def reset_iteration(self) -> None:
-        self.graph_alive = False
         self._pre_backward_done = False
         self._post_backward_done = False
         self._num_ready = 0

@@ -1,0 +1,256 @@
+"""Step time and peak memory per rank of shardkit's FSDP next to torch's DDP, FSDP1 and fully_shard.
+
+    python benchmarks/bench_fsdp.py                                   # both models, all contenders
+    python benchmarks/bench_fsdp.py --model ffn --contenders shardkit-full,torch-fsdp1 --steps 3
+    python benchmarks/bench_fsdp.py --json benchmarks/results/fsdp.json --markdown benchmarks/results/fsdp.md
+
+Models (issue 6): ``cnn`` is seed 004's CNN (1.2 M parameters), batch 64 images per rank;
+``ffn`` is a stack of 12 feed-forward blocks (LayerNorm, 1024 -> 4096 -> 1024, residual) and a
+1024 x 1024 head, 101.8 M parameters, batch 2 x 16 tokens per rank. 2 ranks on gloo, Adam, fp32.
+
+Every contender runs in fresh rank processes (peak RSS is a high-water mark of the process), all
+from the same full-size model built on the CPU from the same seed. Per rank it reports the median
+step time of the timed steps (after warm-up), the peak resident set size of the process
+(``ru_maxrss``: torch, the model as built, and everything training touches), the resident set
+size before the model was built (the process itself), and the bytes of parameters, gradients and
+optimizer state the rank holds after a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from shardkit.launch import spawn
+
+CONTENDERS = (
+    "shardkit-full",
+    "shardkit-grad-op",
+    "shardkit-no-shard",
+    "shardkit-offload",
+    "torch-ddp",
+    "torch-fsdp1",
+    "torch-fully-shard",
+)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int = 1024, hidden: int = 4096) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim]
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class FFN(nn.Module):
+    def __init__(self, depth: int = 12, dim: int = 1024) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(depth))
+        self.head = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class Net(nn.Module):
+    """Seed 004's CNN; its "blocks" for per-block wrapping are fc1 and the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return F.log_softmax(self.fc2(F.relu(self.fc1(torch.flatten(x, 1)))), dim=1)
+
+
+def build(model_name: str) -> tuple[nn.Module, type[nn.Module] | None, tuple, tuple]:
+    """The model, the class whose instances become units, and one rank's batch (input, target)."""
+    torch.manual_seed(0)
+    if model_name == "ffn":
+        return FFN(), Block, (2, 16, 1024), (2, 16, 1024)
+    return Net(), nn.Linear, (64, 1, 28, 28), (64,)
+
+
+def loss_of(model_name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if model_name == "ffn":
+        return F.mse_loss(output, target)
+    return F.nll_loss(output, target)
+
+
+def wrap(model: nn.Module, unit_cls: type[nn.Module] | None, contender: str) -> nn.Module:
+    if contender == "torch-ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    if contender == "torch-fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy({unit_cls}), device_id=torch.device("cpu")
+        )
+    if contender == "torch-fully-shard":
+        from torch.distributed.fsdp import fully_shard
+
+        for module in list(model.modules()):
+            if isinstance(module, unit_cls):
+                fully_shard(module)
+        fully_shard(model)
+        return model
+    from shardkit.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
+    from shardkit.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = {
+        "shardkit-full": ShardingStrategy.FULL_SHARD,
+        "shardkit-offload": ShardingStrategy.FULL_SHARD,
+        "shardkit-grad-op": ShardingStrategy.SHARD_GRAD_OP,
+        "shardkit-no-shard": ShardingStrategy.NO_SHARD,
+    }[contender]
+    return FullyShardedDataParallel(
+        model,
+        sharding_strategy=strategy,
+        auto_wrap_policy=ModuleWrapPolicy({unit_cls}),
+        cpu_offload=CPUOffload(offload_params=contender == "shardkit-offload"),
+    )
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process used (all its threads: compute and gloo's)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters()]
+    tensors += [v for state in optimizer.state.values() for v in state.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) / 2**20
+
+
+def run_rank(rank: int, world_size: int, model_name: str, contender: str, warmup: int, steps: int):
+    before_model_mb = _rss_mb()
+    model, unit_cls, input_shape, target_shape = build(model_name)
+    model = wrap(model, unit_cls, contender)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(input_shape, generator=generator)
+    if model_name == "ffn":
+        y = torch.randn(target_shape, generator=generator)
+    else:
+        y = torch.randint(0, 10, target_shape, generator=generator)
+    times, cpu_times = [], []
+    for step in range(warmup + steps):
+        dist.barrier()
+        start, cpu_start = time.perf_counter(), _cpu_s()
+        optimizer.zero_grad()
+        loss_of(model_name, model(x), y).backward()
+        optimizer.step()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+            cpu_times.append(_cpu_s() - cpu_start)
+    return {
+        "step_s": statistics.median(times),
+        "step_s_all": times,
+        "cpu_s": statistics.median(cpu_times),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "process_rss_mb": before_model_mb,
+        "state_mb": _state_mb(model, optimizer),
+    }
+
+
+def measure(model_name: str, contender: str, warmup: int, steps: int) -> list[dict]:
+    return spawn(
+        run_rank,
+        world_size=2,
+        args=(model_name, contender, warmup, steps),
+        backend="gloo",
+        timeout=900,
+    )
+
+
+def environment() -> dict:
+    import os
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "threads_per_rank": max(1, (os.cpu_count() or 1) // 2),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("cnn", "ffn", "both"), default="both")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per contender (interleaved)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    models = ("cnn", "ffn") if args.model == "both" else (args.model,)
+    contenders = [c for c in args.contenders.split(",") if c]
+    unknown = set(contenders) - set(CONTENDERS)
+    if unknown:
+        parser.error(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
+    results: dict = {"command": " ".join(sys.argv), "environment": environment(), "runs": []}
+    for model_name in models:
+        for repeat in range(args.repeat):
+            for contender in contenders:
+                ranks = measure(model_name, contender, args.warmup, args.steps)
+                results["runs"].append(
+                    {"model": model_name, "contender": contender, "repeat": repeat, "ranks": ranks}
+                )
+                print(_line(model_name, contender, ranks), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _line(model_name: str, contender: str, ranks: list[dict]) -> str:
+    steps = ", ".join(f"{r['step_s']:.3f}" for r in ranks)
+    cpu = ", ".join(f"{r['cpu_s']:.3f}" for r in ranks)
+    peaks = ", ".join(f"{r['peak_rss_mb'] / 1024:.2f}" for r in ranks)
+    base = ", ".join(f"{r['process_rss_mb'] / 1024:.2f}" for r in ranks)
+    state = ", ".join(f"{r['state_mb'] / 1024:.3f}" for r in ranks)
+    return (
+        f"{model_name:4s} {contender:18s} step {steps} s (CPU {cpu} s) | peak RSS {peaks} GB | "
+        f"process {base} GB | params+grads+Adam {state} GB"
+    )
+
+
+if __name__ == "__main__":
+    main()
