@@ -25,6 +25,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -144,12 +145,21 @@ def _rss_mb() -> float:
 
 
 def _state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """Bytes of parameters, gradients and optimizer state held by this rank (DTensors: the local
+    shard)."""
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters()]
     tensors += [v for state in optimizer.state.values() for v in state.values()]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) / 2**20
+    total = 0
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            total += local.numel() * local.element_size()
+    return total / 2**20
 
 
 def run_rank(rank: int, world_size: int, model_name: str, contender: str, warmup: int, steps: int):
+    # torch's fully_shard warns that the model's output is a view (the head's [B, T, D] matmul)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
     before_model_mb = _rss_mb()
     model, unit_cls, input_shape, target_shape = build(model_name)
     model = wrap(model, unit_cls, contender)
@@ -221,13 +231,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=1, help="runs per contender (interleaved)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="write the results file")
+    parser.add_argument("--from-json", type=Path, default=None, help="only rewrite --markdown")
     args = parser.parse_args()
+    if args.from_json:
+        write_markdown(json.loads(args.from_json.read_text()), args.markdown)
+        return
     models = ("cnn", "ffn") if args.model == "both" else (args.model,)
     contenders = [c for c in args.contenders.split(",") if c]
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
-    results: dict = {"command": " ".join(sys.argv), "environment": environment(), "runs": []}
+    results: dict = {
+        "command": "python " + " ".join(sys.argv),
+        "environment": environment(),
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "runs": [],
+    }
     for model_name in models:
         for repeat in range(args.repeat):
             for contender in contenders:
@@ -238,6 +260,8 @@ def main() -> None:
                 print(_line(model_name, contender, ranks), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.markdown:
+        write_markdown(results, args.markdown)
 
 
 def _line(model_name: str, contender: str, ranks: list[dict]) -> str:
@@ -250,6 +274,138 @@ def _line(model_name: str, contender: str, ranks: list[dict]) -> str:
         f"{model_name:4s} {contender:18s} step {steps} s (CPU {cpu} s) | peak RSS {peaks} GB | "
         f"process {base} GB | params+grads+Adam {state} GB"
     )
+
+
+# ---- the results file ---------------------------------------------------------------------------
+
+LABELS = {
+    "shardkit-full": "shardkit FULL_SHARD (per-block units)",
+    "shardkit-grad-op": "shardkit SHARD_GRAD_OP",
+    "shardkit-no-shard": "shardkit NO_SHARD",
+    "shardkit-offload": "shardkit FULL_SHARD + CPUOffload",
+    "torch-ddp": "torch DDP",
+    "torch-fsdp1": "torch FSDP1 (FULL_SHARD, per-block units)",
+    "torch-fully-shard": "torch fully_shard (per block + root)",
+}
+MODELS = {
+    "cnn": "(a) seed 004's CNN, 1.2 M parameters, batch 64 images per rank",
+    "ffn": "(b) 12 feed-forward blocks (1024 -> 4096 -> 1024) + head, 101.8 M parameters, "
+    "batch 2 x 16 tokens per rank",
+}
+
+
+def summarize(results: dict) -> dict:
+    """Per (model, contender): medians over runs of the ranks' worst step time, CPU time and
+    peak RSS, the best run's step time, and process/state sizes."""
+    table: dict = {}
+    for run in results["runs"]:
+        key = (run["model"], run["contender"])
+        entry = table.setdefault(
+            key, {"step": [], "cpu": [], "peak": [], "process": [], "state": []}
+        )
+        ranks = run["ranks"]
+        entry["step"].append(max(r["step_s"] for r in ranks))
+        entry["cpu"].append(max(r["cpu_s"] for r in ranks))
+        entry["peak"].append(max(r["peak_rss_mb"] for r in ranks) / 1024)
+        entry["process"].append(max(r["process_rss_mb"] for r in ranks) / 1024)
+        entry["state"].append(max(r["state_mb"] for r in ranks) / 1024)
+    return {
+        key: {
+            "step": statistics.median(v["step"]),
+            "step_min": min(v["step"]),
+            "cpu": statistics.median(v["cpu"]),
+            "peak": statistics.median(v["peak"]),
+            "process": statistics.median(v["process"]),
+            "state": statistics.median(v["state"]),
+            "runs": len(v["step"]),
+        }
+        for key, v in table.items()
+    }
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    summary = summarize(results)
+    env = results["environment"]
+    lines = [
+        "# FSDP: shardkit next to torch's DDP, FSDP1 and fully_shard",
+        "",
+        "Written by `benchmarks/bench_fsdp.py`; the raw numbers are in `fsdp.json` beside it.",
+        "",
+        f"- command: `{results['command']}`",
+        f"- machine: {env['cpu']}, {env['cores']} cores shared with other jobs, "
+        f"{env['threads_per_rank']} thread(s) per rank; {env['platform']}",
+        f"- versions: Python {env['python']}, torch {env['torch']}; 2 ranks, gloo, Adam (lr 1e-4), "
+        "float32; every contender starts from the same full model built on the CPU",
+        f"- method: each run starts fresh rank processes (peak RSS is a per-process high-water "
+        f"mark); {results.get('repeat', 1)} run(s) per contender, interleaved; "
+        f"{results.get('warmup', 2)} warm-up and {results.get('steps', 5)} timed steps per run.",
+        "  *step* is the median step time of the slower rank, median over runs (best run in "
+        "brackets); *CPU* is the CPU seconds one rank process spends per step (all its threads): "
+        "the machine's other jobs stretch wall time but hardly CPU time, so CPU compares the work "
+        "done. *peak* is the larger rank's `ru_maxrss`, *process* the RSS before the model was "
+        "built (torch and the process group), *state* the parameters, gradients and Adam state a "
+        "rank holds.",
+        "",
+    ]
+    for model in ("cnn", "ffn"):
+        rows = [(c, summary[(model, c)]) for c in CONTENDERS if (model, c) in summary]
+        if not rows:
+            continue
+        reference = summary.get((model, "torch-fsdp1"))
+        lines += [f"## {MODELS[model]}", ""]
+        lines += [
+            "| | step (s) | CPU (s/step) | peak RSS (GB) | peak / torch FSDP1 | process (GB) | state (GB) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for contender, row in rows:
+            ratio = f"{row['peak'] / reference['peak']:.2f}" if reference else "-"
+            lines.append(
+                f"| {LABELS[contender]} | {row['step']:.3f} ({row['step_min']:.3f}) | "
+                f"{row['cpu']:.3f} | {row['peak']:.2f} | {ratio} | {row['process']:.2f} | "
+                f"{row['state']:.3f} |"
+            )
+        lines.append("")
+    lines += _memory_section(summary)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _memory_section(summary: dict) -> list[str]:
+    full = summary.get(("ffn", "shardkit-full"))
+    if full is None:
+        return []
+    with torch.device("meta"):
+        model = FFN()
+    params = sum(p.numel() for p in model.parameters())
+    replica = 16 * params / 2**30  # fp32 parameters + gradients + Adam's two moments
+    unit = 4 * sum(p.numel() for p in model.blocks[0].parameters()) / 2**30
+    n = 2
+    working = full["peak"] - full["process"] - full["state"]
+    lines = [
+        "## Memory per rank, measured, next to ZeRO's formula",
+        "",
+        f"Model (b): Psi = {params / 1e6:.1f} M parameters; parameters + gradients + Adam = 16 Psi "
+        f"bytes = {replica:.2f} GiB per replica; one unit (block) U = {unit * 1024:.0f} MiB of "
+        "fp32 parameters; N = 2 ranks.",
+        "",
+        "| | ZeRO's formula | value here | measured (state column) |",
+        "|---|---|---|---|",
+        f"| DDP, NO_SHARD | (4 + 4 + 8) Psi | {replica:.2f} GiB | "
+        f"{summary.get(('ffn', 'shardkit-no-shard'), {}).get('state', float('nan')):.2f} |",
+        f"| ZeRO-2, SHARD_GRAD_OP | 4 Psi + (4 + 8) Psi / N between steps (all parameters "
+        f"gathered from forward to backward) | {replica / n:.2f} GiB + {4 * params / 2**30:.2f} GiB "
+        f"in the step | {summary.get(('ffn', 'shardkit-grad-op'), {}).get('state', float('nan')):.2f} |",
+        f"| ZeRO-3, FULL_SHARD | (4 + 4 + 8) Psi / N | {replica / n:.2f} GiB | {full['state']:.2f} |",
+        "",
+        f"Peak RSS of shardkit FULL_SHARD = process + 16 Psi / N + working set = "
+        f"{full['process']:.2f} + {full['state']:.2f} + {working:.2f} = {full['peak']:.2f} GB. "
+        f"The working set ({working * 1024:.0f} MB = {working / unit:.1f} U) is what backward "
+        "holds at its peak: the unit computing and the prefetched one, the re-gather's buffer, "
+        "the unit's full gradients and its reduction buffer, the previous unit's reduction in "
+        "flight, activations, and heap the allocator has not handed back yet. The ideal 2-way "
+        f"full shard of the issue is process + {replica / n:.2f} GiB + one block.",
+        "",
+    ]
+    return lines
 
 
 if __name__ == "__main__":
