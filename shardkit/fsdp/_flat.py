@@ -34,6 +34,20 @@ __all__ = ["FlatBucket"]
 AVG = dist.ReduceOp.AVG
 
 
+def _shard_offsets(params: list[ShardedParam], num_ranks: int) -> tuple[list[list[int]], int]:
+    """``offsets[k][i]``: where parameter i's rows start in rank k's flat shard; and the largest
+    rank's shard size (every rank's buffer has that size, the others end in padding)."""
+    offsets, totals = [], []
+    for rank in range(num_ranks):
+        offset, starts = 0, []
+        for param in params:
+            starts.append(offset)
+            offset += param.rows_per_rank[rank] * param.row_numel
+        offsets.append(starts)
+        totals.append(offset)
+    return offsets, max(totals)
+
+
 class FlatBucket:
     """The sharded (not whole) parameters of one unit that share a dtype. See [Note: flat buckets].
 
@@ -57,30 +71,16 @@ class FlatBucket:
         self.storage_device = storage_device
         self.dtype = params[0].dtype
         self.param_dtype = params[0].param_dtype
-        num_ranks = topology.shard_size
-        # offsets[k][i]: where parameter i's rows start in rank k's flat shard
-        self.offsets: list[list[int]] = []
-        totals = []
-        for rank in range(num_ranks):
-            offset, starts = 0, []
-            for param in params:
-                starts.append(offset)
-                offset += param.rows_per_rank[rank] * param.row_numel
-            self.offsets.append(starts)
-            totals.append(offset)
-        self.shard_numel = max(totals)
+        self.offsets, self.shard_numel = _shard_offsets(params, topology.shard_size)
         # parameters whose rows sit at the same place in every rank's shard move in one copy
         self.uniform = [
-            len({p.rows_per_rank[k] for k in range(num_ranks)}) == 1
-            and len({self.offsets[k][i] for k in range(num_ranks)}) == 1
+            len({p.rows_per_rank[k] for k in range(topology.shard_size)}) == 1
+            and len({starts[i] for starts in self.offsets}) == 1
             for i, p in enumerate(params)
         ]
-        self.full_offsets = []
-        offset = 0
-        for param in params:
-            self.full_offsets.append(offset)
-            offset += param.shape.numel()
-        self.full_numel = offset
+        sizes = [param.shape.numel() for param in params]
+        self.full_offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.full_numel = sum(sizes)
         device = torch.device("meta") if meta else storage_device
         self.flat_shard = self._new_shard(device)
         self.flat_full: torch.Tensor | None = None

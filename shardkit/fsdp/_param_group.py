@@ -131,6 +131,14 @@ class ParamGroup:
             return True
         return any(p.has_new_grad() for p in self.whole)
 
+    def new_grad_bytes(self) -> int:
+        """Bytes of the gathered parameters' gradients that reducing will free."""
+        return sum(
+            p.unsharded.grad.numel() * p.unsharded.grad.element_size()
+            for p in self.params
+            if not p.aliased and p.unsharded is not None and p.unsharded.grad is not None
+        )
+
     def start_reduce(self, pool: BufferPool) -> None:
         for bucket in self.buckets:
             bucket.start_reduce(self.reduce_dtype, pool)

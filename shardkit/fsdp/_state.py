@@ -35,7 +35,7 @@ from shardkit.fsdp._api import (
     ShardedStateDictConfig,
     StateDictType,
 )
-from shardkit.fsdp._memory import BufferPool, release_free_memory
+from shardkit.fsdp._memory import BufferPool, FreedMemory
 from shardkit.fsdp._param_group import ParamGroup
 
 __all__ = ["FSDPState", "TreeContext", "UnitConfig", "get_state"]
@@ -71,6 +71,7 @@ class TreeContext:
         self.requires_grad_sync = True
         self._pending_reduce: list[FSDPState] = []
         self.reduce_buffers = BufferPool()
+        self.freed = FreedMemory()
         self.state_dict_type = StateDictType.FULL_STATE_DICT
         self.state_dict_config: FullStateDictConfig | ShardedStateDictConfig = FullStateDictConfig()
         self.optim_state_dict_config: FullStateDictConfig | ShardedStateDictConfig = (
@@ -143,6 +144,7 @@ class TreeContext:
                 unit.reduce_grads()  # gradients that arrived after the unit's post-backward
         self.finish_pending_reduce()
         self._reset_after_backward()
+        self.freed.flush()
 
     def _reset_after_backward(self) -> None:
         for unit in self.units:
@@ -274,10 +276,11 @@ class FSDPState:
         self._post_backward_done = True
         if prefetch and self.config.prefetch.backward is BackwardPrefetch.BACKWARD_POST:
             self._prefetch_backward()
+        freed = self.group.new_grad_bytes() if self.context.requires_grad_sync else 0
         self.reduce_grads()
         self.group.reshard()
         if self.group.on_cpu:
-            release_free_memory()  # See [Note: returning memory]
+            self.context.freed.add(freed)  # See [Note: returning memory]
 
     def reduce_grads(self) -> None:
         ctx = self.context

@@ -169,3 +169,20 @@ def test_mixed_precision_bfloat16_matches_emulation(run_ranks, ws, reduce_dtype)
         # and not simply the float32 result: the low precision really was used
         fp32 = reference(ws, "sgd")
         assert any(not torch.equal(got[k], fp32[k]) for k in fp32 if k != "frozen")
+
+
+def _buffer_dtype(rank, ws):
+    mp = MixedPrecision(buffer_dtype=torch.bfloat16)
+    model = FullyShardedDataParallel(make_model(), mixed_precision=mp)
+    during = model.module.offset.dtype
+    model(batches(ws)[0][0][:2]).sum().backward()
+    states = model.state_dict()
+    return during, states["offset"]
+
+
+def test_buffer_dtype_is_used_in_forward_and_saved_in_the_original_dtype(run_ranks):
+    want = make_model().offset.to(torch.bfloat16).float()
+    for during, saved in run_ranks(_buffer_dtype, 2):
+        assert during == torch.bfloat16
+        assert saved.dtype == torch.float32
+        torch.testing.assert_close(saved, want)
