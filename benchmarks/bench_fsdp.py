@@ -354,7 +354,7 @@ def write_markdown(results: dict, path: Path) -> None:
         reference = summary.get((model, "torch-fsdp1"))
         lines += [f"## {MODELS[model]}", ""]
         lines += [
-            "| | step (s) | CPU (s/step) | peak RSS (GB) | peak / torch FSDP1 | process (GB) | state (GB) |",
+            "| | step (s) | CPU (s/step) | peak RSS (GiB) | peak / torch FSDP1 | process (GiB) | state (GiB) |",
             "|---|---|---|---|---|---|---|",
         ]
         for contender, row in rows:
@@ -366,6 +366,7 @@ def write_markdown(results: dict, path: Path) -> None:
             )
         lines.append("")
     lines += _memory_section(summary)
+    lines += _targets_section(summary)
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -387,7 +388,7 @@ def _memory_section(summary: dict) -> list[str]:
         f"bytes = {replica:.2f} GiB per replica; one unit (block) U = {unit * 1024:.0f} MiB of "
         "fp32 parameters; N = 2 ranks.",
         "",
-        "| | ZeRO's formula | value here | measured (state column) |",
+        "| | ZeRO's formula | value here | measured, GiB (state column) |",
         "|---|---|---|---|",
         f"| DDP, NO_SHARD | (4 + 4 + 8) Psi | {replica:.2f} GiB | "
         f"{summary.get(('ffn', 'shardkit-no-shard'), {}).get('state', float('nan')):.2f} |",
@@ -397,7 +398,7 @@ def _memory_section(summary: dict) -> list[str]:
         f"| ZeRO-3, FULL_SHARD | (4 + 4 + 8) Psi / N | {replica / n:.2f} GiB | {full['state']:.2f} |",
         "",
         f"Peak RSS of shardkit FULL_SHARD = process + 16 Psi / N + working set = "
-        f"{full['process']:.2f} + {full['state']:.2f} + {working:.2f} = {full['peak']:.2f} GB. "
+        f"{full['process']:.2f} + {full['state']:.2f} + {working:.2f} = {full['peak']:.2f} GiB. "
         f"The working set ({working * 1024:.0f} MB = {working / unit:.1f} U) is what backward "
         "holds at its peak: the unit computing and the prefetched one, the re-gather's buffer, "
         "the unit's full gradients and its reduction buffer, the previous unit's reduction in "
@@ -406,6 +407,64 @@ def _memory_section(summary: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+ISSUE_FSDP1_GB = 2.06  # torch FSDP1's peak on (b) as the issue measured it
+
+
+def _targets_section(summary: dict) -> list[str]:
+    ours, torch_fsdp1 = summary.get(("ffn", "shardkit-full")), summary.get(("ffn", "torch-fsdp1"))
+    if ours is None or torch_fsdp1 is None:
+        return []
+    ratio = ours["peak"] / torch_fsdp1["peak"]
+    floor = ours["process"] + ours["state"]
+    step_ratio = ours["step"] / torch_fsdp1["step"]
+    cpu_ratio = ours["cpu"] / torch_fsdp1["cpu"]
+    memory_met = "met" if ratio <= 0.7 else "missed"
+    speed_met = "met" if step_ratio <= 1.0 else "missed"
+    if step_ratio <= 1.0 < cpu_ratio:
+        speed_met = "met on wall time, missed on CPU time"
+    elif cpu_ratio <= 1.0 < step_ratio:
+        speed_met = "met on CPU time, missed on wall time"
+    with torch.device("meta"):
+        unit = 4 * sum(p.numel() for p in FFN().blocks[0].parameters()) / 2**30
+    headroom = 0.7 * torch_fsdp1["peak"] - floor
+    return [
+        "## The issue's targets on (b)",
+        "",
+        "| target | measured | |",
+        "|---|---|---|",
+        f"| peak RSS per rank <= 0.7 x torch FSDP1 | {ours['peak']:.2f} vs {torch_fsdp1['peak']:.2f} "
+        f"GiB: {ratio:.2f} x | {memory_met} |",
+        f"| step time <= torch FSDP1 | {ours['step']:.2f} vs {torch_fsdp1['step']:.2f} s wall "
+        f"({step_ratio:.2f} x); CPU {ours['cpu']:.2f} vs {torch_fsdp1['cpu']:.2f} s/step "
+        f"({cpu_ratio:.2f} x) | {speed_met} |",
+        "",
+        f"Memory: torch FSDP1 peaks at {torch_fsdp1['peak']:.2f} GiB here, not the "
+        f"{ISSUE_FSDP1_GB} GB the issue measured, so 0.7 x is {0.7 * torch_fsdp1['peak']:.2f} GiB, "
+        f"while the process ({ours['process']:.2f}) and the shards of parameters, gradients and "
+        f"Adam state ({ours['state']:.2f}) alone take {floor:.2f} GiB, "
+        + (
+            f"which leaves {headroom * 1024:.0f} MiB ({headroom / unit:.1f} U) for everything a "
+            "step gathers and allocates"
+            if headroom > 0
+            else "more than the target itself, before anything is gathered"
+        )
+        + "; a FULL_SHARD backward holds at least one unit's gathered parameters and "
+        f"gradients (2 U = {2 * unit * 1024:.0f} MiB) besides activations and the collectives' "
+        "buffers. "
+        f"shardkit's peak is {ours['peak'] - floor:.2f} GiB above that floor (torch FSDP1: "
+        f"{torch_fsdp1['peak'] - floor:.2f}), and {ours['peak'] / ISSUE_FSDP1_GB:.2f} x the "
+        "issue's torch figure.",
+        "",
+        "Speed: each gathered unit is copied once from rank order into parameter order (the "
+        "price of dim-0 shards, which make sharded state dicts exact DTensors without "
+        "communication; torch FSDP1's flat shards are gathered in place), into freshly mapped "
+        "memory, and backward hands freed heap back to the kernel (pages fault in again when "
+        "reused). Gathering into a caller-provided buffer (an `out=` argument in "
+        "`shardkit.comm`) would let the copy land in reused memory.",
+        "",
+    ]
 
 
 if __name__ == "__main__":
