@@ -233,6 +233,42 @@ PUBLIC = {
     "shardkit.distributed.planner.storage_reservations": [
         "HeuristicalStorageReservation",
     ],
+    "shardkit.fsdp": [
+        "BackwardPrefetch",
+        "CPUOffload",
+        "FSDPModule",
+        "FullStateDictConfig",
+        "FullyShardedDataParallel",
+        "MixedPrecision",
+        "PrefetchPolicy",
+        "ShardedStateDictConfig",
+        "ShardingStrategy",
+        "StateDictType",
+        "fully_shard",
+        "optim_state_dict",
+        "optim_state_dict_to_load",
+        "state_dict_type",
+        "summon_full_params",
+    ],
+    "shardkit.fsdp.fully_sharded_data_parallel": [
+        "BackwardPrefetch",
+        "CPUOffload",
+        "FullStateDictConfig",
+        "FullyShardedDataParallel",
+        "MixedPrecision",
+        "ShardedStateDictConfig",
+        "ShardingStrategy",
+        "StateDictType",
+    ],
+    "shardkit.fsdp.wrap": [
+        "ModuleWrapPolicy",
+        "always_wrap_policy",
+        "enable_wrap",
+        "lambda_auto_wrap_policy",
+        "size_based_auto_wrap_policy",
+        "transformer_auto_wrap_policy",
+        "wrap",
+    ],
 }
 
 
@@ -246,7 +282,8 @@ def test_all_is_pinned(module):
 
 def test_import_has_no_side_effects():
     code = (
-        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm;"
+        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
+        " shardkit.fsdp;"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
         "print('ok')"

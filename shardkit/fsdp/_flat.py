@@ -1,0 +1,262 @@
+"""A unit's sharded parameters of one dtype, gathered and reduced with one collective each.
+
+[Note: flat buckets]
+The shards of a unit's sharded parameters (see [Note: shard layout]) are views into one flat
+buffer per rank, ``[S]``, where ``S`` is the largest shard total over the ranks (the smaller ones
+end in padding), so one all-gather with equal sizes gives ``[N_ranks, S]``, rank-major. Copying
+each parameter's rows out of it gives the unsharded parameters, which are views into one flat
+``[numel]`` buffer, parameter-major; freeing the unit frees that one buffer (see
+[Note: unsharded storage]). Gradients go the other way: each parameter's gradient is copied into
+its place in a ``[N_ranks, S]`` buffer (in the reduce dtype), one reduce-scatter with AVG leaves
+``[S]`` on each rank, and each shard's gradient is a view into it. Parameters without a gradient
+(on every rank alike) get none. One collective per unit instead of one per parameter, and
+unit-sized buffers rather than many parameter-sized ones: large buffers are mapped and returned
+to the operating system as a whole when freed, where many medium-sized ones would fragment the
+heap (glibc cannot reuse a freed block for an aligned allocation of the same size).
+
+Example: parameters ``a`` [5, 2] and ``b`` [3] over 2 ranks: rows 3+2 and 2+1, so rank 0 holds
+a[0:3], b[0:2] (8 elements) and rank 1 a[3:5], b[2:3] (5 elements, padded to ``S = 8``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardkit import comm
+from shardkit.fsdp._memory import BufferPool, advise_huge_pages
+from shardkit.fsdp._param import ShardedParam
+from shardkit.fsdp._topology import Topology
+
+__all__ = ["FlatBucket"]
+
+AVG = dist.ReduceOp.AVG
+
+
+def _shard_offsets(params: list[ShardedParam], num_ranks: int) -> tuple[list[list[int]], int]:
+    """``offsets[k][i]``: where parameter i's rows start in rank k's flat shard; and the largest
+    rank's shard size (every rank's buffer has that size, the others end in padding)."""
+    offsets, totals = [], []
+    for rank in range(num_ranks):
+        offset, starts = 0, []
+        for param in params:
+            starts.append(offset)
+            offset += param.rows_per_rank[rank] * param.row_numel
+        offsets.append(starts)
+        totals.append(offset)
+    return offsets, max(totals)
+
+
+class FlatBucket:
+    """The sharded (not whole) parameters of one unit that share a dtype. See [Note: flat buckets].
+
+    Args:
+        params: the parameters, in the unit's order.
+        topology: the unit's groups and compute device.
+        storage_device: where the flat shard lives (the CPU with offload).
+        meta: allocate the shard on the meta device (the module is not materialised yet).
+    """
+
+    def __init__(
+        self,
+        params: list[ShardedParam],
+        topology: Topology,
+        storage_device: torch.device,
+        *,
+        meta: bool,
+    ) -> None:
+        self.params = params
+        self.topology = topology
+        self.storage_device = storage_device
+        self.dtype = params[0].dtype
+        self.param_dtype = params[0].param_dtype
+        self.offsets, self.shard_numel = _shard_offsets(params, topology.shard_size)
+        # parameters whose rows sit at the same place in every rank's shard move in one copy
+        self.uniform = [
+            len({p.rows_per_rank[k] for k in range(topology.shard_size)}) == 1
+            and len({starts[i] for starts in self.offsets}) == 1
+            for i, p in enumerate(params)
+        ]
+        sizes = [param.shape.numel() for param in params]
+        self.full_offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.full_numel = sum(sizes)
+        device = torch.device("meta") if meta else storage_device
+        self.flat_shard = self._new_shard(device)
+        self.flat_full: torch.Tensor | None = None
+        self._gather: comm.Handle | None = None
+        self._reduce: comm.Handle | None = None
+        self._reduce_buffer: torch.Tensor | None = None
+        self._reduced: list[bool] = []
+
+    def _new_shard(self, device: torch.device) -> torch.Tensor:
+        shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=device)
+        if device.type == "cpu" and self.topology.device.type == "cuda":
+            shard = shard.pin_memory()
+        return shard
+
+    def shard_view(self, index: int) -> torch.Tensor:
+        """Parameter ``index``'s rows of this rank, a view into the flat shard."""
+        param = self.params[index]
+        start = self.offsets[self.topology.shard_rank][index]
+        numel = param.local_shape[0] * param.row_numel
+        return self.flat_shard[start : start + numel].view(param.local_shape)
+
+    def load(self, index: int, full: torch.Tensor) -> None:
+        """Put this rank's rows of ``full`` into parameter ``index``'s shard (and make the flat
+        shard real if it was on the meta device)."""
+        if self.flat_shard.is_meta and not full.is_meta:
+            self.flat_shard = self._new_shard(self.storage_device)
+        view = self.shard_view(index)
+        if not full.is_meta:
+            with torch.no_grad():
+                view.copy_(self.params[index].local_rows(full))
+        self.params[index].set_shard(view)
+
+    # ---- gathering ------------------------------------------------------------------------------
+
+    @property
+    def is_unsharded(self) -> bool:
+        storage = None if self.flat_full is None else self.flat_full.untyped_storage()
+        return self._gather is not None or (storage is not None and storage.nbytes() > 0)
+
+    def start_unshard(self) -> None:
+        """Launch the all-gather of the flat shard (asynchronous; no-op if gathered or pending)."""
+        if self._gather is not None or self.is_unsharded:
+            return
+        local = self.flat_shard.to(self.topology.device, non_blocking=True).to(self.param_dtype)
+        handle = comm.all_gather_into_tensor(local, group=self.topology.shard_group, async_op=True)
+        assert isinstance(handle, comm.Handle)
+        self._gather = handle
+
+    def finish_unshard(self) -> None:
+        """Wait for the gather and copy each parameter's rows into its unsharded parameter."""
+        if self._gather is None and self.is_unsharded:
+            return
+        self.start_unshard()
+        assert self._gather is not None
+        gathered = self._gather.wait().view(self.topology.shard_size, self.shard_numel)
+        self._gather = None
+        first = self.flat_full is None
+        if first:
+            self.flat_full = torch.empty(
+                self.full_numel, dtype=self.param_dtype, device=self.topology.device
+            )
+        else:  # the same storage again: tensors saved for backward refer to it
+            assert self.flat_full is not None
+            self.flat_full.untyped_storage().resize_(
+                self.full_numel * self.flat_full.element_size()
+            )
+        advise_huge_pages(self.flat_full)  # See [Note: returning memory]
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.flat_full):
+            for index in range(len(self.params)):
+                self._copy_rows_out(index, gathered)
+        if first:
+            self._make_unsharded_params()
+        for param in self.params:
+            param.sync_requires_grad()
+            param.is_unsharded = True
+
+    def _copy_rows_out(self, index: int, gathered: torch.Tensor) -> None:
+        """Rows of parameter ``index`` from every rank's region into its place in flat_full."""
+        param = self.params[index]
+        assert self.flat_full is not None
+        start = self.full_offsets[index]
+        rows = param.rows_per_rank
+        width = param.row_numel
+        if self.uniform[index]:  # one strided copy
+            source = gathered[:, self.offsets[0][index] : self.offsets[0][index] + rows[0] * width]
+            target = self.flat_full[start : start + len(rows) * rows[0] * width]
+            target.view(len(rows), rows[0] * width).copy_(source)
+            return
+        for rank, count in enumerate(rows):
+            if count:
+                begin = self.offsets[rank][index]
+                self.flat_full[start : start + count * width].copy_(
+                    gathered[rank, begin : begin + count * width]
+                )
+            start += count * width
+
+    def _make_unsharded_params(self) -> None:
+        assert self.flat_full is not None
+        for param, start in zip(self.params, self.full_offsets):
+            view = self.flat_full[start : start + param.shape.numel()].view(param.shape)
+            param.unsharded = nn.Parameter(view, param.requires_grad)
+
+    def free(self) -> None:
+        """Free the gathered parameters (one buffer), dropping a prefetch that was not used."""
+        if self._gather is not None:
+            self._gather.wait()  # issued on every rank already; let it finish
+            self._gather = None
+        if self.flat_full is not None:
+            self.flat_full.untyped_storage().resize_(0)
+        for param in self.params:
+            param.is_unsharded = False
+
+    # ---- gradients ------------------------------------------------------------------------------
+
+    def has_new_grads(self) -> bool:
+        return any(p.unsharded is not None and p.unsharded.grad is not None for p in self.params)
+
+    def start_reduce(self, reduce_dtype: torch.dtype | None, pool: BufferPool) -> None:
+        """Copy the gradients into rank-major order and launch one AVG reduce-scatter."""
+        self._reduced = [
+            p.unsharded is not None and p.unsharded.grad is not None for p in self.params
+        ]
+        if not any(self._reduced):
+            return
+        shape = (self.topology.shard_size, self.shard_numel)
+        buffer = pool.take(shape, reduce_dtype or self.param_dtype, self.topology.device)
+        self._reduce_buffer = buffer
+        if not all(self._reduced) or self._has_padding():
+            buffer.zero_()
+        for index, param in enumerate(self.params):
+            if self._reduced[index]:
+                assert param.unsharded is not None and param.unsharded.grad is not None
+                self._copy_rows_in(index, param.unsharded.grad, buffer)
+                param.unsharded.grad = None
+        handle = comm.reduce_scatter_tensor(
+            buffer.view(-1), op=AVG, group=self.topology.shard_group, async_op=True
+        )
+        assert isinstance(handle, comm.Handle)
+        self._reduce = handle
+
+    def _has_padding(self) -> bool:
+        return any(
+            sum(p.rows_per_rank[k] * p.row_numel for p in self.params) != self.shard_numel
+            for k in range(self.topology.shard_size)
+        )
+
+    def _copy_rows_in(self, index: int, grad: torch.Tensor, buffer: torch.Tensor) -> None:
+        param = self.params[index]
+        rows, width = param.rows_per_rank, param.row_numel
+        flat = grad.reshape(-1)
+        if self.uniform[index]:
+            begin = self.offsets[0][index]
+            target = buffer[:, begin : begin + rows[0] * width]
+            target.copy_(flat.view(len(rows), rows[0] * width))
+            return
+        start = 0
+        for rank, count in enumerate(rows):
+            begin = self.offsets[rank][index]
+            buffer[rank, begin : begin + count * width].copy_(flat[start : start + count * width])
+            start += count * width
+
+    def finish_reduce(self, pool: BufferPool) -> None:
+        """Wait for the reduction (and the replicas' all-reduce) and add the shards' gradients."""
+        if self._reduce is None:
+            return
+        reduced = self._reduce.wait()
+        self._reduce = None
+        assert self._reduce_buffer is not None
+        pool.give_back(self._reduce_buffer)
+        self._reduce_buffer = None
+        if self.topology.replicate_group is not None:
+            comm.all_reduce(reduced, op=AVG, group=self.topology.replicate_group, inplace=True)
+        reduced = reduced.to(device=self.storage_device, dtype=self.dtype)
+        rank = self.topology.shard_rank
+        for index, param in enumerate(self.params):
+            if self._reduced[index]:
+                start = self.offsets[rank][index]
+                numel = param.local_shape[0] * param.row_numel
+                param.add_grad(reduced[start : start + numel])

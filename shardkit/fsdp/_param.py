@@ -1,0 +1,267 @@
+"""One parameter of a unit: where its shard lives, its gathered form, and whole-parameter handling.
+
+[Note: shard layout]
+A parameter of shape ``[n, *rest]`` is split the way ``torch.chunk(n, N)`` splits it: shard rank
+``r`` holds rows ``[r * c, min((r + 1) * c, n))`` with ``c = ceil(n / N)``, so trailing ranks may
+hold fewer rows or none (n=5, N=3: 2, 2, 1 rows; n=1, N=3: 1, 0, 0). This is DTensor's
+``Shard(0)`` layout, so a shard is exactly the local tensor of a DTensor with the parameter's
+global shape. The rows live in the unit's flat shard buffer (see [Note: flat buckets]).
+A parameter is kept *whole* on every rank when the shard group has one rank (NO_SHARD) or it has
+no dim 0 (a 0-dim parameter); its gradient is then all-reduced over all ranks. A whole parameter
+in its own dtype on the compute device is *aliased*: shard and gathered parameter are one tensor.
+
+[Note: unsharded storage]
+The gathered parameter is an ``nn.Parameter`` made at the first gather and kept for the life of
+the unit, because autograd's AccumulateGrad node and every tensor saved for backward refer to it.
+Resharding frees its memory with ``untyped_storage().resize_(0)``, which also frees the views
+autograd saved (they share the storage). Gathering again resizes the same storage and copies the
+values in without bumping the version counter, so tensors saved in forward are valid again when
+backward needs them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardkit import comm
+from shardkit.fsdp._topology import Topology
+
+__all__ = ["ShardedParam", "Slot", "chunk_rows", "copy_into_storage", "set_param"]
+
+AVG = dist.ReduceOp.AVG
+Pending = comm.Handle | torch.Tensor | None
+
+
+class Slot(NamedTuple):
+    """A place where a parameter is registered: ``module.<attr>``, named ``fqn`` in the unit."""
+
+    fqn: str
+    module: nn.Module
+    attr: str
+
+
+def chunk_rows(num_rows: int, num_shards: int) -> tuple[int, ...]:
+    """Rows of each shard, as ``torch.chunk`` cuts them. See [Note: shard layout]."""
+    chunk = math.ceil(num_rows / num_shards) if num_rows else 0
+    return tuple(max(0, min(chunk, num_rows - r * chunk)) for r in range(num_shards))
+
+
+def set_param(module: nn.Module, name: str, param: torch.Tensor) -> None:
+    """Register ``param`` as ``module.<name>`` without nn.Module's checks (hot path), unless the
+    module has its own ``__setattr__`` (RNNs keep a cache of their weights up to date there)."""
+    if type(module).__setattr__ is nn.Module.__setattr__:
+        module._parameters[name] = param  # type: ignore[assignment]
+    else:
+        setattr(module, name, param)
+
+
+def copy_into_storage(target: torch.Tensor, values: torch.Tensor) -> None:
+    """Give ``target``'s (freed) storage its size back and fill it with ``values``, keeping the
+    version counter. See [Note: unsharded storage]."""
+    storage = target.untyped_storage()
+    needed = (target.storage_offset() + target.numel()) * target.element_size()
+    if storage.nbytes() < needed:
+        storage.resize_(needed)
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(target):
+        target.copy_(values)
+
+
+class ShardedParam:
+    """A parameter of a unit: the shard this rank keeps and the gathered parameter compute uses.
+
+    Args:
+        slots: every place the parameter is registered (a shared parameter has several); the
+            first one names it, e.g. ``"0.weight"`` under the unit's module.
+        shape, dtype: the parameter's.
+        requires_grad: whether it is trained.
+        topology: the unit's groups and compute device.
+        storage_device: where the shard lives (the CPU with offload).
+        param_dtype: dtype of the gathered parameter (mixed precision), None for its own.
+    """
+
+    def __init__(
+        self,
+        slots: list[Slot],
+        shape: torch.Size,
+        dtype: torch.dtype,
+        *,
+        requires_grad: bool,
+        topology: Topology,
+        storage_device: torch.device,
+        param_dtype: torch.dtype | None,
+    ) -> None:
+        self.fqn = slots[0].fqn
+        self.slots = slots
+        self.shape = shape
+        self.dtype = dtype
+        self.requires_grad = requires_grad
+        self.topology = topology
+        self.storage_device = storage_device
+        self.param_dtype = param_dtype or dtype
+        self.whole = topology.shard_size == 1 or len(shape) == 0
+        self.aliased = (
+            self.whole and self.param_dtype == dtype and storage_device == topology.device
+        )
+        self.row_shape = tuple(shape[1:])
+        self.row_numel = math.prod(self.row_shape)
+        self.rows_per_rank = chunk_rows(shape[0] if len(shape) else 1, topology.shard_size)
+        self.row_offset = sum(self.rows_per_rank[: topology.shard_rank])
+        self.on_grad_ready: Callable[[ShardedParam], None] = lambda _: None
+        self.grad_fresh = False  # a gradient arrived since the last reduction (aliased only)
+        self.sharded: nn.Parameter = nn.Parameter(torch.empty(0, device="meta"), requires_grad)
+        self.unsharded: nn.Parameter | None = None
+        self.is_unsharded = False
+        self._gather: Pending = None
+        self._reduce: Pending = None
+        self._hooked: nn.Parameter | None = None
+
+    # ---- shards ---------------------------------------------------------------------------------
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """Shape of this rank's shard: ``[rows, *rest]``, or the parameter's own when whole."""
+        if self.whole:
+            return tuple(self.shape)
+        return (self.rows_per_rank[self.topology.shard_rank], *self.row_shape)
+
+    def local_rows(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a full-shape tensor (a view)."""
+        if self.whole:
+            return full
+        return full[self.row_offset : self.row_offset + self.local_shape[0]]
+
+    def set_shard(self, shard: torch.Tensor) -> None:
+        """Make ``shard`` (a tensor of `local_shape`) the parameter every slot holds."""
+        param = nn.Parameter(shard, self.requires_grad)
+        param._shardkit_fsdp_shard = True  # type: ignore[attr-defined]
+        self.sharded = param
+        for slot in self.slots:
+            set_param(slot.module, slot.attr, param)
+        if self.aliased:
+            self.unsharded = param
+            self.is_unsharded = True
+            self.ensure_grad_hook()
+
+    def make_whole_shard(self, full: torch.Tensor) -> torch.Tensor:
+        """The shard of a whole parameter: ``full`` itself (aliased) or a copy on the storage
+        device. Sharded parameters get theirs from the unit's flat bucket instead."""
+        assert self.whole
+        if full.is_meta or self.aliased:
+            return full.to(self.storage_device) if not full.is_meta else full
+        return full.to(self.storage_device, copy=True)
+
+    def full_value(self, source: torch.Tensor | None = None) -> torch.Tensor:
+        """All-gather the shard (or ``source``, laid out like it) into the full shape.
+
+        A collective for sharded parameters: every rank of the shard group must call it.
+        """
+        local = self.sharded.detach() if source is None else source.detach()
+        if self.whole:
+            return local
+        full = comm.all_gather_into_tensor(
+            local.to(self.topology.device),
+            output_split_sizes=self.rows_per_rank,
+            group=self.topology.shard_group,
+        )
+        assert isinstance(full, torch.Tensor)
+        return full.view(self.shape)
+
+    def ensure_grad_hook(self) -> None:
+        """Have autograd report when the gathered parameter's gradient is accumulated (once per
+        parameter, and only once it requires grad: frozen parameters get none)."""
+        param = self.unsharded
+        if param is not None and param.requires_grad and self._hooked is not param:
+            param.register_post_accumulate_grad_hook(self._grad_ready)
+            self._hooked = param
+
+    def _grad_ready(self, _param: torch.Tensor) -> None:
+        self.grad_fresh = True
+        self.on_grad_ready(self)
+
+    def has_new_grad(self) -> bool:
+        """Whether a gradient arrived that has not been reduced yet."""
+        if self.aliased:
+            return self.grad_fresh and self.sharded.grad is not None
+        return self.unsharded is not None and self.unsharded.grad is not None
+
+    def sync_requires_grad(self) -> None:
+        """Follow ``requires_grad_`` calls made on the shard since the last gather."""
+        self.requires_grad = self.sharded.requires_grad
+        if self.unsharded is not None and self.unsharded.requires_grad != self.requires_grad:
+            self.unsharded.requires_grad_(self.requires_grad)
+        self.ensure_grad_hook()
+
+    # ---- whole parameters: a cast/copy instead of a gather, an all-reduce instead of a
+    # ---- reduce-scatter (sharded parameters are handled by their unit's FlatBucket)
+
+    def start_unshard_whole(self) -> None:
+        if self.is_unsharded or self._gather is not None:
+            return
+        local = self.sharded.detach().to(self.topology.device, non_blocking=True)
+        self._gather = local.to(self.param_dtype)
+
+    def finish_unshard_whole(self) -> None:
+        if self.is_unsharded:
+            return
+        self.start_unshard_whole()
+        full, self._gather = self._gather, None
+        assert isinstance(full, torch.Tensor)
+        if self.unsharded is None:
+            self.unsharded = nn.Parameter(full, self.requires_grad)
+        else:
+            copy_into_storage(self.unsharded, full)
+        self.sync_requires_grad()
+        self.is_unsharded = True
+
+    def free_whole(self) -> None:
+        self._gather = None
+        if self.aliased or not self.is_unsharded:
+            return
+        assert self.unsharded is not None
+        self.unsharded.untyped_storage().resize_(0)
+        self.is_unsharded = False
+
+    def start_reduce_whole(self, reduce_dtype: torch.dtype | None) -> None:
+        """Launch the average of the gradient over all ranks (asynchronous)."""
+        if self.aliased:
+            grad = self.sharded.grad
+            self.grad_fresh = False
+        else:
+            assert self.unsharded is not None
+            grad, self.unsharded.grad = self.unsharded.grad, None
+        if grad is None:
+            return
+        buffer = grad if reduce_dtype in (None, grad.dtype) else grad.to(reduce_dtype)
+        group = self.topology.world_group
+        if dist.get_world_size(group) == 1:
+            self._reduce = buffer
+            return
+        self._reduce = comm.all_reduce(buffer, op=AVG, group=group, async_op=True, inplace=True)
+
+    def finish_reduce_whole(self) -> None:
+        pending, self._reduce = self._reduce, None
+        if pending is None:
+            return
+        reduced = pending if isinstance(pending, torch.Tensor) else pending.wait()
+        if self.aliased:
+            grad = self.sharded.grad
+            assert grad is not None
+            if reduced is not grad:
+                grad.copy_(reduced)
+            return
+        self.add_grad(reduced)
+
+    def add_grad(self, reduced: torch.Tensor) -> None:
+        """Add a reduced gradient (laid out like the shard) to the shard's ``.grad``."""
+        reduced = reduced.to(device=self.sharded.device, dtype=self.sharded.dtype)
+        reduced = reduced.view(self.sharded.shape)
+        if self.sharded.grad is None:
+            self.sharded.grad = reduced
+        else:
+            self.sharded.grad += reduced

@@ -1,0 +1,152 @@
+"""The parameters of one unit, gathered, swapped into their modules, freed and reduced together.
+
+[Note: which tensor a module sees]
+Outside forward and backward, every module attribute of a managed parameter holds the shard
+(``ShardedParam.sharded``), so ``model.parameters()`` gives the optimizer the shards. From a
+unit's gather until it reshards, the attributes hold the gathered parameters instead. Sharded
+parameters go through the unit's flat buckets (one per dtype, see [Note: flat buckets]); whole
+ones (see [Note: shard layout]) are handled one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardkit.fsdp._api import MixedPrecision
+from shardkit.fsdp._flat import FlatBucket
+from shardkit.fsdp._memory import BufferPool
+from shardkit.fsdp._param import ShardedParam, set_param
+from shardkit.fsdp._topology import Topology
+
+__all__ = ["BufferInfo", "ParamGroup"]
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """A buffer of a unit's own modules, and its dtype before mixed precision cast it."""
+
+    fqn: str
+    module: torch.nn.Module
+    name: str
+    dtype: torch.dtype
+
+
+class ParamGroup:
+    """All parameters one unit manages. See [Note: which tensor a module sees].
+
+    Args:
+        params: the unit's parameters, in registration order (shards not yet set).
+        buffers: the buffers of the unit's own modules (not sharded; kept on the compute device).
+        mp: mixed precision policy (dtype of the gradient reduction).
+        topology: the unit's groups; storage_device: where shards live.
+        meta: the parameters are on the meta device.
+    """
+
+    def __init__(
+        self,
+        params: list[ShardedParam],
+        buffers: list[BufferInfo],
+        mp: MixedPrecision,
+        *,
+        topology: Topology,
+        storage_device: torch.device,
+        meta: bool,
+    ) -> None:
+        self.params = params
+        self.buffers = buffers
+        self.on_cpu = topology.device.type == "cpu"
+        self.reduce_dtype = mp.effective_reduce_dtype
+        self.whole = [p for p in params if p.whole]
+        by_dtype: dict[torch.dtype, list[ShardedParam]] = {}
+        for param in params:
+            if not param.whole:
+                by_dtype.setdefault(param.dtype, []).append(param)
+        self.buckets = [
+            FlatBucket(group, topology, storage_device, meta=meta) for group in by_dtype.values()
+        ]
+        self._place = {
+            id(p): (bucket, i) for bucket in self.buckets for i, p in enumerate(bucket.params)
+        }
+
+    def load(self, param: ShardedParam, full: torch.Tensor) -> None:
+        """Set ``param``'s shard from its full value (meta allowed): this rank's rows go into its
+        bucket's flat shard; a whole parameter keeps ``full`` (or a copy)."""
+        if param.whole:
+            param.set_shard(param.make_whole_shard(full))
+            return
+        bucket, index = self._place[id(param)]
+        bucket.load(index, full)
+
+    @property
+    def is_unsharded(self) -> bool:
+        """Whether any gathered (non-aliased) parameter holds memory or is being gathered."""
+        if any(bucket.is_unsharded for bucket in self.buckets):
+            return True
+        return any(not p.aliased and (p.is_unsharded or p._gather is not None) for p in self.whole)
+
+    @property
+    def num_grad_params(self) -> int:
+        return sum(1 for p in self.params if p.sharded.requires_grad)
+
+    def start_unshard(self) -> None:
+        """Launch the all-gathers (asynchronous)."""
+        for bucket in self.buckets:
+            bucket.start_unshard()
+        for param in self.whole:
+            if not param.aliased:
+                param.start_unshard_whole()
+
+    def unshard(self) -> None:
+        """Finish the gathers and point the modules at the gathered parameters."""
+        self.start_unshard()
+        for bucket in self.buckets:
+            bucket.finish_unshard()
+        for param in self.whole:
+            if param.aliased:
+                param.sync_requires_grad()
+            else:
+                param.finish_unshard_whole()
+        for param in self.params:
+            if not param.aliased:
+                assert param.unsharded is not None
+                for slot in param.slots:
+                    set_param(slot.module, slot.attr, param.unsharded)
+
+    def reshard(self) -> None:
+        """Point the modules back at the shards and free the gathered parameters."""
+        for param in self.params:
+            if not param.aliased:
+                for slot in param.slots:
+                    set_param(slot.module, slot.attr, param.sharded)
+        for bucket in self.buckets:
+            bucket.free()
+        for param in self.whole:
+            param.free_whole()
+
+    def has_grads(self) -> bool:
+        """Whether any parameter has a gradient that was not reduced yet."""
+        if any(bucket.has_new_grads() for bucket in self.buckets):
+            return True
+        return any(p.has_new_grad() for p in self.whole)
+
+    def new_grad_bytes(self) -> int:
+        """Bytes of the gathered parameters' gradients that reducing will free."""
+        return sum(
+            p.unsharded.grad.numel() * p.unsharded.grad.element_size()
+            for p in self.params
+            if not p.aliased and p.unsharded is not None and p.unsharded.grad is not None
+        )
+
+    def start_reduce(self, pool: BufferPool) -> None:
+        for bucket in self.buckets:
+            bucket.start_reduce(self.reduce_dtype, pool)
+        for param in self.whole:
+            param.start_reduce_whole(self.reduce_dtype)
+
+    def finish_reduce(self, pool: BufferPool) -> None:
+        for bucket in self.buckets:
+            bucket.finish_reduce(pool)
+        for param in self.whole:
+            param.finish_reduce_whole()

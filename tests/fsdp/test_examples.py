@@ -1,0 +1,78 @@
+"""The examples run: seed 004's own program with torch.distributed.fsdp rewritten to shardkit.fsdp,
+and examples/fsdp_mnist.py, on a small slice of the vendored Fashion-MNIST
+(``SHARDKIT_FMNIST_LIMIT``), 2 ranks, CPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run(script: str, *args: str, cwd: Path, limit: int) -> str:
+    with socket.socket() as s:  # the seed's own launcher needs a free port
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SHARDKIT_FMNIST_LIMIT": str(limit), "MASTER_PORT": str(port)}
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_seed_program_runs_on_shardkit(tmp_path):
+    out = _run("seed_004_fsdp_mnist.py", "--epochs", "1", "--save-model", cwd=tmp_path, limit=256)
+    assert re.search(r"Train Epoch: 1 \tLoss: \d+\.\d+", out), out
+    assert re.search(r"Test set: Average loss: \d+\.\d+, Accuracy: \d+/256", out), out
+    assert "FullyShardedDataParallel(\n  (_fsdp_wrapped_module): Net(" in out
+    states = torch.load(tmp_path / "mnist_cnn.pt")
+    assert {k: tuple(v.shape) for k, v in states.items()} == {
+        "conv1.weight": (32, 1, 3, 3),
+        "conv1.bias": (32,),
+        "conv2.weight": (64, 32, 3, 3),
+        "conv2.bias": (64,),
+        "fc1.weight": (128, 9216),
+        "fc1.bias": (128,),
+        "fc2.weight": (10, 128),
+        "fc2.bias": (10,),
+    }
+
+
+def _epochs(out: str) -> list[tuple[float, float]]:
+    found = re.findall(
+        r"epoch \d+: train loss ([\d.]+), test loss [\d.]+, accuracy \d+/\d+ \(([\d.]+)%\)", out
+    )
+    return [(float(loss), float(accuracy)) for loss, accuracy in found]
+
+
+def test_fsdp_mnist_learns_and_matches_ddp(tmp_path):
+    args = ("--epochs", "2", "--save-model", str(tmp_path / "cnn.pt"))
+    fsdp = _run("fsdp_mnist.py", "--mode", "fsdp-offload", *args, cwd=tmp_path, limit=512)
+    epochs = _epochs(fsdp)
+    assert len(epochs) == 2 and epochs[1][1] > epochs[0][1], fsdp  # accuracy rises
+    assert epochs[1][0] < epochs[0][0]
+    assert "(fc1): FullyShardedDataParallel(" in fsdp  # auto-wrap made fc1 a unit
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: [\d.]+ ms/step, peak RSS \d+ MB, model state", fsdp)
+    assert set(torch.load(tmp_path / "cnn.pt")) >= {"fc1.weight", "conv1.weight"}
+    ddp = _run("fsdp_mnist.py", "--mode", "ddp", "--epochs", "2", cwd=tmp_path, limit=512)
+    # same seeds, same data order, averaged gradients: the same numbers to print precision
+    assert _epochs(ddp) == epochs, (ddp, fsdp)
+    state = [
+        float(x)
+        for x in re.findall(r"model state \(params \+ grads \+ optimizer\) ([\d.]+) MB", fsdp + ddp)
+    ]
+    assert state[0] < 0.55 * state[-1]  # FSDP keeps about half of DDP's model state per rank

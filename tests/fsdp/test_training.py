@@ -1,0 +1,188 @@
+"""Training with every strategy equals training the unsharded model on the global batch.
+
+Each rank builds the same model from a seed, wraps it, trains ``STEPS`` steps on its chunk of each
+global batch (mean loss, so the average of the ranks' gradients is the global gradient) and returns
+the full state dict; the parent trains the unsharded model on the global batches in one process
+and compares parameters and buffers (float32, atol 1e-5, rtol 1e-4; see `models.TOL`). Sizes do
+not divide by the world size, the root unit mixes frozen, 0-dim and trainable parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+
+import pytest
+import torch
+
+from shardkit.fsdp import (
+    CPUOffload,
+    FullStateDictConfig,
+    FullyShardedDataParallel,
+    MixedPrecision,
+    ShardingStrategy,
+    StateDictType,
+    fully_shard,
+    state_dict_type,
+)
+from shardkit.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from tests.fsdp.models import (
+    OPTIMIZERS,
+    Block,
+    assert_state_equal,
+    batches,
+    loss_fn,
+    make_model,
+    reference,
+    train,
+)
+
+WRAPS = {
+    "none": None,
+    "size": functools.partial(size_based_auto_wrap_policy, min_num_params=100),
+    "blocks": ModuleWrapPolicy({Block}),
+}
+
+
+def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    with state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+        return {key: value.clone() for key, value in model.state_dict().items()}
+
+
+def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
+    model = FullyShardedDataParallel(
+        make_model(),
+        sharding_strategy=ShardingStrategy[strategy],
+        auto_wrap_policy=WRAPS[wrap],
+        cpu_offload=CPUOffload(offload_params=offload),
+        mixed_precision=mp,
+    )
+    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
+    return _full_state(model)
+
+
+def _train_fully_shard(rank, ws, strategy, optimizer, offload=False):
+    model = make_model()
+    kwargs = {
+        "strategy": ShardingStrategy[strategy],
+        "offload_policy": CPUOffload(offload_params=offload),
+    }
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
+    return _full_state(model)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adadelta"])
+@pytest.mark.parametrize("wrap", ["none", "size"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_wrapper_matches_single_process(run_ranks, ws, strategy, wrap, optimizer):
+    results = run_ranks(_train_wrapper, ws, strategy, wrap, optimizer)
+    want = reference(ws, optimizer)
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("wrap", ["none", "blocks"])
+@pytest.mark.parametrize(("ws", "per_host"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
+def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap):
+    results = run_ranks(_train_wrapper, ws, "HYBRID_SHARD", wrap, "adam", local_world_size=per_host)
+    want = reference(ws, "adam")
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adadelta"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer):
+    results = run_ranks(_train_fully_shard, ws, strategy, optimizer)
+    want = reference(ws, optimizer)
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_cpu_offload_matches_single_process(run_ranks, ws, strategy):
+    results = run_ranks(_train_wrapper, ws, strategy, "blocks", "adam", True)
+    results += run_ranks(_train_fully_shard, ws, strategy, "adadelta", True)
+    for got, optimizer in zip(results, ["adam"] * ws + ["adadelta"] * ws):
+        assert_state_equal(got, reference(ws, optimizer))
+
+
+# ---- mixed precision ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ranks run one thread each: same kernels, same rounding
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _mixed_reference(ws: int, mp: MixedPrecision) -> dict[str, torch.Tensor]:
+    """What FSDP computes, in one process: each rank's forward and backward with parameters cast
+    to ``param_dtype``, gradients cast to the reduce dtype, summed in rank order and scaled by
+    ``1 / ws`` (an AVG reduction), then an fp32 SGD step on the fp32 parameters."""
+    model = make_model()
+    optimizer = OPTIMIZERS["sgd"](model.parameters())
+    reduce_dtype = mp.reduce_dtype or mp.param_dtype
+    with _one_thread():
+        for batch in batches(ws):
+            total = None
+            for rank in range(ws):
+                low = copy.deepcopy(model)
+                for param in low.parameters():
+                    param.data = param.data.to(mp.param_dtype)
+                x, y = (t.chunk(ws)[rank] for t in batch)
+                loss_fn(low, x.to(mp.param_dtype), y).backward()
+                grads = [
+                    p.grad.to(reduce_dtype) if p.grad is not None else None
+                    for p in low.parameters()
+                ]
+                total = (
+                    grads
+                    if total is None
+                    else [a + b if a is not None else None for a, b in zip(total, grads)]
+                )
+            for param, grad in zip(model.parameters(), total):
+                param.grad = None if grad is None else (grad * (1.0 / ws)).float()
+            optimizer.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, None])
+@pytest.mark.parametrize("ws", [2, 3])
+def test_mixed_precision_bfloat16_matches_emulation(run_ranks, ws, reduce_dtype):
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    results = run_ranks(_train_wrapper, ws, "FULL_SHARD", "blocks", "sgd", False, mp)
+    want = _mixed_reference(ws, mp)
+    for got in results:
+        assert_state_equal(got, want, atol=2e-3, rtol=1e-2)
+        # and not simply the float32 result: the low precision really was used
+        fp32 = reference(ws, "sgd")
+        assert any(not torch.equal(got[k], fp32[k]) for k in fp32 if k != "frozen")
+
+
+def _buffer_dtype(rank, ws):
+    mp = MixedPrecision(buffer_dtype=torch.bfloat16)
+    model = FullyShardedDataParallel(make_model(), mixed_precision=mp)
+    during = model.module.offset.dtype
+    model(batches(ws)[0][0][:2]).sum().backward()
+    states = model.state_dict()
+    return during, states["offset"]
+
+
+def test_buffer_dtype_is_used_in_forward_and_saved_in_the_original_dtype(run_ranks):
+    want = make_model().offset.to(torch.bfloat16).float()
+    for during, saved in run_ranks(_buffer_dtype, 2):
+        assert during == torch.bfloat16
+        assert saved.dtype == torch.float32
+        torch.testing.assert_close(saved, want)
