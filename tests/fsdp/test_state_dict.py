@@ -4,12 +4,10 @@ each round trip the model (and its optimizer) must go on exactly as the unsharde
 
 from __future__ import annotations
 
-import ctypes
-import pickle
-
 import pytest
 import torch
 
+from shardkit.comm._compat import object_collectives_without_numpy
 from shardkit.fsdp import (
     FullStateDictConfig,
     FullyShardedDataParallel,
@@ -36,22 +34,6 @@ from tests.fsdp.test_training import _full_state
 FSDP = FullyShardedDataParallel
 FULL = StateDictType.FULL_STATE_DICT
 SHARDED = StateDictType.SHARDED_STATE_DICT
-
-
-def _dcp_without_numpy() -> None:
-    """torch.distributed's object collectives (used by DCP to exchange plans) call
-    ``tensor.numpy()`` to unpickle; NumPy is not a dependency here, so replace that one function
-    by a NumPy-free equivalent when NumPy is missing."""
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        import torch.distributed.distributed_c10d as c10d
-
-        def tensor_to_object(tensor, tensor_size, group):
-            data = tensor.cpu().contiguous()
-            return pickle.loads(ctypes.string_at(data.data_ptr(), int(tensor_size)))
-
-        c10d._tensor_to_object = tensor_to_object
 
 
 def _wrapped(strategy="FULL_SHARD", seed=0):
@@ -142,12 +124,12 @@ def test_hybrid_sharded_state_dict_replicates_across_hosts(run_ranks):
 def _dcp_save(rank, ws, path, face):
     import torch.distributed.checkpoint as dcp
 
-    _dcp_without_numpy()
     model, optimizer = _model_and_optimizer(face)
     train(model, optimizer, batches(ws), rank, ws)
     with state_dict_type(model, SHARDED):
         states = {"model": model.state_dict(), "optim": optim_state_dict(model, optimizer)}
-    dcp.save(states, checkpoint_id=path)
+    with object_collectives_without_numpy():
+        dcp.save(states, checkpoint_id=path)
     return _full_state(model)
 
 
@@ -165,14 +147,14 @@ def _model_and_optimizer(face, strategy="FULL_SHARD", seed=0):
 def _dcp_load_and_train(rank, ws, path, face, strategy):
     import torch.distributed.checkpoint as dcp
 
-    _dcp_without_numpy()
     model, optimizer = _model_and_optimizer(face, strategy, seed=7)
     train(
         model, optimizer, batches(ws, steps=1), rank, ws
     )  # optimizer state exists, then is replaced
     with state_dict_type(model, SHARDED):
         states = {"model": model.state_dict(), "optim": optim_state_dict(model, optimizer)}
-        dcp.load(states, checkpoint_id=path)
+        with object_collectives_without_numpy():
+            dcp.load(states, checkpoint_id=path)
         model.load_state_dict(states["model"])
         optimizer.load_state_dict(optim_state_dict_to_load(model, optimizer, states["optim"]))
     loaded = _full_state(model)
