@@ -20,6 +20,7 @@ the touched rows (2 x U x D x 4) + their optimizer state (N ids, U unique rows, 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -123,19 +124,59 @@ def torchrec_step(args, optimizer: str) -> Callable | None:
         )
         (ebc(theirs).values() * weights).sum().backward()
 
-    step.convert = True  # type: ignore[attr-defined]
     return step
 
 
-def measure(step, batches, weights, args) -> list[float]:
-    for i in range(args.warmup):
-        step(batches[i % len(batches)], weights)
-    times = []
-    for i in range(args.iters):
-        start = time.perf_counter()
-        step(batches[i % len(batches)], weights)
-        times.append(time.perf_counter() - start)
+def measure(steps: dict[str, Callable], batches, weights, args) -> dict[str, list[float]]:
+    """Step times of every contender, taken in interleaved rounds so that a slow spell of a
+    shared machine hits all contenders alike rather than whichever ran during it."""
+    for step in steps.values():
+        for i in range(args.warmup):
+            step(batches[i % len(batches)], weights)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    per_round = -(-args.iters // args.rounds)
+    for first in range(0, args.iters, per_round):
+        for name, step in steps.items():
+            for i in range(first, min(first + per_round, args.iters)):
+                start = time.perf_counter()
+                step(batches[i % len(batches)], weights)
+                times[name].append(time.perf_counter() - start)
     return times
+
+
+def run_optimizer(optimizer: str, batches, weights, num_ids: float, unique: float, args) -> list:
+    """Build every contender for ``optimizer``, time them, and return one result row each."""
+    candidates = {
+        "shardkit (fused, batched)": shardkit_step(args, optimizer),
+        "naive dense (nn.EmbeddingBag x T + torch.optim)": naive_step(args, optimizer, False),
+        "naive sparse (nn.EmbeddingBag(sparse) x T + torch.optim)": naive_step(
+            args, optimizer, True
+        ),
+        "torchrec FusedEmbeddingBagCollection (FBGEMM)": torchrec_step(args, optimizer),
+    }
+    steps = {name: step for name, step in candidates.items() if step is not None}
+    times = measure(steps, batches, weights, args)
+    rows = []
+    for name in candidates:
+        if name not in steps:
+            rows.append({"optimizer": optimizer, "impl": name, "skipped": True})
+            continue
+        ms = statistics.median(times[name]) * 1e3
+        state_bytes = 4 * unique * (1 if optimizer == "rowwise_adagrad" else 0) * 2
+        moved = 4 * args.dim * (2 * num_ids + 2 * unique) + state_bytes
+        rows.append(
+            {
+                "optimizer": optimizer,
+                "impl": name,
+                "ms_per_step": ms,
+                "samples_per_s": args.batch / (ms / 1e3),
+                "lookups_per_s": num_ids / (ms / 1e3),
+                "effective_gb_per_s": moved / (ms / 1e3) / 1e9,
+                "times_ms": [t * 1e3 for t in times[name]],
+            }
+        )
+        print(f"{optimizer:16} {name:58} {ms:8.1f} ms/step", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -147,7 +188,10 @@ def main() -> None:
     parser.add_argument("--ids-per-bag", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=30, help="timed steps per contender")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleave contenders in this many rounds"
+    )
     parser.add_argument("--distinct-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -175,34 +219,8 @@ def main() -> None:
     )
     rows = []
     for optimizer in args.optimizers:
-        candidates = {
-            "shardkit (fused, batched)": shardkit_step(args, optimizer),
-            "naive dense (nn.EmbeddingBag x T + torch.optim)": naive_step(args, optimizer, False),
-            "naive sparse (nn.EmbeddingBag(sparse) x T + torch.optim)": naive_step(
-                args, optimizer, True
-            ),
-            "torchrec FusedEmbeddingBagCollection (FBGEMM)": torchrec_step(args, optimizer),
-        }
-        for name, step in candidates.items():
-            if step is None:
-                rows.append({"optimizer": optimizer, "impl": name, "skipped": True})
-                continue
-            times = measure(step, batches, weights, args)
-            ms = statistics.median(times) * 1e3
-            state_bytes = 4 * unique * (1 if optimizer == "rowwise_adagrad" else 0) * 2
-            moved = 4 * args.dim * (2 * num_ids + 2 * unique) + state_bytes
-            rows.append(
-                {
-                    "optimizer": optimizer,
-                    "impl": name,
-                    "ms_per_step": ms,
-                    "samples_per_s": args.batch / (ms / 1e3),
-                    "lookups_per_s": num_ids / (ms / 1e3),
-                    "effective_gb_per_s": moved / (ms / 1e3) / 1e9,
-                    "times_ms": [t * 1e3 for t in times],
-                }
-            )
-            print(f"{optimizer:16} {name:58} {ms:8.1f} ms/step", flush=True)
+        rows += run_optimizer(optimizer, batches, weights, num_ids, unique, args)
+        gc.collect()  # free this optimizer's contenders before building the next ones
     report = render(rows, args, num_ids, unique)
     print(report)
     if args.out:
@@ -237,7 +255,8 @@ def render(rows: list[dict], args: argparse.Namespace, num_ids: float, unique: f
         "",
         f"Config: {args.tables} tables x {args.rows:,} rows x dim {args.dim}, batch {args.batch}, "
         f"~{args.ids_per_bag} ids per bag ({num_ids:,.0f} ids, {unique:,.0f} unique rows per step), "
-        f"{args.threads} threads, median of {args.iters} steps after {args.warmup} warm-up.",
+        f"{args.threads} threads, median of {args.iters} steps after {args.warmup} warm-up, contenders interleaved in "
+        f"{args.rounds} rounds.",
         f"Machine: {json.dumps(machine())}",
         "",
         "| optimizer | implementation | ms/step | samples/s | lookups/s | effective GB/s |",
