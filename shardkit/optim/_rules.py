@@ -64,11 +64,11 @@ def _adagrad(state: State, rows: torch.Tensor, grads: torch.Tensor, hyper: Any, 
 
 
 def _rowwise_adagrad(state: State, rows: torch.Tensor, grads: torch.Tensor, hyper: Any, step: int):
-    mean_square = torch.linalg.vector_norm(grads, dim=1).square_().div_(grads.shape[1])
-    acc = state["momentum1"].index_select(0, rows).add_(mean_square)
+    # Few ops per chunk: at a few MiB per chunk, dispatch costs as much as arithmetic.
+    norm = torch.linalg.vector_norm(grads, dim=1)
+    acc = state["momentum1"].index_select(0, rows).addcmul_(norm, norm, value=1 / grads.shape[1])
     state["momentum1"].index_copy_(0, rows, acc)
-    scale = acc.sqrt_().add_(hyper["eps"]).reciprocal_().mul_(-hyper["lr"])
-    return grads.mul_(scale.unsqueeze(1))
+    return grads.mul_((-hyper["lr"] / acc.sqrt_().add_(hyper["eps"])).unsqueeze(1))
 
 
 def _adam(state: State, rows: torch.Tensor, grads: torch.Tensor, hyper: Any, step: int):
