@@ -19,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from shardkit import comm
 from shardkit.checkpoint._state import (
@@ -26,6 +27,8 @@ from shardkit.checkpoint._state import (
     apply_fused,
     dense_optimizer_state,
     fused_states,
+    has_fsdp,
+    sharded_view,
 )
 from shardkit.checkpoint._store import (
     CheckpointError,
@@ -73,7 +76,8 @@ def save(
     """
     rank = dist.get_rank(group)
     temporary, final = _broadcast_paths(root, step, rank, group)
-    state = _state(model, optimizer, extra or {}, rank)
+    with sharded_view(model):
+        state = _state(model, optimizer, extra or {}, rank)
     with object_collectives_without_numpy(), quiet_sharded_tensor():
         dcp.save(state, checkpoint_id=str(temporary), process_group=group)
     mine = sorted(n for n in os.listdir(temporary) if n.startswith(f"__{rank}_"))
@@ -111,7 +115,8 @@ def load(
     if not with_optimizers:  # e.g. made by import_checkpoint from a plain state dict
         logger.info("%s holds no optimizer state: optimizers start fresh", directory)
         optimizer = None
-    state = _state(model, optimizer, extra or {}, rank)
+    with sharded_view(model):
+        state = _state(model, optimizer, extra or {}, rank)
     if not with_optimizers:
         del state["optim"]
     with quiet_sharded_tensor():
@@ -119,7 +124,8 @@ def load(
     for name in [k for k, v in state.items() if isinstance(v, dict) and not _flatten(v)]:
         del state[name]  # torch.distributed.checkpoint reads an empty dict as a missing value
     if optimizer is not None:
-        state["optim"]["dense"] = {"state": _dense_template(metadata)}
+        template = _dense_template(metadata, state.get("model", {}))
+        state.setdefault("optim", {})["dense"] = {"state": template}
     if f"rng.rank{rank}" not in metadata:
         del state["rng"]
     if "extra" in metadata:
@@ -128,8 +134,11 @@ def load(
         del state["extra"]
     with object_collectives_without_numpy(), quiet_sharded_tensor():
         dcp.load(state, checkpoint_id=str(directory), process_group=group)
+    if has_fsdp(model):  # its DTensors are built for the state dict, not views of the shards
+        with sharded_view(model):
+            model.load_state_dict(state["model"])
     if with_optimizers:
-        apply_fused(model, state["optim"]["fused"])
+        apply_fused(model, state["optim"].get("fused", {}))
     extra = _unpack(state["extra"]) if "extra" in state else {}
     meta = extra.pop(_DENSE_META, None)
     if optimizer is not None:
@@ -138,9 +147,10 @@ def load(
         dense = state["optim"]["dense"]["state"]
         for name, entries in meta["state"].items():
             dense.setdefault(name, {}).update(entries)
-        apply_dense_optimizer(
-            model, optimizer, {"state": dense, "param_groups": meta["param_groups"]}
-        )
+        with sharded_view(model):
+            apply_dense_optimizer(
+                model, optimizer, {"state": dense, "param_groups": meta["param_groups"]}
+            )
     if "rng" in state:
         torch.set_rng_state(state["rng"][f"rank{rank}"])
     logger.info("loaded checkpoint %s", directory)
@@ -250,12 +260,18 @@ def _check_fits(state: dict[str, Any], metadata: dict[str, Any], group: Group) -
         )
 
 
-def _dense_template(metadata: dict[str, Any]) -> dict[str, Any]:
-    """Empty tensors shaped like the checkpoint's dense optimizer state, for DCP to fill."""
+def _dense_template(metadata: dict[str, Any], model_state: dict[str, Any]) -> dict[str, Any]:
+    """Empty tensors shaped like the checkpoint's dense optimizer state, for DCP to fill: full
+    tensors, or for a parameter the model holds as a DTensor shard (FSDP), a shard like it."""
     state: dict[str, Any] = {}
     for key, value in metadata.items():
         if key.startswith("optim.dense.state.") and isinstance(value, TensorStorageMetadata):
-            *name, entry = key[len("optim.dense.state.") :].split(".")
-            tensor = torch.empty(value.size, dtype=value.properties.dtype)
-            state.setdefault(".".join(name), {})[entry] = tensor
+            *path, entry = key[len("optim.dense.state.") :].split(".")
+            name, dtype = ".".join(path), value.properties.dtype
+            like = model_state.get(name)
+            if isinstance(like, DTensor) and list(like.size()) == list(value.size):
+                tensor = torch.empty_like(like, dtype=dtype)
+            else:
+                tensor = torch.empty(value.size, dtype=dtype)
+            state.setdefault(name, {})[entry] = tensor
     return state

@@ -8,15 +8,47 @@ library saves each shard once, from the rank that holds it, and reads into any o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from shardkit.fsdp import (
+    FSDPModule,
+    StateDictType,
+    optim_state_dict,
+    optim_state_dict_to_load,
+    state_dict_type,
+)
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._state import fused_state, load_fused_state
 
-__all__ = ["apply_dense_optimizer", "apply_fused", "dense_optimizer_state", "fused_states"]
+__all__ = [
+    "apply_dense_optimizer",
+    "apply_fused",
+    "dense_optimizer_state",
+    "fused_states",
+    "has_fsdp",
+    "sharded_view",
+]
+
+
+def has_fsdp(model: nn.Module) -> bool:
+    """Whether parts of ``model`` are fully sharded (FSDP wrapper or ``fully_shard``)."""
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+@contextlib.contextmanager
+def sharded_view(model: nn.Module) -> Iterator[None]:
+    """Within the block FSDP parts give and take DTensor shards with global shapes, which the
+    checkpoint library writes once each and reads into any world size; other models as they are."""
+    if not has_fsdp(model):
+        yield
+        return
+    with state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        yield
 
 
 def _collections(model: nn.Module) -> dict[str, ShardedCollection]:
@@ -43,7 +75,10 @@ def apply_fused(model: nn.Module, states: dict[str, dict[str, Any]]) -> None:
 
 
 def dense_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state keyed by parameter name (torch keys it by position)."""
+    """The optimizer's state keyed by parameter name (torch keys it by position). Call it in
+    `sharded_view`: FSDP parameters' state is then in DTensor shards."""
+    if has_fsdp(model):
+        return optim_state_dict(model, optimizer)
     names = {id(p): n for n, p in _unwrapped(model).named_parameters()}
     state: dict[str, Any] = {}
     groups = []
@@ -59,7 +94,10 @@ def dense_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
 def apply_dense_optimizer(
     model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
-    """Load `dense_optimizer_state`'s layout back into ``optimizer``."""
+    """Load `dense_optimizer_state`'s layout back into ``optimizer`` (in `sharded_view`)."""
+    if has_fsdp(model):
+        optimizer.load_state_dict(optim_state_dict_to_load(model, optimizer, saved))
+        return
     index: dict[str, int] = {}
     for group in optimizer.param_groups:
         for param in group["params"]:

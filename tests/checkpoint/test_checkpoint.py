@@ -200,3 +200,51 @@ def _load_imported(rank: int, world_size: int, root: str):
     return (
         dmp(local_part(global_batch(0, 2 * world_size, False), rank, world_size)).values().detach()
     )
+
+
+# ---- FSDP models ------------------------------------------------------------------------------
+
+
+def _fsdp(face: str, seed: int):
+    from tests.fsdp.test_state_dict import _model_and_optimizer
+
+    return _model_and_optimizer(face, seed=seed)
+
+
+def _fsdp_save(rank: int, world_size: int, root: str, face: str):
+    from tests.fsdp.models import batches, train
+    from tests.fsdp.test_training import _full_state
+
+    model, optimizer = _fsdp(face, seed=0)
+    train(model, optimizer, batches(world_size), rank, world_size)
+    ckpt.save(root, step=1, model=model, optimizer=optimizer, extra={"epoch": 1})
+    return _full_state(model)
+
+
+def _fsdp_resume(rank: int, world_size: int, root: str, face: str):
+    from tests.fsdp.models import batches, train
+    from tests.fsdp.test_training import _full_state
+
+    model, optimizer = _fsdp(face, seed=7)
+    extra = ckpt.load(root, model=model, optimizer=optimizer, extra={"epoch": 0})
+    loaded = _full_state(model)
+    train(model, optimizer, batches(world_size, steps=2, seed=5), rank, world_size)
+    return extra, loaded, _full_state(model)
+
+
+@pytest.mark.parametrize(("face", "load_ws"), [("wrapper", 3), ("fully_shard", 1)])
+def test_fsdp_checkpoint_resumes_on_another_world_size(run_ranks, tmp_path, face, load_ws):
+    """Parameters and Adam's moments of an FSDP model saved on 2 ranks come back on ``load_ws``
+    ranks: training on continues exactly as an unsharded model trained straight through."""
+    from tests.fsdp.models import OPTIMIZERS, assert_state_equal, batches, make_model, train
+
+    saved = run_ranks(_fsdp_save, 2, str(tmp_path), face)[0]
+    reference = make_model()
+    optimizer = OPTIMIZERS["adam"](reference.parameters())
+    train(reference, optimizer, batches(2))
+    assert_state_equal(saved, reference.state_dict())
+    train(reference, optimizer, batches(load_ws, steps=2, seed=5))
+    for extra, loaded, trained in run_ranks(_fsdp_resume, load_ws, str(tmp_path), face):
+        assert extra == {"epoch": 1}
+        assert_state_equal(loaded, saved)
+        assert_state_equal(trained, reference.state_dict())
