@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "sparse": set(),
     "optim": set(),
     "modules": {"sparse", "optim"},
-    "planner": {"sparse", "modules", "optim", "comm"},
+    "planner": {"launch", "sparse", "modules", "optim", "comm"},
     "sharding": {"launch", "comm", "sparse", "modules", "optim", "planner"},
     "distributed": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
     "fsdp": {"comm", "launch"},

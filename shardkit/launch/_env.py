@@ -17,11 +17,12 @@ from shardkit.launch._context import (
     DEFAULT_TIMEOUT_S,
     RankInfo,
     _set_current,
+    current,
     is_initialized,
     select_backend_and_device,
 )
 
-__all__ = ["init_from_env", "shutdown"]
+__all__ = ["init_from_env", "local_world_size", "shutdown"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,14 @@ def init_from_env(
         local_world_size,
     )
     return info
+
+
+def local_world_size(world_size: int) -> int:
+    """Ranks per host of a job of ``world_size`` ranks: what `spawn` or `init_from_env` set up;
+    for a process group made by hand, torchrun's ``LOCAL_WORLD_SIZE`` (default: one host)."""
+    if is_initialized():
+        return min(current().local_world_size, world_size)
+    return min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size)
 
 
 def shutdown() -> None:

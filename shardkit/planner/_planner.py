@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import time
 from collections.abc import Mapping, Sequence
@@ -13,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.launch import local_world_size
 from shardkit.modules import BaseEmbeddingConfig
 from shardkit.planner._constants import BATCH_SIZE
 from shardkit.planner._constraints import ParameterConstraints
@@ -40,7 +40,7 @@ class EmbeddingShardingPlanner:
 
     Args:
         topology: the ranks to plan for; if None, `collective_plan` uses its process group's
-            size (``LOCAL_WORLD_SIZE`` ranks per host, default all) and device.
+            size (`shardkit.launch.local_world_size` ranks per host) and device.
         batch_size: examples per rank per step (default 512).
         constraints: table name -> `ParameterConstraints`.
         storage_reservation: what each rank keeps back (default 15% of its memory, plus the
@@ -216,9 +216,8 @@ def _check_sharders(sharders: Sequence[ModuleSharder]) -> None:
 
 def _topology_of(pg: dist.ProcessGroup) -> Topology:
     size = dist.get_world_size(pg)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
     device = "cuda" if dist.get_backend(pg) == "nccl" else "cpu"
-    return Topology(world_size=size, compute_device=device, local_world_size=min(local, size))
+    return Topology(world_size=size, compute_device=device, local_world_size=local_world_size(size))
 
 
 def _attempt(fn) -> tuple[str, Any]:

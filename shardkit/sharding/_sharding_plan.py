@@ -16,13 +16,13 @@ every shard layout tiles its table exactly.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardkit.launch import local_world_size
 from shardkit.planner import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -212,7 +212,7 @@ def construct_module_sharding_plan(
     """The plan of one module from a generator per table (every table needs one).
 
     ``world_size`` and ``local_size`` default to the initialized process group's (and
-    ``LOCAL_WORLD_SIZE``); ``device_type`` to ``"cuda"`` with NCCL or an available GPU, else
+    `shardkit.launch.local_world_size`); ``device_type`` to ``"cuda"`` with NCCL or an available GPU, else
     ``"cpu"``.
     """
     sharder = sharder or _default_sharder(module)
@@ -250,7 +250,7 @@ def _sizes(world_size: int | None, local_size: int | None) -> tuple[int, int]:
                 "initialized"
             )
         world_size = dist.get_world_size()
-        local_size = local_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        local_size = local_size or local_world_size(world_size)
     local_size = local_size or world_size
     if world_size < 1 or local_size < 1 or world_size % local_size:
         raise ValueError(
