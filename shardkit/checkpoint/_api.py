@@ -104,7 +104,8 @@ def load(
     """Load a checkpoint (a ``step-*`` directory, or a root with ``latest``) into ``model``
     and ``optimizer``, in whatever sharding and world size they have now.
 
-    Returns the saved ``extra`` values (``extra`` given here lists the keys expected).
+    Returns the saved ``extra`` values; keys of the ``extra`` given here that the checkpoint
+    lacks (one made by `import_checkpoint` has none) keep the values given.
     Raises `CheckpointError`, on every rank, for a missing, corrupted or mismatching checkpoint.
     """
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -139,7 +140,8 @@ def load(
             model.load_state_dict(state["model"])
     if with_optimizers:
         apply_fused(model, state["optim"].get("fused", {}))
-    extra = _unpack(state["extra"]) if "extra" in state else {}
+    defaults = dict(extra or {})
+    extra = {**defaults, **(_unpack(state["extra"]) if "extra" in state else {})}
     meta = extra.pop(_DENSE_META, None)
     if optimizer is not None:
         if meta is None:

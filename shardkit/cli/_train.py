@@ -8,8 +8,18 @@ from typing import Any
 
 from shardkit.planner import ShardingType
 from shardkit.train import DataSource, DenseOptimizer, ModelKind, TrainConfig, run
+from shardkit.train._config import CRITEO_FORMATS, ID_MAPPINGS
 
 _DEFAULTS = TrainConfig()
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_parsers(commands: Any) -> None:
@@ -37,7 +47,7 @@ def _train_parser(commands: Any) -> None:
         description="Train DLRM (or DCN-v2) with its embedding tables sharded over ranks, the "
         "train pipeline, fused row-wise Adagrad for tables and Adam for the rest; validate "
         "every epoch (AUC, log loss across ranks) and checkpoint. Defaults: UCI Adult, 2 ranks.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     d = _DEFAULTS
     p.add_argument("--data", choices=[s.value for s in DataSource], default=d.data.value,
@@ -48,13 +58,28 @@ def _train_parser(commands: Any) -> None:
         help="Criteo training file or folder (local; nothing is downloaded)",
     )
     p.add_argument(
-        "--data-val-path", type=Path, help="Criteo validation file or folder (default: --data-path)"
+        "--data-val-path",
+        type=Path,
+        help="Criteo validation file or folder (unset: --data-path itself)",
     )
     p.add_argument(
         "--num-embeddings",
         type=int,
         default=d.num_embeddings,
-        help="Criteo/synthetic: rows per table (ids are hashed into them)",
+        help="Criteo/synthetic: rows per table (Criteo ids are mapped into them by --id-mapping)",
+    )
+    p.add_argument(
+        "--criteo-format",
+        choices=CRITEO_FORMATS,
+        default=d.criteo_format,
+        help="Criteo line layout: tsv (Kaggle/Terabyte: label, 13 ints, 26 hex ids) or paddlerec "
+        "(the DLRM sample's layout)",
+    )
+    p.add_argument(
+        "--id-mapping",
+        choices=ID_MAPPINGS,
+        default=d.id_mapping,
+        help="Criteo: a categorical value's row is value modulo --num-embeddings, or its hash",
     )
     p.add_argument(
         "--synthetic-examples",
@@ -95,6 +120,7 @@ def _train_parser(commands: Any) -> None:
         "--dense-optimizer",
         choices=[o.value for o in DenseOptimizer],
         default=d.dense_optimizer.value,
+        help="optimizer of the dense MLPs (tables always use fused row-wise Adagrad)",
     )
     p.add_argument(
         "--nproc", type=int, default=d.nproc, help="ranks to start (ignored under torchrun)"
@@ -110,9 +136,7 @@ def _train_parser(commands: Any) -> None:
     p.add_argument(
         "--plan-only", action="store_true", help="print the sharding plan and its stats, then stop"
     )
-    p.add_argument(
-        "--checkpoint-dir", type=Path, help="where checkpoints go (default: runs/<data>)"
-    )
+    p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (unset: runs/<data>)")
     p.add_argument(
         "--resume",
         action="store_true",
@@ -121,9 +145,11 @@ def _train_parser(commands: Any) -> None:
     p.add_argument(
         "--metrics",
         type=Path,
-        help="JSON lines of metrics (default: <checkpoint-dir>/metrics.jsonl)",
+        help="JSON lines of metrics (unset: <checkpoint-dir>/metrics.jsonl)",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--seed", type=int, default=d.seed, help="initial weights, data order and sampling"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests)")
     p.set_defaults(run=_train)
@@ -137,6 +163,7 @@ def _train(args: argparse.Namespace) -> int:
         data_val_path=args.data_val_path,
         num_embeddings=args.num_embeddings,
         criteo_format=args.criteo_format,
+        id_mapping=args.id_mapping,
         synthetic_examples=args.synthetic_examples,
         model=ModelKind(args.model),
         embedding_dim=args.embedding_dim,

@@ -13,6 +13,7 @@ from shardkit.data import (
     CriteoFormat,
     CriteoReader,
     GlobalBatchIterator,
+    IdMapping,
     LastBatch,
     SyntheticConfig,
     SyntheticDataset,
@@ -62,7 +63,8 @@ def build_data(config: TrainConfig, rank: int, world_size: int) -> Data:
             synthetic.keys, synthetic.num_embeddings_per_feature, synthetic.num_dense, train, val
         )
     criteo = CriteoConfig(num_embeddings=config.num_embeddings,
-                          format=CriteoFormat(config.criteo_format))  # fmt: skip
+                          format=CriteoFormat(config.criteo_format),
+                          id_mapping=IdMapping(config.id_mapping))  # fmt: skip
     train = CriteoReader(
         config.data_path, config=criteo, batch_size=b, rank=rank, world_size=world_size
     )

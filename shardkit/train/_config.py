@@ -8,7 +8,17 @@ from pathlib import Path
 
 from shardkit.planner import ShardingType
 
-__all__ = ["DataSource", "DenseOptimizer", "ModelKind", "TrainConfig"]
+__all__ = [
+    "CRITEO_FORMATS",
+    "ID_MAPPINGS",
+    "DataSource",
+    "DenseOptimizer",
+    "ModelKind",
+    "TrainConfig",
+]
+
+CRITEO_FORMATS = ("tsv", "paddlerec")  # shardkit.data.CriteoFormat's values
+ID_MAPPINGS = ("modulo", "hash")  # shardkit.data.IdMapping's values
 
 
 class DataSource(enum.Enum):
@@ -39,6 +49,7 @@ class TrainConfig:
     data_val_path: Path | None = None
     num_embeddings: int = 100_000  # Criteo: ids are hashed/modulo'd into this many rows
     criteo_format: str = "tsv"  # "tsv" (Kaggle/Terabyte) or "paddlerec" (DLRM sample layout)
+    id_mapping: str = "modulo"  # Criteo: "modulo" or "hash" of the parsed value
     synthetic_examples: int = 262_144
     model: ModelKind = ModelKind.DLRM
     embedding_dim: int = 16
@@ -84,6 +95,11 @@ class TrainConfig:
             )
         if not self.over_arch or self.over_arch[-1] != 1:
             raise ValueError(f"over_arch {list(self.over_arch)} must end with 1 (one logit)")
+        for name, allowed in (("criteo_format", CRITEO_FORMATS), ("id_mapping", ID_MAPPINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
+                )
         if self.data == DataSource.CRITEO and self.data_path is None:
             raise ValueError("--data criteo needs --data-path (a TSV file or a folder of them)")
         if self.lr <= 0 or self.table_lr <= 0:

@@ -91,7 +91,8 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
     extra = checkpoint.load(
         found, model=dmp, optimizer=optimizer, extra={"epoch": 0, "step": 0, "data": {}}
     )
-    data.train.load_state_dict(extra["data"])
+    if extra["data"]:  # an imported checkpoint has no data position: start at the beginning
+        data.train.load_state_dict(extra["data"])
     say(f"resumed from {found}: epoch {extra['epoch']}, step {extra['step']}")
     return extra["epoch"], extra["step"]
 
