@@ -3,6 +3,7 @@
     python examples/fsdp_charlm.py                         # 2 ranks, gloo, 400 steps, ~3 min
     python examples/fsdp_charlm.py --steps 200 --resume    # goes on from the latest checkpoint
     python examples/fsdp_charlm.py --world-size 1 --resume # the same checkpoint on 1 rank
+    torchrun --nproc-per-node=2 examples/fsdp_charlm.py    # ranks started by torchrun
 
 The model is a small GPT (pre-norm blocks of causal self-attention and an MLP) over the ~80
 characters of the six novels vendored in ``data/austen/`` (the last tenth of each novel is the
@@ -33,7 +34,7 @@ from torch import nn
 
 from shardkit import checkpoint
 from shardkit.fsdp import ShardingStrategy, fully_shard
-from shardkit.launch import spawn
+from shardkit.launch import init_from_env, shutdown, spawn
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "austen"
 BOOKS = (
@@ -286,7 +287,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--world-size", type=int, default=2, help="ranks to spawn (gloo on CPU)")
+    add("--world-size", type=int, default=2, help="ranks to spawn (gloo; ignored under torchrun)")
     add("--steps", type=int, default=400, help="optimizer steps to take in this run")
     add(
         "--total-steps",
@@ -317,6 +318,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if dist.is_torchelastic_launched():  # torchrun started this process as one rank
+        info = init_from_env(backend="gloo")
+        try:
+            run(info.rank, info.world_size, args)
+        finally:
+            shutdown()
+        return
     spawn(run, world_size=args.world_size, args=(args,), timeout=600)
 
 

@@ -2,6 +2,7 @@
 
     python examples/fsdp_mnist.py --mode fsdp-autowrap           # 2 ranks, gloo, 10 epochs
     python examples/fsdp_mnist.py --mode ddp --epochs 3
+    torchrun --nproc-per-node=2 examples/fsdp_mnist.py --epochs 2  # ranks started by torchrun
     SHARDKIT_FMNIST_LIMIT=2000 python examples/fsdp_mnist.py --mode fsdp-offload --epochs 2
 
 Modes (seed 004's four runs): ``ddp`` (torch's DistributedDataParallel), ``fsdp`` (one unit),
@@ -30,10 +31,11 @@ from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from shardkit import comm
 from shardkit.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 from shardkit.fsdp.fully_sharded_data_parallel import CPUOffload
 from shardkit.fsdp.wrap import size_based_auto_wrap_policy
-from shardkit.launch import spawn
+from shardkit.launch import init_from_env, shutdown, spawn
 
 MODES = ("ddp", "fsdp", "fsdp-autowrap", "fsdp-offload")
 
@@ -166,7 +168,7 @@ def save(model: nn.Module, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=MODES, default="fsdp-autowrap")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn (not torchrun)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--test-batch-size", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=10)
@@ -175,9 +177,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--save-model", metavar="PATH", default=None, help="e.g. mnist_cnn.pt")
     args = parser.parse_args()
-    results = spawn(run, world_size=args.world_size, args=(args,), timeout=600)
+    if dist.is_torchelastic_launched():  # torchrun started this process as one rank
+        info = init_from_env(backend="gloo")
+        try:
+            results = comm.all_gather_object(run(info.rank, info.world_size, args))
+        finally:
+            shutdown()
+        if info.rank != 0:
+            return
+    else:
+        results = spawn(run, world_size=args.world_size, args=(args,), timeout=600)
     print(results[0]["model"])
-    print(f"\n{args.mode} on {args.world_size} ranks (CPU, gloo):")
+    print(f"\n{args.mode} on {len(results)} ranks (CPU, gloo):")
     for rank, result in enumerate(results):
         print(
             f"  rank {rank}: {result['ms_per_step']:.1f} ms/step, peak RSS {result['peak_rss_mb']:.0f} MB, "

@@ -56,3 +56,15 @@ def test_charlm_learns_and_resumes_bit_identically(tmp_path):
     one = _run("--world-size", "1", "--steps", "0", "--ckpt-dir", str(tmp_path / "a"), "--resume")
     assert "at step 24" in one
     assert math.isclose(_final(one)[0], loss, rel_tol=1e-5)
+
+
+def test_charlm_under_torchrun(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    result = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node=2", str(EXAMPLE), *TINY,
+         "--steps", "4", "--ckpt-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks" in result.stdout and "final validation loss" in result.stdout
+    assert (tmp_path / "step-00000004").is_dir()
