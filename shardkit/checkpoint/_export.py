@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
-from shardkit.checkpoint._store import file_digests, latest, verify, write_manifest
+from shardkit.checkpoint._store import (
+    commit,
+    file_digests,
+    latest,
+    prepare,
+    verify,
+    write_manifest,
+)
 
 __all__ = ["export_checkpoint", "import_checkpoint"]
 
@@ -44,14 +51,12 @@ def import_checkpoint(
     state = torch.load(state_file, weights_only=True)
     if "model" not in state:
         state = {"model": state}
-    root = Path(root)
-    directory = root / f"step-{step:08d}"
-    directory.mkdir(parents=True, exist_ok=True)
+    temporary, final = prepare(root, step)  # written aside, published whole by commit
     with tempfile.TemporaryDirectory() as scratch:
         wrapped = Path(scratch) / "model.pt"
         torch.save(state, wrapped)
-        torch_save_to_dcp(wrapped, directory)
-    names = sorted(n for n in os.listdir(directory) if n != "shardkit.json")
-    write_manifest(directory, file_digests(directory, names), {"step": step, "imported": True})
-    (root / "latest").write_text(directory.name + "\n")
-    return directory
+        torch_save_to_dcp(wrapped, temporary)
+    names = sorted(n for n in os.listdir(temporary) if n != "shardkit.json")
+    write_manifest(temporary, file_digests(temporary, names), {"step": step, "imported": True})
+    existing = len(list(Path(root).glob("step-*")))
+    return commit(temporary, final, keep=existing + 1)  # keeps every checkpoint already there
