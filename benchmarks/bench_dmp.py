@@ -174,7 +174,16 @@ def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
     ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     model = Model(ebc, args.tables * args.dim)
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
-    sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
+
+    class AllTypesSharder(EmbeddingBagCollectionSharder):
+        """TorchRec's sharder offers row-wise and table-row-wise only for "cuda"; its CPU
+        kernels and collectives run them all the same."""
+
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            types = super().sharding_types("cuda")
+            return [t for t in types if t != "grid_shard"]
+
+    sharders = [AllTypesSharder(fused_params=fused)]
     constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world_size, compute_device="cpu", local_world_size=world_size),
