@@ -122,6 +122,7 @@ def reduce_scatter_tensor(
     input_split_sizes: Sizes | None = None,
     group: Group = None,
     async_op: bool = False,
+    via_all_to_all: bool | None = None,
 ) -> torch.Tensor | Handle:
     """Reduce ``input`` over ranks and give rank ``r`` the ``r``-th chunk of rows.
 
@@ -131,6 +132,10 @@ def reduce_scatter_tensor(
         input_split_sizes: rows of each rank's chunk; default: ``N / world size`` each.
         group: the process group (default: the world).
         async_op: return a `Handle` instead of waiting.
+        via_all_to_all: None picks the faster for the backend: NCCL's own operation; elsewhere
+            (gloo) an all-to-all and a local reduction, which receives a buffer as large as
+            ``input``. False asks for the backend's own operation (less memory on gloo, about
+            an all-reduce's time); True for the all-to-all.
 
     Returns:
         ``[input_split_sizes[r], *]`` on rank ``r``. Backward is an all-gather.
@@ -144,7 +149,7 @@ def reduce_scatter_tensor(
         sizes = _check_sizes(name, "input_split_sizes", input_split_sizes, num_ranks)
         _check_sum(name, "input_split_sizes", sizes, input.size(0))
     base_op, scale = _reduce_op(name, op, input, num_ranks)
-    return _run(ReduceScatter(group, base_op, sizes, scale), input, async_op)
+    return _run(ReduceScatter(group, base_op, sizes, scale, via_all_to_all), input, async_op)
 
 
 def all_reduce(

@@ -216,7 +216,11 @@ class FlatBucket:
                 self._copy_rows_in(index, param.unsharded.grad, buffer)
                 param.unsharded.grad = None
         handle = comm.reduce_scatter_tensor(
-            buffer.view(-1), op=AVG, group=self.topology.shard_group, async_op=True
+            buffer.view(-1),
+            op=AVG,
+            group=self.topology.shard_group,
+            async_op=True,
+            via_all_to_all=False,  # memory first: no receive buffer of the unit's size on gloo
         )
         assert isinstance(handle, comm.Handle)
         self._reduce = handle
