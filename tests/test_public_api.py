@@ -78,6 +78,7 @@ PUBLIC = {
         "current",
         "init_from_env",
         "is_initialized",
+        "local_world_size",
         "select_backend_and_device",
         "shutdown",
         "spawn",
