@@ -120,8 +120,9 @@ def test_every_sharding_type_matches_unsharded(run_ranks, kind, world_size, pool
 
 
 @pytest.mark.parametrize("optimizer", list(EmbOptimType))
-def test_every_fused_optimizer_row_wise(run_ranks, optimizer):
-    _check(run_ranks(_train, 2, "row_wise", PoolingType.SUM, True, optimizer, 2))
+@pytest.mark.parametrize("kind", ["row_wise", "table_wise", "table_row_wise"])
+def test_every_fused_optimizer(run_ranks, optimizer, kind):
+    _check(run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2))
 
 
 @pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard", "mixed", "row_wise"])

@@ -16,7 +16,16 @@ from shardkit.sharding import ShardedEmbeddingCollection
 from tests.sharding.common import global_batch, local_part, make_plan
 
 B = 3
-KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
+KINDS = [
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "table_column_wise",
+    "grid_shard",
+    "data_parallel",
+    "mixed",
+]
 
 
 def _configs():
