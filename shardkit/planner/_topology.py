@@ -46,11 +46,13 @@ class Topology:
     """
 
     world_size: int
-    _: KW_ONLY
     compute_device: str
     hbm_cap: int | None = None
     ddr_cap: int | None = None
     local_world_size: int | None = None
+    # TorchRec's first five by position; its next ones include hbm_to_ddr_mem_bw, which shardkit
+    # lacks, so the rest are keywords: a longer positional call fails instead of misfiling.
+    _: KW_ONLY
     hbm_mem_bw: float = HBM_MEM_BW
     ddr_mem_bw: float = DDR_MEM_BW
     intra_host_bw: float = INTRA_NODE_BANDWIDTH

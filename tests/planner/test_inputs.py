@@ -63,9 +63,13 @@ def test_topology_errors(kwargs, message):
         Topology(**kwargs)
 
 
-def test_topology_arguments_after_world_size_are_keywords():
-    with pytest.raises(TypeError):
-        Topology(2, "cpu")  # type: ignore[misc]
+def test_topology_takes_torchrecs_first_five_arguments_by_position():
+    by_position = Topology(4, "cpu", None, 2**30, 2)
+    assert by_position == Topology(
+        world_size=4, compute_device="cpu", ddr_cap=2**30, local_world_size=2
+    )
+    with pytest.raises(TypeError):  # beyond TorchRec's first five: keywords
+        Topology(4, "cpu", None, None, 2, 1.0)  # type: ignore[misc]
 
 
 def test_constraints_take_torchrec_strings_and_enums():
