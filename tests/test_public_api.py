@@ -237,10 +237,13 @@ PUBLIC = {
     "shardkit.fsdp": [
         "BackwardPrefetch",
         "CPUOffload",
+        "CPUOffloadPolicy",
         "FSDPModule",
         "FullStateDictConfig",
         "FullyShardedDataParallel",
         "MixedPrecision",
+        "MixedPrecisionPolicy",
+        "OffloadPolicy",
         "PrefetchPolicy",
         "ShardedStateDictConfig",
         "ShardingStrategy",

@@ -14,8 +14,11 @@ import torch
 __all__ = [
     "BackwardPrefetch",
     "CPUOffload",
+    "CPUOffloadPolicy",
     "FullStateDictConfig",
     "MixedPrecision",
+    "MixedPrecisionPolicy",
+    "OffloadPolicy",
     "PrefetchPolicy",
     "ShardedStateDictConfig",
     "ShardingStrategy",
@@ -103,6 +106,49 @@ class MixedPrecision:
     @property
     def effective_reduce_dtype(self) -> torch.dtype | None:
         return self.reduce_dtype if self.reduce_dtype is not None else self.param_dtype
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """FSDP2's name for mixed precision (``fully_shard(mp_policy=...)``), so FSDP2 code runs
+    after its imports are rewritten; `fully_shard` turns it into `MixedPrecision`.
+    ``output_dtype`` (casting the module's outputs) is not supported and refused."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+    def to_mixed_precision(self) -> MixedPrecision:
+        if self.output_dtype is not None:
+            raise ValueError(
+                f"MixedPrecisionPolicy(output_dtype={self.output_dtype}) is not supported by "
+                "shardkit's fully_shard; cast the outputs in the module, or leave it None"
+            )
+        return MixedPrecision(
+            param_dtype=self.param_dtype,
+            reduce_dtype=self.reduce_dtype,
+            cast_forward_inputs=self.cast_forward_inputs and self.param_dtype is not None,
+        )
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """FSDP2's "no offload" (``fully_shard(offload_policy=OffloadPolicy())``)."""
+
+    def to_cpu_offload(self) -> CPUOffload:
+        return CPUOffload(offload_params=False)
+
+
+@dataclass(frozen=True)
+class CPUOffloadPolicy(OffloadPolicy):
+    """FSDP2's CPU offload: `CPUOffload(offload_params=True)`; shards on a GPU machine are
+    offloaded to pinned memory whatever ``pin_memory`` says."""
+
+    pin_memory: bool = True
+
+    def to_cpu_offload(self) -> CPUOffload:
+        return CPUOffload(offload_params=True)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from torch import nn
 from shardkit.fsdp._api import (
     CPUOffload,
     MixedPrecision,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
     PrefetchPolicy,
     ShardedStateDictConfig,
     ShardingStrategy,
@@ -116,12 +118,13 @@ def fully_shard(
     *,
     mesh: Any = None,
     strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
-    mp_policy: MixedPrecision = _FULL_PRECISION,
-    offload_policy: CPUOffload = _NO_OFFLOAD,
+    mp_policy: MixedPrecision | MixedPrecisionPolicy = _FULL_PRECISION,
+    offload_policy: CPUOffload | OffloadPolicy = _NO_OFFLOAD,
     prefetch_policy: PrefetchPolicy = _PREFETCH,
     ignored_params: Iterable[nn.Parameter] | None = None,
     sync_module_states: bool = False,
     device: torch.device | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> nn.Module:
     """Shard ``module``'s parameters (minus those of units already inside it) over the ranks.
 
@@ -136,10 +139,18 @@ def fully_shard(
         ignored_params: parameters left alone (not sharded, not reduced).
         sync_module_states: start from rank 0's parameters and buffers.
         device: the compute device (default: the rank's device from shardkit.launch).
+        reshard_after_forward: FSDP2's way to say the strategy: True is FULL_SHARD, False
+            SHARD_GRAD_OP (with a mesh of one dimension). FSDP2's ``MixedPrecisionPolicy``,
+            ``OffloadPolicy`` and ``CPUOffloadPolicy`` are taken too.
 
     A module on the meta device is sharded on the meta device: call `FSDPModule.materialize`.
     """
     require_process_group("fully_shard")
+    strategy = _strategy(strategy, reshard_after_forward)
+    if isinstance(mp_policy, MixedPrecisionPolicy):
+        mp_policy = mp_policy.to_mixed_precision()
+    if isinstance(offload_policy, OffloadPolicy):
+        offload_policy = offload_policy.to_cpu_offload()
     check_type("mp_policy", mp_policy, MixedPrecision, "MixedPrecision(param_dtype=torch.bfloat16)")
     check_type("offload_policy", offload_policy, CPUOffload, "CPUOffload(offload_params=True)")
     check_type("prefetch_policy", prefetch_policy, PrefetchPolicy, "PrefetchPolicy(forward=True)")
@@ -160,6 +171,25 @@ def fully_shard(
     install_state_dict_hooks(module, state, inner_prefix="")
     _swap_class(module)
     return module
+
+
+def _strategy(strategy: ShardingStrategy, reshard_after_forward: bool | None) -> ShardingStrategy:
+    if reshard_after_forward is None:
+        return strategy
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(
+            f"reshard_after_forward={reshard_after_forward!r}: shardkit takes True (FULL_SHARD) "
+            "or False (SHARD_GRAD_OP); resharding to a smaller group after forward is not offered"
+        )
+    wanted = (
+        ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
+    )
+    if strategy not in (ShardingStrategy.FULL_SHARD, wanted):
+        raise ValueError(
+            f"reshard_after_forward={reshard_after_forward} and strategy={strategy.name} disagree; "
+            "give one of them"
+        )
+    return wanted
 
 
 _CLASSES: dict[type, type] = {}

@@ -186,3 +186,61 @@ def test_buffer_dtype_is_used_in_forward_and_saved_in_the_original_dtype(run_ran
         assert during == torch.bfloat16
         assert saved.dtype == torch.float32
         torch.testing.assert_close(saved, want)
+
+
+# ---- FSDP2's names ------------------------------------------------------------------------------
+
+
+def _train_fsdp2_style(rank, ws, kwargs, optimizer):
+    model = make_model()
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
+    return _full_state(model)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp2_keywords_train_like_single_process(run_ranks, reshard):
+    """``reshard_after_forward`` and ``CPUOffloadPolicy``, as FSDP2 code writes them."""
+    from shardkit.fsdp import CPUOffloadPolicy
+
+    kwargs = {"reshard_after_forward": reshard, "offload_policy": CPUOffloadPolicy()}
+    for got in run_ranks(_train_fsdp2_style, 2, kwargs, "adam"):
+        assert_state_equal(got, reference(2, "adam"))
+
+
+def test_fsdp2_mixed_precision_policy_matches_emulation(run_ranks):
+    from shardkit.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    results = run_ranks(_train_fsdp2_style, 2, {"mp_policy": policy}, "sgd")
+    want = _mixed_reference(
+        2, MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    )
+    for got in results:
+        assert_state_equal(got, want, atol=2e-3, rtol=1e-2)
+
+
+def _fsdp2_errors(rank, ws):
+    from shardkit.fsdp import MixedPrecisionPolicy
+
+    found = []
+    for kwargs in (
+        {"reshard_after_forward": 2},
+        {"reshard_after_forward": True, "strategy": ShardingStrategy.NO_SHARD},
+        {"mp_policy": MixedPrecisionPolicy(output_dtype=torch.bfloat16)},
+    ):
+        try:
+            fully_shard(make_model(), **kwargs)
+        except ValueError as exc:
+            found.append(str(exc))
+    return found
+
+
+def test_fsdp2_arguments_shardkit_lacks_are_refused(run_ranks):
+    messages = run_ranks(_fsdp2_errors, 1)[0]
+    assert len(messages) == 3
+    assert "reshard_after_forward=2" in messages[0] and "True (FULL_SHARD)" in messages[0]
+    assert "disagree" in messages[1]
+    assert "output_dtype" in messages[2]
