@@ -150,6 +150,12 @@ def _train_parser(commands: Any) -> None:
     p.add_argument(
         "--seed", type=int, default=d.seed, help="initial weights, data order and sampling"
     )
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=d.log_every,
+        help="steps between training-loss lines (averaged over ranks) in the metrics file",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests)")
     p.set_defaults(run=_train)
@@ -183,6 +189,7 @@ def _train(args: argparse.Namespace) -> int:
         metrics_path=args.metrics,
         seed=args.seed,
         progress=not args.no_progress,
+        log_every=args.log_every,
         max_steps_per_epoch=args.max_steps_per_epoch,
     )
     run(config)

@@ -72,6 +72,7 @@ class TrainConfig:
     metrics_path: Path | None = None  # default: <checkpoint_dir>/metrics.jsonl
     seed: int = 0
     progress: bool = True
+    log_every: int = 10  # steps between "train" lines (loss over all ranks) in the metrics file
     max_steps_per_epoch: int | None = None
     timeout: float = 300.0
 
@@ -83,6 +84,7 @@ class TrainConfig:
             "nproc",
             "num_embeddings",
             "keep_checkpoints",
+            "log_every",
         ]
         for name in positive:
             value = getattr(self, name)

@@ -55,7 +55,7 @@ def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any
     history = []
     metrics = JsonlWriter(config.metrics_file) if rank == 0 else None
     for epoch in range(start_epoch, config.epochs):
-        step, loss, speed = _train_epoch(config, dmp, optimizer, data, epoch, step, rank)
+        step, loss, speed = _train_epoch(config, dmp, optimizer, data, epoch, step, rank, metrics)
         results = _validate(dmp, data)
         results.update(epoch=epoch, step=step, train_loss=loss, samples_per_s=speed)
         history.append(results)
@@ -97,7 +97,9 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
     return extra["epoch"], extra["step"]
 
 
-def _train_epoch(config, dmp, optimizer, data, epoch, step, rank) -> tuple[int, float, float]:
+def _train_epoch(
+    config, dmp, optimizer, data, epoch, step, rank, metrics
+) -> tuple[int, float, float]:
     pipeline = TrainPipelineSparseDist(dmp, optimizer)
     total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
     if config.max_steps_per_epoch is not None:
@@ -117,7 +119,19 @@ def _train_epoch(config, dmp, optimizer, data, epoch, step, rank) -> tuple[int, 
         step += 1
         losses.append(loss.item())
         meter.step(config.batch_size)
-        progress.update(step, losses[-1], done * global_batch / (time.perf_counter() - start))
+        speed = done * global_batch / (time.perf_counter() - start)
+        progress.update(step, losses[-1], speed)
+        if step % config.log_every == 0:  # every rank: the loss is averaged over them
+            recent = losses[-min(config.log_every, len(losses)) :]
+            mean = comm.all_reduce(
+                torch.tensor([sum(recent) / len(recent)], dtype=torch.float64),
+                op=torch.distributed.ReduceOp.AVG,
+            )
+            if metrics is not None:
+                metrics.write(
+                    {"kind": "train", "epoch": epoch, "step": step, "loss": float(mean),
+                     "samples_per_s": speed}
+                )  # fmt: skip
     progress.close()
     if config.max_steps_per_epoch is not None:
         for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly

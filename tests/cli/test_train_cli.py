@@ -3,6 +3,7 @@ point in a fresh process, with the flags the README and ``--help`` show."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -50,11 +51,13 @@ def test_train_export_import_and_resume(tmp_path):
     """Train on Adult, export the checkpoint to one file a plain model loads, import that file
     as a checkpoint, and resume from it."""
     run = tmp_path / "run"
-    out = _shardkit("train", *QUICK, "--checkpoint-dir", str(run), cwd=tmp_path)
+    out = _shardkit("train", *QUICK, "--log-every", "2", "--checkpoint-dir", str(run), cwd=tmp_path)
     auc = float(re.search(r"AUC (\d\.\d+)", out).group(1))
     assert 0.5 < auc <= 1.0
     assert "checkpoint" in out and (run / "latest").exists()
-    assert (run / "metrics.jsonl").read_text().strip()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [2, 4]  # --log-every 2
+    assert [x["kind"] for x in lines][-1] == "validation" and abs(lines[-1]["auc"] - auc) < 1e-4
 
     exported = tmp_path / "model.pt"
     assert "wrote" in _shardkit("export", str(run), str(exported), cwd=tmp_path)

@@ -30,21 +30,28 @@ def test_adult_reaches_a_good_auc_and_checkpoints(run_ranks, tmp_path):
     assert results[1]["history"] == history, "every rank reports the same (cross-rank) metrics"
     assert (config.checkpoint_dir / "latest").read_text().strip() == "step-00000076"
     records = read_jsonl(config.metrics_file)
-    assert records[0]["kind"] == "validation" and records[0]["auc"] == pytest.approx(
-        history[0]["auc"]
-    )
+    validation = [r for r in records if r["kind"] == "validation"]
+    assert len(validation) == 1 and validation[0]["auc"] == pytest.approx(history[0]["auc"])
+    train = [r for r in records if r["kind"] == "train"]  # every 10 steps, loss over all ranks
+    assert [r["step"] for r in train] == list(range(10, 76, 10))
+    assert train[0]["loss"] > train[-1]["loss"]
 
 
 def test_resume_continues_bit_identically(run_ranks, tmp_path):
-    straight = _config(tmp_path / "a", epochs=2, max_steps_per_epoch=6)
+    straight = _config(tmp_path / "a", epochs=2, max_steps_per_epoch=6, log_every=3)
     run_ranks(train_rank, 2, straight)
-    first = _config(tmp_path / "b", epochs=1, max_steps_per_epoch=6)
+    first = _config(tmp_path / "b", epochs=1, max_steps_per_epoch=6, log_every=3)
     run_ranks(train_rank, 2, first)
     resumed = run_ranks(train_rank, 2, dataclasses.replace(first, epochs=2, resume=True))
     whole = read_jsonl(straight.metrics_file)
-    parts = read_jsonl(first.metrics_file)
-    assert [r["train_loss"] for r in parts] == [r["train_loss"] for r in whole]
-    assert resumed[0]["history"][0]["auc"] == whole[1]["auc"]
+    parts = read_jsonl(first.metrics_file)  # the first run's lines, then the resumed run's
+
+    def losses(records):
+        return [(r["kind"], r["step"], r.get("loss"), r.get("train_loss")) for r in records]
+
+    assert losses(parts) == losses(whole)  # every logged loss, to the last bit
+    assert [r["step"] for r in whole if r["kind"] == "train"] == [3, 6, 9, 12]
+    assert resumed[0]["history"][0]["auc"] == whole[-1]["auc"]
     a = export_checkpoint(straight.checkpoint_dir, tmp_path / "a.pt")
     b = export_checkpoint(first.checkpoint_dir, tmp_path / "b.pt")
     assert sorted(a) == sorted(b)
