@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from shardkit import comm
 from shardkit.comm import Handle
+from shardkit.comm._label import label
 from shardkit.sharding._layout import Layout, Route, Slot, Unit
 
 __all__ = ["InputError", "Received", "SourceBatch", "exchange_start"]
@@ -84,7 +85,10 @@ class PendingInput:
 
     def wait(self) -> Received:
         if self._result is None:
-            self._result = self._finish()
+            # The span shows how long a step waits for its ids: the train pipeline's overlap
+            # is this span shrinking (benchmarks/bench_dmp.py measures it).
+            with label("shardkit::input_dist.wait"):
+                self._result = self._finish()
         return self._result
 
 
