@@ -7,7 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from shardkit.checkpoint import CheckpointError
 from shardkit.cli import _bench, _plan, _train
+from shardkit.planner import PlannerError
 
 __all__ = ["main"]
 
@@ -32,7 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s: %(message)s",
     )
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError, CheckpointError, PlannerError) as exc:
+        if args.verbose:
+            raise
+        # The user's input was refused: the message says what, the value and the fix; the
+        # traceback (with --verbose) would only bury it.
+        print(f"shardkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,8 @@ from shardkit.sharding import EmbeddingBagCollectionSharder
 from shardkit.train._config import DataSource, DenseOptimizer, ModelKind, TrainConfig
 
 __all__ = ["Data", "build_data", "build_model", "dense_optimizer", "planner_for", "sharders_for"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,6 +72,12 @@ def build_data(config: TrainConfig, rank: int, world_size: int) -> Data:
         config.data_path, config=criteo, batch_size=b, rank=rank, world_size=world_size
     )
     val_path = config.data_val_path or config.data_path
+    if config.data_val_path is None and rank == 0:
+        logger.warning(
+            "validating on the training data %s (AUC will be optimistic); give "
+            "--data-val-path for held-out data",
+            config.data_path,
+        )
     val = CriteoReader(val_path, config=criteo, batch_size=b, rank=rank, world_size=world_size,
                        last_batch=LastBatch.PAD)  # fmt: skip
     return Data(criteo.keys, criteo.num_embeddings_per_feature, criteo.num_dense, train, val)

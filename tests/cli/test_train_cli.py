@@ -84,3 +84,18 @@ def test_criteo_sample_in_its_own_layout(tmp_path):
         "--no-progress", "--checkpoint-dir", str(tmp_path / "criteo"), cwd=tmp_path,
     )  # fmt: skip
     assert "AUC" in out
+
+
+def test_refused_input_is_one_line_not_a_traceback(tmp_path):
+    for args, words in (
+        (["train", "--embedding-dim", "8", "--plan-only"], "must end with the embedding dim 8"),
+        (
+            ["export", str(tmp_path / "missing"), str(tmp_path / "m.pt")],
+            "not a shardkit checkpoint",
+        ),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "shardkit", *args], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
