@@ -112,8 +112,9 @@ def load(
     directory = _resolve(Path(path))
     _verify_everywhere(directory, rank, world, group)
     metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
-    with_optimizers = any(k.startswith("optim.") for k in metadata)
-    if not with_optimizers:  # e.g. made by import_checkpoint from a plain state dict
+    # `save` always writes extras (with the dense optimizer's groups); `import_checkpoint` never
+    with_optimizers = "extra" in metadata or any(k.startswith("optim.") for k in metadata)
+    if not with_optimizers:  # made by import_checkpoint from a plain state dict
         logger.info("%s holds no optimizer state: optimizers start fresh", directory)
         optimizer = None
     with sharded_view(model):
@@ -124,8 +125,8 @@ def load(
         _check_fits(state, metadata, group)
     for name in [k for k, v in state.items() if isinstance(v, dict) and not _flatten(v)]:
         del state[name]  # torch.distributed.checkpoint reads an empty dict as a missing value
-    if optimizer is not None:
-        template = _dense_template(metadata, state.get("model", {}))
+    template = _dense_template(metadata, state.get("model", {})) if optimizer else {}
+    if template:  # an optimizer with no tensor state yet (SGD, Adam before a step) has none
         state.setdefault("optim", {})["dense"] = {"state": template}
     if f"rng.rank{rank}" not in metadata:
         del state["rng"]
@@ -139,14 +140,14 @@ def load(
         with sharded_view(model):
             model.load_state_dict(state["model"])
     if with_optimizers:
-        apply_fused(model, state["optim"].get("fused", {}))
+        apply_fused(model, state.get("optim", {}).get("fused", {}))
     defaults = dict(extra or {})
     extra = {**defaults, **(_unpack(state["extra"]) if "extra" in state else {})}
     meta = extra.pop(_DENSE_META, None)
     if optimizer is not None:
         if meta is None:
             raise CheckpointError(f"{directory} holds no dense optimizer state to load")
-        dense = state["optim"]["dense"]["state"]
+        dense = state.get("optim", {}).get("dense", {}).get("state", {})
         for name, entries in meta["state"].items():
             dense.setdefault(name, {}).update(entries)
         with sharded_view(model):

@@ -71,7 +71,7 @@ def fused_states(model: nn.Module) -> dict[str, dict[str, Any]]:
 def apply_fused(model: nn.Module, states: dict[str, dict[str, Any]]) -> None:
     """Write loaded fused-optimizer state back (see `shardkit.sharding._state.load_fused_state`)."""
     for path, collection in _collections(_unwrapped(model)).items():
-        load_fused_state(collection, states[path or "root"])
+        load_fused_state(collection, states.get(path or "root", {}))  # {}: no fused shards
 
 
 def dense_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

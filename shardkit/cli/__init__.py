@@ -9,9 +9,12 @@ from collections.abc import Sequence
 
 from shardkit.checkpoint import CheckpointError
 from shardkit.cli import _bench, _plan, _train
+from shardkit.launch import RankFailedError
 from shardkit.planner import PlannerError
 
 __all__ = ["main"]
+
+_REFUSED = (ValueError, FileNotFoundError, CheckpointError, PlannerError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +39,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError, CheckpointError, PlannerError) as exc:
-        if args.verbose:
+    except (*_REFUSED, RankFailedError) as exc:
+        # Refused input (in this process or in a rank): the message says what, the value and
+        # the fix; the traceback would only bury it. --verbose shows it.
+        refused = exc.exception if isinstance(exc, RankFailedError) else exc
+        if args.verbose or not isinstance(refused, _REFUSED):
             raise
-        # The user's input was refused: the message says what, the value and the fix; the
-        # traceback (with --verbose) would only bury it.
-        print(f"shardkit {args.command}: error: {exc}", file=sys.stderr)
+        where = f" (rank {exc.rank})" if isinstance(exc, RankFailedError) else ""
+        print(f"shardkit {args.command}: error{where}: {refused}", file=sys.stderr)
+        print("(--verbose shows the traceback)", file=sys.stderr)
         return 2
 
 

@@ -248,3 +248,23 @@ def test_fsdp_checkpoint_resumes_on_another_world_size(run_ranks, tmp_path, face
         assert extra == {"epoch": 1}
         assert_state_equal(loaded, saved)
         assert_state_equal(trained, reference.state_dict())
+
+
+def _fsdp_sgd_groups(rank: int, world_size: int, root: str):
+    """An optimizer with no tensor state (plain SGD) still has its groups saved and loaded; a
+    load without an optimizer takes the model alone."""
+    from tests.fsdp.test_state_dict import _model_and_optimizer
+
+    model, _ = _model_and_optimizer("fully_shard", seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    ckpt.save(root, step=1, model=model, optimizer=optimizer)
+    again, _ = _model_and_optimizer("fully_shard", seed=7)
+    fresh = torch.optim.SGD(again.parameters(), lr=0.1)
+    ckpt.load(root, model=again, optimizer=fresh)
+    model_only, _ = _model_and_optimizer("fully_shard", seed=7)
+    ckpt.load(root, model=model_only)
+    return fresh.param_groups[0]["lr"]
+
+
+def test_fsdp_optimizer_without_tensor_state_keeps_its_groups(run_ranks, tmp_path):
+    assert run_ranks(_fsdp_sgd_groups, 2, str(tmp_path)) == [0.001, 0.001]

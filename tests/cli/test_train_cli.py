@@ -87,11 +87,18 @@ def test_criteo_sample_in_its_own_layout(tmp_path):
 
 
 def test_refused_input_is_one_line_not_a_traceback(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "latest").write_text("step-00000009\n")  # names a checkpoint that is gone
     for args, words in (
         (["train", "--embedding-dim", "8", "--plan-only"], "must end with the embedding dim 8"),
         (
             ["export", str(tmp_path / "missing"), str(tmp_path / "m.pt")],
             "not a shardkit checkpoint",
+        ),
+        (  # raised inside a spawned rank
+            ["train", "--nproc", "1", "--resume", "--checkpoint-dir", str(broken)],
+            "which is not a directory",
         ),
     ):
         result = subprocess.run(
