@@ -117,7 +117,7 @@ def fully_shard(
     module: nn.Module,
     *,
     mesh: Any = None,
-    strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
+    strategy: ShardingStrategy | None = None,
     mp_policy: MixedPrecision | MixedPrecisionPolicy = _FULL_PRECISION,
     offload_policy: CPUOffload | OffloadPolicy = _NO_OFFLOAD,
     prefetch_policy: PrefetchPolicy = _PREFETCH,
@@ -132,21 +132,21 @@ def fully_shard(
         module: sharded in place; returned for convenience.
         mesh: a 1-D DeviceMesh to shard over (default: all ranks), or a 2-D (replicate, shard)
             mesh with ``strategy=HYBRID_SHARD``.
-        strategy: see `ShardingStrategy`.
+        strategy: see `ShardingStrategy`; default FULL_SHARD, or HYBRID_SHARD with a 2-D mesh.
         mp_policy: see `MixedPrecision`.
         offload_policy: see `CPUOffload`.
         prefetch_policy: see `PrefetchPolicy`.
         ignored_params: parameters left alone (not sharded, not reduced).
         sync_module_states: start from rank 0's parameters and buffers.
         device: the compute device (default: the rank's device from shardkit.launch).
-        reshard_after_forward: FSDP2's way to say the strategy: True is FULL_SHARD, False
-            SHARD_GRAD_OP (with a mesh of one dimension). FSDP2's ``MixedPrecisionPolicy``,
+        reshard_after_forward: FSDP2's way to say the strategy: True is FULL_SHARD (with a
+            2-D mesh HYBRID_SHARD), False SHARD_GRAD_OP. FSDP2's ``MixedPrecisionPolicy``,
             ``OffloadPolicy`` and ``CPUOffloadPolicy`` are taken too.
 
     A module on the meta device is sharded on the meta device: call `FSDPModule.materialize`.
     """
     require_process_group("fully_shard")
-    strategy = _strategy(strategy, reshard_after_forward)
+    strategy = _strategy(strategy, reshard_after_forward, mesh)
     if isinstance(mp_policy, MixedPrecisionPolicy):
         mp_policy = mp_policy.to_mixed_precision()
     if isinstance(offload_policy, OffloadPolicy):
@@ -173,23 +173,40 @@ def fully_shard(
     return module
 
 
-def _strategy(strategy: ShardingStrategy, reshard_after_forward: bool | None) -> ShardingStrategy:
-    if reshard_after_forward is None:
-        return strategy
-    if not isinstance(reshard_after_forward, bool):
+def _strategy(
+    strategy: ShardingStrategy | None, reshard_after_forward: bool | None, mesh: Any
+) -> ShardingStrategy:
+    """The strategy from ``strategy`` and FSDP2's ``reshard_after_forward`` and mesh shape."""
+    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
         raise ValueError(
             f"reshard_after_forward={reshard_after_forward!r}: shardkit takes True (FULL_SHARD) "
             "or False (SHARD_GRAD_OP); resharding to a smaller group after forward is not offered"
         )
-    wanted = (
-        ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
-    )
-    if strategy not in (ShardingStrategy.FULL_SHARD, wanted):
-        raise ValueError(
-            f"reshard_after_forward={reshard_after_forward} and strategy={strategy.name} disagree; "
-            "give one of them"
+    hybrid = getattr(mesh, "ndim", 1) == 2
+    if strategy is None:
+        if hybrid and reshard_after_forward is False:
+            raise ValueError(
+                "reshard_after_forward=False on a 2-D mesh (hybrid sharding that keeps the "
+                "parameters gathered between forward and backward) is not offered; use "
+                "reshard_after_forward=True, or a 1-D mesh with False"
+            )
+        if hybrid:
+            return ShardingStrategy.HYBRID_SHARD
+        return (
+            ShardingStrategy.SHARD_GRAD_OP
+            if reshard_after_forward is False
+            else ShardingStrategy.FULL_SHARD
         )
-    return wanted
+    if reshard_after_forward is None:
+        return strategy
+    resharding = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+    if (strategy in resharding) != reshard_after_forward or strategy is ShardingStrategy.NO_SHARD:
+        raise ValueError(
+            f"reshard_after_forward={reshard_after_forward} and strategy={strategy.name} disagree "
+            "(FULL_SHARD and HYBRID_SHARD reshard after forward, SHARD_GRAD_OP does not); give "
+            "one of them"
+        )
+    return strategy
 
 
 _CLASSES: dict[type, type] = {}

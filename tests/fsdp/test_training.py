@@ -191,11 +191,15 @@ def test_buffer_dtype_is_used_in_forward_and_saved_in_the_original_dtype(run_ran
 # ---- FSDP2's names ------------------------------------------------------------------------------
 
 
-def _train_fsdp2_style(rank, ws, kwargs, optimizer):
+def _train_fsdp2_style(rank, ws, kwargs, optimizer, reshards=None):
+    from shardkit.fsdp._state import get_state
+
     model = make_model()
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if reshards is not None:
+        assert get_state(model.blocks[0]).config.reshard_after_forward is reshards
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
     return _full_state(model)
 
@@ -206,7 +210,7 @@ def test_fsdp2_keywords_train_like_single_process(run_ranks, reshard):
     from shardkit.fsdp import CPUOffloadPolicy
 
     kwargs = {"reshard_after_forward": reshard, "offload_policy": CPUOffloadPolicy()}
-    for got in run_ranks(_train_fsdp2_style, 2, kwargs, "adam"):
+    for got in run_ranks(_train_fsdp2_style, 2, kwargs, "adam", reshard):
         assert_state_equal(got, reference(2, "adam"))
 
 
@@ -229,6 +233,7 @@ def _fsdp2_errors(rank, ws):
     for kwargs in (
         {"reshard_after_forward": 2},
         {"reshard_after_forward": True, "strategy": ShardingStrategy.NO_SHARD},
+        {"reshard_after_forward": False, "strategy": ShardingStrategy.FULL_SHARD},
         {"mp_policy": MixedPrecisionPolicy(output_dtype=torch.bfloat16)},
     ):
         try:
@@ -240,7 +245,26 @@ def _fsdp2_errors(rank, ws):
 
 def test_fsdp2_arguments_shardkit_lacks_are_refused(run_ranks):
     messages = run_ranks(_fsdp2_errors, 1)[0]
-    assert len(messages) == 3
+    assert len(messages) == 4
     assert "reshard_after_forward=2" in messages[0] and "True (FULL_SHARD)" in messages[0]
-    assert "disagree" in messages[1]
-    assert "output_dtype" in messages[2]
+    assert "disagree" in messages[1] and "disagree" in messages[2]
+    assert "output_dtype" in messages[3]
+
+
+def _train_on_2d_mesh(rank, ws):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, ws // 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)  # FSDP2's HSDP: the strategy follows the mesh
+    fully_shard(model, mesh=mesh)
+    rows = model.blocks[0].up.weight.shape[0]  # 11 rows split 2 ways (hybrid), not 4 ways
+    assert rows in (5, 6), rows
+    train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
+    return _full_state(model)
+
+
+def test_fsdp2_two_dimensional_mesh_is_hybrid_sharding(run_ranks):
+    for got in run_ranks(_train_on_2d_mesh, 4, local_world_size=2):
+        assert_state_equal(got, reference(4, "adam"))
