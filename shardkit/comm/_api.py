@@ -134,8 +134,8 @@ def reduce_scatter_tensor(
         async_op: return a `Handle` instead of waiting.
         via_all_to_all: None picks the faster for the backend: NCCL's own operation; elsewhere
             (gloo) an all-to-all and a local reduction, which receives a buffer as large as
-            ``input``. False asks for the backend's own operation (less memory on gloo, about
-            an all-reduce's time); True for the all-to-all.
+            ``input``. False asks for the backend's own operation where it has one (less memory
+            on gloo, about an all-reduce's time); True for the all-to-all.
 
     Returns:
         ``[input_split_sizes[r], *]`` on rank ``r``. Backward is an all-gather.

@@ -30,11 +30,12 @@ __all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Launched", "Reduc
 
 Group = dist.ProcessGroup | None
 
-# Backends whose reduce_scatter_single beats an all-to-all plus a local sum; any other uses
-# the all-to-all. gloo has one, but it costs about an all-reduce: measured on CPU with 2-4
-# ranks, 256 KiB to 16 MiB, the all-to-all path took 0.4-0.6x its time (same sums, in rank
-# order). NCCL's is a ring that moves each byte once.
-_NATIVE_REDUCE_SCATTER = frozenset({"nccl"})
+# Backends with a reduce_scatter_single of their own; any other uses the all-to-all fallback.
+_HAS_REDUCE_SCATTER = frozenset({"gloo", "nccl"})
+# Those whose own beats an all-to-all plus a local sum. gloo's costs about an all-reduce:
+# measured on CPU with 2-4 ranks, 256 KiB to 16 MiB, the all-to-all path took 0.4-0.6x its
+# time (same sums, in rank order). NCCL's is a ring that moves each byte once.
+_FASTER_REDUCE_SCATTER = frozenset({"nccl"})
 
 
 @dataclass
@@ -148,9 +149,12 @@ class ReduceScatter:
     name: ClassVar[str] = "reduce_scatter_tensor"
 
     def launch(self, x: torch.Tensor, async_op: bool = True) -> Launched:
+        backend = _backend_for(self.group, x.device)
         via = self.via_all_to_all
         if via is None:
-            via = dist.get_backend(self.group) not in _NATIVE_REDUCE_SCATTER
+            via = backend not in _FASTER_REDUCE_SCATTER
+        elif not via and backend not in _HAS_REDUCE_SCATTER:
+            via = True  # the backend has none of its own
         if via:
             return self._launch_via_all_to_all(x, async_op)
         sizes = self.input_split_sizes
@@ -263,6 +267,19 @@ class Reduce:
 
     def adjoint(self) -> Broadcast:
         return Broadcast(self.group, self.dst)
+
+
+def _backend_for(group: Group, device: torch.device) -> str:
+    """The backend that carries ``device``'s tensors in ``group`` (one name, or one per device
+    type in a group made with, e.g., ``backend="cpu:gloo,cuda:nccl"``)."""
+    name = str(dist.get_backend(group))
+    if ":" not in name:
+        return name
+    for part in name.split(","):
+        device_type, _, backend = part.partition(":")
+        if device_type.strip() == device.type:
+            return backend.strip()
+    return name
 
 
 def _trim_chunks(sizes: tuple[int, ...], chunk: int) -> Callable[[torch.Tensor], torch.Tensor]:

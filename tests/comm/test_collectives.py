@@ -266,3 +266,32 @@ def test_profiler_labels(run_ranks):
     assert "shardkit::all_to_all_single.wait" in names
     assert "shardkit::all_to_all_single.backward" in names
     assert "shardkit::all_reduce" in names
+
+
+def _which_reduce_scatter(rank: int, ws: int):
+    """Which path each choice takes on gloo: torch's own operation is made to fail."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the backend's own reduce-scatter ran")
+
+    x = torch.ones(2 * ws, 3)
+    original = dist.reduce_scatter_single
+    dist.reduce_scatter_single = refuse
+    try:
+        taken = {}
+        for choice in (None, True, False):
+            try:
+                comm.reduce_scatter_tensor(x, via_all_to_all=choice)
+                taken[choice] = "all_to_all"
+            except Exception as exc:  # the refusal, perhaps wrapped by comm
+                assert "own reduce-scatter ran" in str(exc), exc
+                taken[choice] = "own"
+    finally:
+        dist.reduce_scatter_single = original
+    return taken
+
+
+def test_reduce_scatter_path_on_gloo(run_ranks):
+    """gloo: the all-to-all unless the caller asks for gloo's own (FSDP does, for memory)."""
+    for taken in run_ranks(_which_reduce_scatter, 2):
+        assert taken == {None: "all_to_all", True: "all_to_all", False: "own"}
