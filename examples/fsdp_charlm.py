@@ -1,7 +1,7 @@
 """A character-level transformer language model on Jane Austen, trained with shardkit's FSDP.
 
     python examples/fsdp_charlm.py                         # 2 ranks, gloo, 400 steps, ~3 min
-    python examples/fsdp_charlm.py --steps 200 --resume    # goes on from the latest checkpoint
+    python examples/fsdp_charlm.py --steps 200 --total-steps 600 --resume  # 200 more steps
     python examples/fsdp_charlm.py --world-size 1 --resume # the same checkpoint on 1 rank
     torchrun --nproc-per-node=2 examples/fsdp_charlm.py    # ranks started by torchrun
 
@@ -15,7 +15,8 @@ then text the model writes from a prompt. Every ``--ckpt-every`` steps and at th
 ``shardkit.checkpoint.save`` writes each rank's shards, the optimizer's and the step, atomically;
 ``--resume`` loads the latest one in whatever world size runs now. A rank's batch at step ``s`` is
 a function of (seed, s, rank) and the learning rate a function of ``s``, so a run stopped and
-resumed on the same world size gives the same losses and weights as one run straight through.
+resumed on the same world size gives the same losses and weights as one run straight through,
+given the same ``--total-steps`` (the schedule's length; by default the end of this run).
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     start = 0
     if args.resume and checkpoint.latest(args.ckpt_dir) is not None:
-        start = checkpoint.load(args.ckpt_dir, model=model, optimizer=optimizer)["step"]
+        found = checkpoint.load(args.ckpt_dir, model=model, optimizer=optimizer, extra={"step": 0})
+        start = found["step"]
         if rank == 0:
             print(f"resumed from {checkpoint.latest(args.ckpt_dir)} at step {start}", flush=True)
     if rank == 0:

@@ -20,6 +20,7 @@ from shardkit.data import (
     SyntheticDataset,
     load_adult,
 )
+from shardkit.launch import current, is_initialized, local_world_size
 from shardkit.models import DLRM, DLRM_DCN, DLRMTrain
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
@@ -123,12 +124,18 @@ def planner_for(config: TrainConfig, model: DLRMTrain, world_size: int) -> Embed
             c.name: ParameterConstraints(sharding_types=[config.sharding_type.value])
             for c in ebc.embedding_bag_configs()
         }
+    if is_initialized():  # the ranks' own device, as spawn or init_from_env chose it
+        device = current().device.type
+    else:
+        device = (
+            "cuda"
+            if torch.cuda.is_available() and world_size <= torch.cuda.device_count()
+            else "cpu"
+        )
     topology = Topology(
         world_size=world_size,
-        compute_device="cuda"
-        if torch.cuda.is_available() and world_size <= torch.cuda.device_count()
-        else "cpu",
-        local_world_size=config.local_world_size or world_size,
+        compute_device=device,
+        local_world_size=config.local_world_size or local_world_size(world_size),
     )
     return EmbeddingShardingPlanner(topology=topology, constraints=constraints,
                                     batch_size=config.batch_size)  # fmt: skip

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardkit.data import CriteoFormat, IdMapping
 from shardkit.planner import ShardingType
 
 __all__ = [
@@ -17,8 +18,8 @@ __all__ = [
     "TrainConfig",
 ]
 
-CRITEO_FORMATS = ("tsv", "paddlerec")  # shardkit.data.CriteoFormat's values
-ID_MAPPINGS = ("modulo", "hash")  # shardkit.data.IdMapping's values
+CRITEO_FORMATS = tuple(f.value for f in CriteoFormat)  # "tsv", "paddlerec"
+ID_MAPPINGS = tuple(m.value for m in IdMapping)  # "modulo", "hash"
 
 
 class DataSource(enum.Enum):

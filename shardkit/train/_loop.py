@@ -88,8 +88,9 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
     if found is None:
         say(f"--resume: no checkpoint in {config.checkpoint_dir} yet, starting afresh")
         return 0, 0
+    step = int(found.name.rsplit("-", 1)[-1])  # an imported checkpoint's own number
     extra = checkpoint.load(
-        found, model=dmp, optimizer=optimizer, extra={"epoch": 0, "step": 0, "data": {}}
+        found, model=dmp, optimizer=optimizer, extra={"epoch": 0, "step": step, "data": {}}
     )
     if extra["data"]:  # an imported checkpoint has no data position: start at the beginning
         data.train.load_state_dict(extra["data"])
