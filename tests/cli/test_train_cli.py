@@ -109,3 +109,11 @@ def test_refused_input_is_one_line_not_a_traceback(tmp_path):
         )
         assert result.returncode == 2, result.stderr
         assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_demo_defaults(tmp_path):
+    """What `make demo` runs (`shardkit train`, every default), minus the progress bar."""
+    out = _shardkit("train", "--no-progress", cwd=tmp_path)
+    aucs = [float(x) for x in re.findall(r"validation AUC (\d\.\d+)", out)]
+    assert len(aucs) == 3 and min(aucs) > 0.88, aucs
+    assert "runs/adult/step-00000228" in out and (tmp_path / "runs/adult/latest").exists()
