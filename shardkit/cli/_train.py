@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,8 +194,20 @@ def _train(args: argparse.Namespace) -> int:
         log_every=args.log_every,
         max_steps_per_epoch=args.max_steps_per_epoch,
     )
-    run(config)
+    run(config, rank_setup=show_training_log)
     return 0
+
+
+def show_training_log() -> None:
+    """In a rank's process: the ``shardkit.train`` log (rank 0's plan, progress, metrics and
+    checkpoints) on standard output, as plain lines."""
+    log = logging.getLogger("shardkit.train")
+    if not log.handlers:  # once per process
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _export(args: argparse.Namespace) -> int:

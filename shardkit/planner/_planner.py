@@ -54,8 +54,8 @@ class EmbeddingShardingPlanner:
             constraints={"large_table_0": ParameterConstraints(sharding_types=["row_wise"])},
         )
         plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
-        print(plan)             # {'': {'large_table_0': ParameterSharding(...), ...}}
-        print(planner.stats)    # per-rank memory and cost, per-table layout
+        plan                    # {'': {'large_table_0': ParameterSharding(...), ...}}
+        str(planner.stats)      # per-rank memory and cost, per-table layout
     """
 
     def __init__(

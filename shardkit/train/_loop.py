@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     """Train on this rank; returns the last validation metrics (and plan text) on every rank."""
     torch.manual_seed(config.seed)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    say = logger.info if rank == 0 else (lambda *a, **k: None)  # the CLI shows shardkit.train
     data = build_data(config, rank, world_size)
     model = build_model(config, data)
     sharders = sharders_for(config)

@@ -8,7 +8,7 @@ import time
 
 __all__ = ["Progress"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("shardkit.train")
 
 
 class Progress:
@@ -36,10 +36,10 @@ class Progress:
             self._bar.update(1)
         elif time.monotonic() - self._last_log > 5:
             self._last_log = time.monotonic()
-            print(
-                f"epoch {self._epoch} step {step}/{self._total} loss {loss:.4f} {samples_per_s:,.0f} samples/s",
-                flush=True,
-            )
+            logger.info(
+                "epoch %d step %d/%s loss %.4f %s samples/s",
+                self._epoch, step, self._total, loss, f"{samples_per_s:,.0f}",
+            )  # fmt: skip
 
     def close(self) -> None:
         if self._bar is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -13,20 +14,33 @@ from shardkit.train._loop import train_rank
 __all__ = ["run"]
 
 
-def run(config: TrainConfig) -> dict[str, Any]:
+def run(config: TrainConfig, *, rank_setup: Callable[[], None] | None = None) -> dict[str, Any]:
     """Train with ``config``: under torchrun this process is one rank, else ``config.nproc``
-    ranks are spawned. Returns rank 0's result."""
+    ranks are spawned. Returns rank 0's result.
+
+    ``rank_setup`` (a picklable function) runs first in every rank's process: the command line
+    uses it to show the ``shardkit.train`` log on the terminal. Progress and results are logged
+    at INFO on ``shardkit.train`` (rank 0 only).
+    """
     if dist.is_torchelastic_launched():
         info = init_from_env(timeout=config.timeout)
         try:
-            return train_rank(info.rank, info.world_size, config)
+            return _rank(info.rank, info.world_size, config, rank_setup)
         finally:
             shutdown()
     results = spawn(
-        train_rank,
+        _rank,
         world_size=config.nproc,
-        args=(config,),
+        args=(config, rank_setup),
         timeout=config.timeout,
         local_world_size=config.local_world_size,
     )
     return results[0]
+
+
+def _rank(
+    rank: int, world_size: int, config: TrainConfig, setup: Callable[[], None] | None
+) -> dict[str, Any]:
+    if setup is not None:
+        setup()
+    return train_rank(rank, world_size, config)
