@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import time
-from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
 
-import shardkit
+from shardkit.bench import machine_info
 from shardkit.launch import RankFailedError, spawn
 
 TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
@@ -331,25 +329,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             f.write(report)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"args": vars(args), "machine": machine(), "rows": rows}, f, indent=1)
-
-
-def machine() -> dict:
-    info = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "shardkit": shardkit.__version__,
-    }
-    try:
-        import fbgemm_gpu
-        import torchrec
-
-        info.update(torchrec=torchrec.__version__, fbgemm_gpu=fbgemm_gpu.__version__)
-    except ImportError:
-        pass
-    return info
+            json.dump({"args": vars(args), "machine": machine_info(), "rows": rows}, f, indent=1)
 
 
 def render(rows, args) -> str:
@@ -360,7 +340,7 @@ def render(rows, args) -> str:
         f"~{args.ids_per_bag} ids per bag, MLP 512-256-1, BCE, fused row-wise Adagrad; median of {args.iters} steps "
         f"after {args.warmup} warm-up, 1 thread per rank; contenders take turns in {args.rounds} "
         "rounds: the median over rounds, and the rounds' range. *Waiting for ids*: the slower rank's time per step in shardkit's input-dist wait, from a short profiled run after the timed one (what the pipeline hides).",
-        f"Machine: {json.dumps(machine())}",
+        f"Machine: {json.dumps(machine_info())}",
         "",
         "| sharding type | implementation | ms/step | rounds (ms) | waiting for ids (ms/step) | samples/s (global) | peak RSS per rank (GB) |",
         "|---|---|---:|---:|---:|---:|---:|",

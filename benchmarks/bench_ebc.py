@@ -23,16 +23,14 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 
 import torch
 
-import shardkit
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from shardkit.bench import machine_info
 from shardkit.optim import EmbOptimType, RowWiseAdagrad
 
 OPTIMIZERS = {
@@ -227,26 +225,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             f.write(report)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"args": vars(args), "machine": machine(), "rows": rows}, f, indent=1)
-
-
-def machine() -> dict:
-    info = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "shardkit": shardkit.__version__,
-    }
-    try:
-        import fbgemm_gpu
-        import torchrec
-
-        info.update(torchrec=torchrec.__version__, fbgemm_gpu=fbgemm_gpu.__version__)
-    except ImportError:
-        info["torchrec"] = "not installed"
-    return info
+            json.dump({"args": vars(args), "machine": machine_info(), "rows": rows}, f, indent=1)
 
 
 def render(rows: list[dict], args: argparse.Namespace, num_ids: float, unique: float) -> str:
@@ -257,7 +236,7 @@ def render(rows: list[dict], args: argparse.Namespace, num_ids: float, unique: f
         f"~{args.ids_per_bag} ids per bag ({num_ids:,.0f} ids, {unique:,.0f} unique rows per step), "
         f"{args.threads} threads, median of {args.iters} steps after {args.warmup} warm-up, contenders interleaved in "
         f"{args.rounds} rounds.",
-        f"Machine: {json.dumps(machine())}",
+        f"Machine: {json.dumps(machine_info())}",
         "",
         "| optimizer | implementation | ms/step | samples/s | lookups/s | effective GB/s |",
         "|---|---|---:|---:|---:|---:|",

@@ -22,15 +22,14 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 
+from shardkit.bench import machine_info
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.planner import (
     EmbeddingComputeKernel,
@@ -374,24 +373,6 @@ def markdown(report: dict) -> str:
     return "\n".join([*lines, "", *NOTES]) + "\n"
 
 
-def machine() -> dict:
-    try:
-        import torchrec
-
-        torchrec_version = torchrec.__version__
-    except ImportError:
-        torchrec_version = None
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchrec": torchrec_version,
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the report (JSON) here")
@@ -412,7 +393,7 @@ def main() -> int:
         command = f"PYTHONPATH={os.environ['PYTHONPATH']} {command}"
     report = {
         "command": command,
-        "machine": machine(),
+        "machine": machine_info(),
         "batch_size": BATCH_SIZE,
         "local_world_size": LOCAL_WORLD_SIZE,
     }

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
+from shardkit.bench import machine_info
 from shardkit.bench.comm import OPS, CommBenchConfig, format_table, run_comm_bench
 from shardkit.launch import current, spawn
 
@@ -80,21 +78,9 @@ def _run(args: argparse.Namespace) -> int:
     rows, backend = results[0]
     print(format_table(rows, world_size=args.world_size, backend=backend))
     if args.json:
-        report = {"machine": _machine(), "world_size": args.world_size, "backend": backend}
+        report = {"machine": machine_info(), "world_size": args.world_size, "backend": backend}
         report["rows"] = [row.to_dict() for row in rows]
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def _machine() -> dict[str, Any]:
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
