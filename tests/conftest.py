@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from shardkit.launch import RankPool
 
@@ -41,3 +42,14 @@ def run_ranks(_rank_pools: dict[tuple[int, int], RankPool]) -> Callable[..., lis
         return pool.run(fn, *args)
 
     return run
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the test: with tiny tensors, more threads only contend on
+    a shared machine (measured: the synthetic training test takes 1 s on one thread, 8 s on two
+    busy cores). tests/data and tests/metrics use it for every test."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -4,22 +4,15 @@ the commands in benchmarks/results/ keep working as the code changes."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.scripts import run_script
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _run(script: str, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return run_script(BENCHMARKS / script, *args)
 
 
 def test_bench_ebc_runs_at_toy_size(tmp_path):

@@ -13,21 +13,14 @@ import torch
 
 from shardkit.train import TrainConfig
 from shardkit.train._build import build_data, build_model
+from tests.scripts import run_script
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "criteo"
 QUICK = ["--epochs", "1", "--max-steps-per-epoch", "4", "--no-progress", "--batch-size", "64"]
 
 
 def _shardkit(*args: str, cwd: Path) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result.stdout
+    return run_script("-m", "shardkit", *args, cwd=cwd)
 
 
 def test_help_lists_every_train_option(tmp_path):

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.scripts import run_script
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "collectives.py"
 
 
 def test_collectives_example_prints_the_seed_outputs():
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--tick", "0.05"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = run_script(EXAMPLE, "--tick", "0.05", timeout=180)
     # reduce and all-reduce of ones * rank over 4 ranks: 0 + 1 + 2 + 3
     assert "## reduce (SUM to rank 0)\ntensor([[6., 6.],\n        [6., 6.]])" in out
     for rank in range(4):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.scripts import run_script
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp_charlm.py"
 TINY = [
@@ -18,14 +19,7 @@ TINY = [
 
 
 def _run(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), *TINY, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return run_script(EXAMPLE, *TINY, *args)
 
 
 def _final(out: str) -> tuple[float, str]:
@@ -60,11 +54,9 @@ def test_charlm_learns_and_resumes_bit_identically(tmp_path):
 
 def test_charlm_under_torchrun(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node=2", str(EXAMPLE), *TINY,
-         "--steps", "4", "--ckpt-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+    out = run_script(
+        torchrun, "--standalone", "--nproc-per-node=2", EXAMPLE, *TINY,
+        "--steps", "4", "--ckpt-dir", tmp_path,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 ranks" in result.stdout and "final validation loss" in result.stdout
+    assert "2 ranks" in out and "final validation loss" in out
     assert (tmp_path / "step-00000004").is_dir()

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.scripts import free_port, run_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(script: str, *args: str) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_PORT": str(port)}
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return run_script(EXAMPLES / script, *args, env={"MASTER_PORT": str(free_port())})
 
 
 def _shards(plan_line: str, table: str) -> list[tuple[list[int], list[int], int]]:

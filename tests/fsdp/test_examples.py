@@ -4,33 +4,19 @@ and examples/fsdp_mnist.py, on a small slice of the vendored Fashion-MNIST
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+
+from tests.scripts import free_port, run_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(script: str, *args: str, cwd: Path, limit: int) -> str:
-    with socket.socket() as s:  # the seed's own launcher needs a free port
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "SHARDKIT_FMNIST_LIMIT": str(limit), "MASTER_PORT": str(port)}
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=cwd,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    env = {"SHARDKIT_FMNIST_LIMIT": str(limit), "MASTER_PORT": str(free_port())}
+    return run_script(EXAMPLES / script, *args, cwd=cwd, env=env, timeout=240)
 
 
 def test_seed_program_runs_on_shardkit(tmp_path):

@@ -1,17 +1,10 @@
-"""The metrics tests use tiny tensors: intra-op threads only add contention on a shared machine
-(see tests/data/conftest.py)."""
+"""Every test here runs torch on one thread (see `one_thread` in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_thread: None) -> None:
+    """Applies the shared `one_thread` fixture to every test in this directory."""
