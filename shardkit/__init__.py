@@ -1,23 +1,17 @@
 """shardkit: model-parallel embeddings and fully sharded data parallel in plain PyTorch."""
 
-import warnings
-
-with warnings.catch_warnings():
-    # Without NumPy, torch warns once, while it imports its tensor subclasses, that it cannot
-    # initialise NumPy. shardkit does not use NumPy: the warning would only alarm.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    # `shardkit.distributed.DistributedModelParallel` must work after a bare `import shardkit`,
-    # as `torchrec.distributed.DistributedModelParallel` does after `import torchrec` (seed 002).
-    from shardkit import distributed  # noqa: F401 (see above)
-    from shardkit.modules import (
-        DataType,
-        EmbeddingBagCollection,
-        EmbeddingBagConfig,
-        EmbeddingCollection,
-        EmbeddingConfig,
-        PoolingType,
-    )
-    from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+# `shardkit.distributed.DistributedModelParallel` must work after a bare `import shardkit`,
+# as `torchrec.distributed.DistributedModelParallel` does after `import torchrec` (seed 002).
+from shardkit import distributed  # noqa: F401 (see above)
+from shardkit.modules import (
+    DataType,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    PoolingType,
+)
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __version__ = "0.1.0"
 

@@ -39,7 +39,6 @@ from shardkit.checkpoint._store import (
     verify,
     write_manifest,
 )
-from shardkit.comm._compat import object_collectives_without_numpy
 from shardkit.sharding._state import quiet_sharded_tensor
 
 __all__ = ["load", "save"]
@@ -78,7 +77,7 @@ def save(
     temporary, final = _broadcast_paths(root, step, rank, group)
     with sharded_view(model):
         state = _state(model, optimizer, extra or {}, rank)
-    with object_collectives_without_numpy(), quiet_sharded_tensor():
+    with quiet_sharded_tensor():
         dcp.save(state, checkpoint_id=str(temporary), process_group=group)
     mine = sorted(n for n in os.listdir(temporary) if n.startswith(f"__{rank}_"))
     digests = comm.all_gather_object(file_digests(temporary, mine), group=group)
@@ -134,7 +133,7 @@ def load(
         state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
     else:
         del state["extra"]
-    with object_collectives_without_numpy(), quiet_sharded_tensor():
+    with quiet_sharded_tensor():
         dcp.load(state, checkpoint_id=str(directory), process_group=group)
     if has_fsdp(model):  # its DTensors are built for the state dict, not views of the shards
         with sharded_view(model):

@@ -1,7 +1,7 @@
 """Collectives of picklable Python objects, built on the tensor collectives.
 
-torch's own object collectives need NumPy, which shardkit does not require; these move the
-pickled bytes as a uint8 tensor instead.
+They move the pickled bytes as one uint8 tensor with a label and a timeout like every shardkit
+collective (torch's own object collectives go through NumPy and carry neither).
 """
 
 from __future__ import annotations

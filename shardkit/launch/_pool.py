@@ -159,7 +159,7 @@ class RankPool:
         self._tmpdir = tempfile.mkdtemp(prefix="shardkit-ranks-")
         store_path = os.path.join(self._tmpdir, "store")
         context = mp.get_context("spawn")
-        with _hide_missing_main_file(), _quiet_children():
+        with _hide_missing_main_file():
             self._start_processes(context, store_path)
         logger.info("started %d ranks (rendezvous in %s)", self.world_size, self._tmpdir)
         self._starting = True
@@ -250,24 +250,6 @@ class RankPool:
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
-
-
-# torch warns in every process it starts in when NumPy is missing; shardkit does not need
-# NumPy, so the rank processes start with that one warning filtered.
-_QUIET = "ignore:Failed to initialize NumPy:UserWarning"
-
-
-@contextlib.contextmanager
-def _quiet_children() -> Iterator[None]:
-    old = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = f"{old},{_QUIET}" if old else _QUIET
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["PYTHONWARNINGS"]
-        else:
-            os.environ["PYTHONWARNINGS"] = old
 
 
 @contextlib.contextmanager

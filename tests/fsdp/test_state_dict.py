@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardkit.comm._compat import object_collectives_without_numpy
 from shardkit.fsdp import (
     FullStateDictConfig,
     FullyShardedDataParallel,
@@ -128,8 +127,7 @@ def _dcp_save(rank, ws, path, face):
     train(model, optimizer, batches(ws), rank, ws)
     with state_dict_type(model, SHARDED):
         states = {"model": model.state_dict(), "optim": optim_state_dict(model, optimizer)}
-    with object_collectives_without_numpy():
-        dcp.save(states, checkpoint_id=path)
+    dcp.save(states, checkpoint_id=path)
     return _full_state(model)
 
 
@@ -153,8 +151,7 @@ def _dcp_load_and_train(rank, ws, path, face, strategy):
     )  # optimizer state exists, then is replaced
     with state_dict_type(model, SHARDED):
         states = {"model": model.state_dict(), "optim": optim_state_dict(model, optimizer)}
-        with object_collectives_without_numpy():
-            dcp.load(states, checkpoint_id=path)
+        dcp.load(states, checkpoint_id=path)
         model.load_state_dict(states["model"])
         optimizer.load_state_dict(optim_state_dict_to_load(model, optimizer, states["optim"]))
     loaded = _full_state(model)
