@@ -61,7 +61,7 @@ def _grads(
     for unit in root.context.units:
         for param in unit.group.params:
             managed.add(id(param.sharded))
-            group = param.topology.shard_group
+            group = param.mesh_info.shard_group
             if param.whole or group is None:
                 if param.sharded.grad is not None:
                     whole.append(param.sharded.grad)
@@ -78,7 +78,7 @@ def _grads(
 def _device(root: FSDPState) -> torch.device:
     for unit in root.context.units:
         for param in unit.group.params:
-            return param.topology.device
+            return param.mesh_info.device
     return torch.device("cpu")
 
 

@@ -34,9 +34,9 @@ from shardkit.fsdp._api import (
 from shardkit.fsdp._clip import clip_grad_norm_
 from shardkit.fsdp._init import UnitSettings, build_unit
 from shardkit.fsdp._materialize import materialize
+from shardkit.fsdp._mesh_info import compute_device, make_mesh_info
 from shardkit.fsdp._state import FSDPState, get_state
 from shardkit.fsdp._state_dict import install_state_dict_hooks
-from shardkit.fsdp._topology import compute_device, make_topology
 
 __all__ = ["FSDPModule", "check_type", "fully_shard", "require_process_group"]
 
@@ -154,9 +154,9 @@ def fully_shard(
     check_type("mp_policy", mp_policy, MixedPrecision, "MixedPrecision(param_dtype=torch.bfloat16)")
     check_type("offload_policy", offload_policy, CPUOffload, "CPUOffload(offload_params=True)")
     check_type("prefetch_policy", prefetch_policy, PrefetchPolicy, "PrefetchPolicy(forward=True)")
-    topology = make_topology(strategy, device_mesh=mesh, device=compute_device(device))
+    mesh_info = make_mesh_info(strategy, device_mesh=mesh, device=compute_device(device))
     settings = UnitSettings(
-        topology=topology,
+        mesh_info=mesh_info,
         strategy=strategy,
         mp=mp_policy,
         offload=offload_policy,

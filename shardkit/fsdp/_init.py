@@ -21,11 +21,11 @@ from torch import nn
 
 from shardkit import comm
 from shardkit.fsdp._api import CPUOffload, MixedPrecision, PrefetchPolicy, ShardingStrategy
+from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, Slot
 from shardkit.fsdp._param_group import BufferInfo, ParamGroup
 from shardkit.fsdp._stale import REPLACED_ATTR, mark_replaced
 from shardkit.fsdp._state import FSDPState, UnitConfig, get_state
-from shardkit.fsdp._topology import Topology
 
 __all__ = ["UnitSettings", "build_unit", "is_managed"]
 
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 class UnitSettings:
     """Everything a unit is built from (one per wrapping call; auto-wrap shares it)."""
 
-    topology: Topology
+    mesh_info: MeshInfo
     strategy: ShardingStrategy
     mp: MixedPrecision
     offload: CPUOffload
@@ -47,7 +47,7 @@ class UnitSettings:
 
     @property
     def storage_device(self) -> torch.device:
-        return torch.device("cpu") if self.offload.offload_params else self.topology.device
+        return torch.device("cpu") if self.offload.offload_params else self.mesh_info.device
 
 
 def is_managed(param: torch.Tensor) -> bool:
@@ -74,13 +74,13 @@ def build_unit(
     if existing is not None:
         found.problems.insert(0, _already_wrapped(module, existing))
     found.problems.extend(_device_problems(found.params, label))
-    _agree(settings.topology.world_group, found, label, settings.strategy)
+    _agree(settings.mesh_info.world_group, found, label, settings.strategy)
     params = [_describe(param, slots, settings) for param, slots in found.params]
     group = ParamGroup(
         params,
         _prepare_buffers(found.buffers, settings),
         settings.mp,
-        topology=settings.topology,
+        mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
         meta=any(param.is_meta for param, _ in found.params),
     )
@@ -238,7 +238,7 @@ def _describe(param: nn.Parameter, slots: list[Slot], settings: UnitSettings) ->
         param.shape,
         param.dtype,
         requires_grad=param.requires_grad,
-        topology=settings.topology,
+        mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
         param_dtype=settings.mp.param_dtype,
     )
@@ -247,14 +247,14 @@ def _describe(param: nn.Parameter, slots: list[Slot], settings: UnitSettings) ->
 def _shard_params(found: _Found, group: ParamGroup, settings: UnitSettings, label: str) -> None:
     """Replace each parameter by its shard, one at a time, so that the full parameter can be
     freed before the next one is sharded."""
-    topology = settings.topology
+    mesh_info = settings.mesh_info
     for sharded in group.params:
         param, _ = found.params.pop(0)
         full = param.detach()
         if not full.is_meta:
-            full = full.to(topology.device)
+            full = full.to(mesh_info.device)
             if settings.sync_module_states:
-                full = _broadcast_from_first(full, topology.world_group)
+                full = _broadcast_from_first(full, mesh_info.world_group)
         group.load(sharded, full)
         mark_replaced(param, f"'{sharded.fqn}' {list(sharded.shape)} of unit {label!r}")
         del param, full
@@ -276,9 +276,9 @@ def _prepare_buffers(
 
 def prepare_buffer(buffer: torch.Tensor, settings: UnitSettings) -> torch.Tensor:
     """Move a buffer to the compute device, take rank 0's values if asked, cast it."""
-    buffer = buffer.to(settings.topology.device)
+    buffer = buffer.to(settings.mesh_info.device)
     if settings.sync_module_states:
-        buffer = _broadcast_from_first(buffer, settings.topology.world_group)
+        buffer = _broadcast_from_first(buffer, settings.mesh_info.world_group)
     dtype = settings.mp.buffer_dtype
     if dtype is not None and buffer.is_floating_point():
         buffer = buffer.to(dtype)
@@ -298,7 +298,7 @@ def _log_unit(state: FSDPState, settings: UnitSettings) -> None:
     numel = sum(p.shape.numel() for p in params)
     local = sum(torch.Size(p.local_shape).numel() for p in params)
     size = params[0].dtype.itemsize if params else 4
-    topology = settings.topology
+    mesh_info = settings.mesh_info
     logger.info(
         "unit %r: %d parameter(s), %.2f M elements (%.1f MB); %s over %d rank(s) x %d "
         "replica(s): %.1f MB of parameters per rank; %d nested unit(s)",
@@ -307,8 +307,8 @@ def _log_unit(state: FSDPState, settings: UnitSettings) -> None:
         numel / 1e6,
         numel * size / 1e6,
         settings.strategy.name,
-        topology.shard_size,
-        topology.replicate_size,
+        mesh_info.shard_size,
+        mesh_info.replicate_size,
         local * size / 1e6,
         len(state.context.units) - 1,
     )

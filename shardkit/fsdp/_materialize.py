@@ -59,7 +59,7 @@ def materialize(
     owner = {(id(s.module), s.attr): p for u in units for p in u.group.params for s in p.slots}
     groups = {id(p): u.group for u in units for p in u.group.params}
     buffer_dtype = {(id(b.module), b.name): u for u in units for b in u.group.buffers}
-    device = units[0].group.params[0].topology.device if units[0].group.params else None
+    device = units[0].group.params[0].mesh_info.device if units[0].group.params else None
     count = 0
     for current in module.modules():
         own = [(attr, owner.get((id(current), attr))) for attr in current._parameters]
@@ -119,6 +119,6 @@ def _materialize_one(
 
 
 def _broadcast(full: torch.Tensor, param: ShardedParam) -> None:
-    group = param.topology.world_group
+    group = param.mesh_info.world_group
     if dist.get_world_size(group) > 1:
         comm.broadcast(full, src=dist.get_global_rank(group, 0), group=group, inplace=True)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
-from shardkit.fsdp._topology import Topology
+from shardkit.fsdp._mesh_info import MeshInfo
 
 __all__ = ["ShardedParam", "Slot", "chunk_rows", "copy_into_storage", "set_param"]
 
@@ -80,7 +80,7 @@ class ShardedParam:
             first one names it, e.g. ``"0.weight"`` under the unit's module.
         shape, dtype: the parameter's.
         requires_grad: whether it is trained.
-        topology: the unit's groups and compute device.
+        mesh_info: the unit's groups and compute device.
         storage_device: where the shard lives (the CPU with offload).
         param_dtype: dtype of the gathered parameter (mixed precision), None for its own.
     """
@@ -92,7 +92,7 @@ class ShardedParam:
         dtype: torch.dtype,
         *,
         requires_grad: bool,
-        topology: Topology,
+        mesh_info: MeshInfo,
         storage_device: torch.device,
         param_dtype: torch.dtype | None,
     ) -> None:
@@ -101,17 +101,17 @@ class ShardedParam:
         self.shape = shape
         self.dtype = dtype
         self.requires_grad = requires_grad
-        self.topology = topology
+        self.mesh_info = mesh_info
         self.storage_device = storage_device
         self.param_dtype = param_dtype or dtype
-        self.whole = topology.shard_size == 1 or len(shape) == 0
+        self.whole = mesh_info.shard_size == 1 or len(shape) == 0
         self.aliased = (
-            self.whole and self.param_dtype == dtype and storage_device == topology.device
+            self.whole and self.param_dtype == dtype and storage_device == mesh_info.device
         )
         self.row_shape = tuple(shape[1:])
         self.row_numel = math.prod(self.row_shape)
-        self.rows_per_rank = chunk_rows(shape[0] if len(shape) else 1, topology.shard_size)
-        self.row_offset = sum(self.rows_per_rank[: topology.shard_rank])
+        self.rows_per_rank = chunk_rows(shape[0] if len(shape) else 1, mesh_info.shard_size)
+        self.row_offset = sum(self.rows_per_rank[: mesh_info.shard_rank])
         self.on_grad_ready: Callable[[ShardedParam], None] = lambda _: None
         self.grad_fresh = False  # a gradient arrived since the last reduction (aliased only)
         self.sharded: nn.Parameter = nn.Parameter(torch.empty(0, device="meta"), requires_grad)
@@ -128,7 +128,7 @@ class ShardedParam:
         """Shape of this rank's shard: ``[rows, *rest]``, or the parameter's own when whole."""
         if self.whole:
             return tuple(self.shape)
-        return (self.rows_per_rank[self.topology.shard_rank], *self.row_shape)
+        return (self.rows_per_rank[self.mesh_info.shard_rank], *self.row_shape)
 
     def local_rows(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full-shape tensor (a view)."""
@@ -165,9 +165,9 @@ class ShardedParam:
         if self.whole:
             return local
         full = comm.all_gather_into_tensor(
-            local.to(self.topology.device),
+            local.to(self.mesh_info.device),
             output_split_sizes=self.rows_per_rank,
-            group=self.topology.shard_group,
+            group=self.mesh_info.shard_group,
         )
         assert isinstance(full, torch.Tensor)
         return full.view(self.shape)
@@ -203,7 +203,7 @@ class ShardedParam:
     def start_unshard_whole(self) -> None:
         if self.is_unsharded or self._gather is not None:
             return
-        local = self.sharded.detach().to(self.topology.device, non_blocking=True)
+        local = self.sharded.detach().to(self.mesh_info.device, non_blocking=True)
         self._gather = local.to(self.param_dtype)
 
     def finish_unshard_whole(self) -> None:
@@ -238,7 +238,7 @@ class ShardedParam:
         if grad is None:
             return
         buffer = grad if reduce_dtype in (None, grad.dtype) else grad.to(reduce_dtype)
-        group = self.topology.world_group
+        group = self.mesh_info.world_group
         if dist.get_world_size(group) == 1:
             self._reduce = buffer
             return

@@ -17,8 +17,8 @@ import torch
 from shardkit.fsdp._api import MixedPrecision
 from shardkit.fsdp._flat import FlatBucket
 from shardkit.fsdp._memory import BufferPool
+from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, set_param
-from shardkit.fsdp._topology import Topology
 
 __all__ = ["BufferInfo", "ParamGroup"]
 
@@ -40,7 +40,7 @@ class ParamGroup:
         params: the unit's parameters, in registration order (shards not yet set).
         buffers: the buffers of the unit's own modules (not sharded; kept on the compute device).
         mp: mixed precision policy (dtype of the gradient reduction).
-        topology: the unit's groups; storage_device: where shards live.
+        mesh_info: the unit's groups; storage_device: where shards live.
         meta: the parameters are on the meta device.
     """
 
@@ -50,13 +50,13 @@ class ParamGroup:
         buffers: list[BufferInfo],
         mp: MixedPrecision,
         *,
-        topology: Topology,
+        mesh_info: MeshInfo,
         storage_device: torch.device,
         meta: bool,
     ) -> None:
         self.params = params
         self.buffers = buffers
-        self.on_cpu = topology.device.type == "cpu"
+        self.on_cpu = mesh_info.device.type == "cpu"
         self.reduce_dtype = mp.effective_reduce_dtype
         self.whole = [p for p in params if p.whole]
         by_dtype: dict[torch.dtype, list[ShardedParam]] = {}
@@ -64,7 +64,7 @@ class ParamGroup:
             if not param.whole:
                 by_dtype.setdefault(param.dtype, []).append(param)
         self.buckets = [
-            FlatBucket(group, topology, storage_device, meta=meta) for group in by_dtype.values()
+            FlatBucket(group, mesh_info, storage_device, meta=meta) for group in by_dtype.values()
         ]
         self._place = {
             id(p): (bucket, i) for bucket in self.buckets for i, p in enumerate(bucket.params)

@@ -86,7 +86,7 @@ def to_dtensor(param: ShardedParam, local: torch.Tensor, *, offload: bool = Fals
     """``local`` (laid out like the shard) as a DTensor with the parameter's global shape."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    mesh, placements = param.topology.mesh_and_placements
+    mesh, placements = param.mesh_info.mesh_and_placements
     if param.whole:  # every rank holds all of it (see [Note: shard layout])
         placements = tuple(Replicate() for _ in placements)
     local = local.cpu() if offload else local
@@ -125,7 +125,7 @@ def to_local(param: ShardedParam, value: Any, key: str) -> torch.Tensor:
         if tuple(value.shape) != tuple(param.shape):
             raise ValueError(_shape_message(key, value.shape, param.shape))
         local = value.to_local()
-        mesh, placements = param.topology.mesh_and_placements
+        mesh, placements = param.mesh_info.mesh_and_placements
         same = value.device_mesh == mesh and tuple(value.placements) == tuple(placements)
         if same and tuple(local.shape) == param.local_shape:
             return local

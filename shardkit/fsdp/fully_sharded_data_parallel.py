@@ -38,10 +38,10 @@ from shardkit.fsdp._api import (
 from shardkit.fsdp._fully_shard import FSDPModule, check_type, require_process_group
 from shardkit.fsdp._init import UnitSettings, build_unit
 from shardkit.fsdp._materialize import has_meta, materialize
+from shardkit.fsdp._mesh_info import compute_device, make_mesh_info
 from shardkit.fsdp._optim_state_dict import optim_state_dict, optim_state_dict_to_load
 from shardkit.fsdp._state_dict import install_state_dict_hooks, state_dict_type
 from shardkit.fsdp._summon import summon_full_params
-from shardkit.fsdp._topology import compute_device, make_topology
 from shardkit.fsdp.wrap import recursive_wrap
 
 __all__ = [
@@ -112,7 +112,7 @@ class FullyShardedDataParallel(FSDPModule, nn.Module):
         offload = CPUOffload() if cpu_offload is None else cpu_offload
         check_type("mixed_precision", mp, MixedPrecision, "MixedPrecision(torch.bfloat16)")
         check_type("cpu_offload", offload, CPUOffload, "CPUOffload(offload_params=True)")
-        topology = make_topology(
+        mesh_info = make_mesh_info(
             strategy,
             process_group=process_group,
             device_mesh=device_mesh,
@@ -120,7 +120,7 @@ class FullyShardedDataParallel(FSDPModule, nn.Module):
         )
         ignored_mods, ignored_params = _ignored(ignored_modules, ignored_states)
         settings = UnitSettings(
-            topology=topology,
+            mesh_info=mesh_info,
             strategy=strategy,
             mp=mp,
             offload=offload,

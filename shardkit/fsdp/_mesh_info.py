@@ -30,7 +30,7 @@ import torch.distributed as dist
 from shardkit import comm, launch
 from shardkit.fsdp._api import ShardingStrategy
 
-__all__ = ["Topology", "compute_device", "make_topology"]
+__all__ = ["MeshInfo", "compute_device", "make_mesh_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ _HOST_GROUPS: dict[tuple[int, int, int], tuple[Group, Group]] = {}
 
 
 @dataclass(frozen=True, eq=False)
-class Topology:
-    """The groups of one unit, and the device it computes on. See [Note: strategies as groups].
+class MeshInfo:
+    """A unit's groups, mesh and compute device (FSDP2 calls it FSDPMeshInfo; not the planner's
+    Topology). See [Note: strategies as groups].
 
     Args:
         world_group: every rank of the job (for agreement checks).
@@ -91,11 +92,11 @@ class Topology:
         return DeviceMesh.from_group(group, device_type), (Replicate(),)
 
 
-def _hybrid_layout(topology: Topology) -> torch.Tensor:
+def _hybrid_layout(mesh_info: MeshInfo) -> torch.Tensor:
     """``[replicas, shards]`` global ranks: entry ``[i, j]`` holds shard ``j`` of replica ``i``."""
-    mine = (dist.get_rank(topology.replicate_group), topology.shard_rank, dist.get_rank())
-    everyone = comm.all_gather_object(mine, group=topology.world_group)
-    layout = torch.empty(topology.replicate_size, topology.shard_size, dtype=torch.int)
+    mine = (dist.get_rank(mesh_info.replicate_group), mesh_info.shard_rank, dist.get_rank())
+    everyone = comm.all_gather_object(mine, group=mesh_info.world_group)
+    layout = torch.empty(mesh_info.replicate_size, mesh_info.shard_size, dtype=torch.int)
     for replica, shard, rank in everyone:
         layout[replica, shard] = rank
     return layout
@@ -115,13 +116,13 @@ def compute_device(device_id: int | torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def make_topology(
+def make_mesh_info(
     strategy: ShardingStrategy,
     *,
     process_group: Group | tuple[Group, Group] | None = None,
     device_mesh: Any = None,
     device: torch.device,
-) -> Topology:
+) -> MeshInfo:
     """Groups for ``strategy`` from an explicit group, a DeviceMesh, or the default group."""
     if not isinstance(strategy, ShardingStrategy):
         raise TypeError(
@@ -131,12 +132,12 @@ def make_topology(
     world = dist.group.WORLD
     if strategy is ShardingStrategy.HYBRID_SHARD:
         shard, replicate = _hybrid_groups(process_group, device_mesh)
-        return Topology(world, shard, replicate, device)
+        return MeshInfo(world, shard, replicate, device)
     group = _flat_group(strategy, process_group, device_mesh)
     if strategy is ShardingStrategy.NO_SHARD:
         replicate = group if dist.get_world_size(group) > 1 else None
-        return Topology(group, None, replicate, device)
-    return Topology(group, group, None, device)
+        return MeshInfo(group, None, replicate, device)
+    return MeshInfo(group, group, None, device)
 
 
 def _flat_group(strategy: ShardingStrategy, process_group: Any, device_mesh: Any) -> Group:
