@@ -56,6 +56,7 @@ class FlatBucket:
         mesh_info: the unit's groups and compute device.
         storage_device: where the flat shard lives (the CPU with offload).
         meta: allocate the shard on the meta device (the module is not materialised yet).
+        pin_memory: pin a CPU shard that a GPU gathers from.
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class FlatBucket:
         storage_device: torch.device,
         *,
         meta: bool,
+        pin_memory: bool = True,
     ) -> None:
         self.params = params
+        self.pin_memory = pin_memory
         self.mesh_info = mesh_info
         self.storage_device = storage_device
         self.dtype = params[0].dtype
@@ -85,13 +88,14 @@ class FlatBucket:
         self.flat_shard = self._new_shard(device)
         self.flat_full: torch.Tensor | None = None
         self._gather: comm.Handle | None = None
+        self._gathered_version = -1
         self._reduce: comm.Handle | None = None
         self._reduce_buffer: torch.Tensor | None = None
         self._reduced: list[bool] = []
 
     def _new_shard(self, device: torch.device) -> torch.Tensor:
         shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=device)
-        if device.type == "cpu" and self.mesh_info.device.type == "cuda":
+        if self.pin_memory and device.type == "cpu" and self.mesh_info.device.type == "cuda":
             shard = shard.pin_memory()
         return shard
 
@@ -113,6 +117,17 @@ class FlatBucket:
                 view.copy_(self.params[index].local_rows(full))
         self.params[index].set_shard(view)
 
+    def adopt(self, index: int, local: torch.Tensor) -> None:
+        """Parameter ``index``'s registered shard was given a new tensor (``module.to_empty``,
+        ``module.to``): copy it into the flat shard and point the shard back at its view."""
+        if self.flat_shard.is_meta and not local.is_meta:
+            self.flat_shard = self._new_shard(self.storage_device)
+        view = self.shard_view(index)
+        if not local.is_meta:
+            with torch.no_grad():
+                view.copy_(local)
+        self.params[index].repoint(view)
+
     # ---- gathering ------------------------------------------------------------------------------
 
     @property
@@ -120,10 +135,19 @@ class FlatBucket:
         storage = None if self.flat_full is None else self.flat_full.untyped_storage()
         return self._gather is not None or (storage is not None and storage.nbytes() > 0)
 
+    def is_stale(self) -> bool:
+        """Gathered before the shard last changed. See [Note: unsharded storage]."""
+        return (
+            self._gather is None
+            and self.is_unsharded
+            and self.flat_shard._version != self._gathered_version
+        )
+
     def start_unshard(self) -> None:
         """Launch the all-gather of the flat shard (asynchronous; no-op if gathered or pending)."""
         if self._gather is not None or self.is_unsharded:
             return
+        self._gathered_version = self.flat_shard._version
         local = self.flat_shard.to(self.mesh_info.device, non_blocking=True).to(self.param_dtype)
         handle = comm.all_gather_into_tensor(local, group=self.mesh_info.shard_group, async_op=True)
         assert isinstance(handle, comm.Handle)
@@ -196,13 +220,11 @@ class FlatBucket:
     # ---- gradients ------------------------------------------------------------------------------
 
     def has_new_grads(self) -> bool:
-        return any(p.unsharded is not None and p.unsharded.grad is not None for p in self.params)
+        return any(p.has_new_grad() for p in self.params)
 
     def start_reduce(self, reduce_dtype: torch.dtype | None, pool: BufferPool) -> None:
         """Copy the gradients into rank-major order and launch one AVG reduce-scatter."""
-        self._reduced = [
-            p.unsharded is not None and p.unsharded.grad is not None for p in self.params
-        ]
+        self._reduced = [p.has_new_grad() for p in self.params]
         if not any(self._reduced):
             return
         shape = (self.mesh_info.shard_size, self.shard_numel)
@@ -211,10 +233,9 @@ class FlatBucket:
         if not all(self._reduced) or self._has_padding():
             buffer.zero_()
         for index, param in enumerate(self.params):
-            if self._reduced[index]:
-                assert param.unsharded is not None and param.unsharded.grad is not None
-                self._copy_rows_in(index, param.unsharded.grad, buffer)
-                param.unsharded.grad = None
+            grad = param.take_grad() if self._reduced[index] else None
+            if grad is not None:
+                self._copy_rows_in(index, grad, buffer)
         handle = comm.reduce_scatter_tensor(
             buffer.view(-1),
             op=AVG,

@@ -18,14 +18,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shardkit import comm
-from shardkit.fsdp._api import CPUOffload, MixedPrecision, PrefetchPolicy, ShardingStrategy
+from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, Slot
 from shardkit.fsdp._param_group import BufferInfo, ParamGroup
 from shardkit.fsdp._stale import REPLACED_ATTR, mark_replaced
 from shardkit.fsdp._state import FSDPState, UnitConfig, get_state
+from shardkit.fsdp.api import ShardingStrategy
 
 __all__ = ["UnitSettings", "build_unit", "is_managed"]
 
@@ -34,20 +36,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UnitSettings:
-    """Everything a unit is built from (one per wrapping call; auto-wrap shares it)."""
+    """Everything a unit is built from (one per wrapping call; auto-wrap shares it).
+
+    ``strategy`` names the layout in logs and cross-rank checks; ``reshard_after_forward`` (see
+    `UnitConfig`) says what happens after forward; ``dtensor``: shards are DTensors (FSDP2).
+    """
 
     mesh_info: MeshInfo
     strategy: ShardingStrategy
-    mp: MixedPrecision
-    offload: CPUOffload
-    prefetch: PrefetchPolicy
+    precision: Precision
+    prefetch: Prefetch
+    reshard_after_forward: bool | None
+    offload: bool = False
+    pin_memory: bool = True
+    dtensor: bool = False
     ignored_params: frozenset[nn.Parameter] = frozenset()
     ignored_modules: frozenset[nn.Module] = frozenset()
     sync_module_states: bool = False
 
     @property
     def storage_device(self) -> torch.device:
-        return torch.device("cpu") if self.offload.offload_params else self.mesh_info.device
+        return torch.device("cpu") if self.offload else self.mesh_info.device
 
 
 def is_managed(param: torch.Tensor) -> bool:
@@ -79,16 +88,16 @@ def build_unit(
     group = ParamGroup(
         params,
         _prepare_buffers(found.buffers, settings),
-        settings.mp,
+        settings.precision,
         mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
         meta=any(param.is_meta for param, _ in found.params),
+        pin_memory=settings.pin_memory,
     )
     _shard_params(found, group, settings, label)
     config = UnitConfig(
-        reshard_after_forward=settings.strategy
-        in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD),
-        mp=settings.mp,
+        reshard_after_forward=settings.reshard_after_forward,
+        precision=settings.precision,
         prefetch=settings.prefetch,
     )
     state = FSDPState(trigger, group, config, name=label)
@@ -111,6 +120,9 @@ def _collect(module: nn.Module, settings: UnitSettings, label: str) -> _Found:
                 continue
             if getattr(param, REPLACED_ATTR, None) is not None or is_managed(param):
                 found.problems.append(_shared_with_nested(label, slot.fqn, param))
+                continue
+            if isinstance(param, DTensor):
+                found.problems.append(_already_dtensor(label, slot.fqn, param))
                 continue
             by_id[id(param)] = [slot]
             found.params.append((param, by_id[id(param)]))
@@ -156,6 +168,15 @@ def _shared_with_nested(label: str, fqn: str, param: torch.Tensor) -> str:
         f"parameter {fqn!r} of unit {label!r} (shape {list(param.shape)}) is also registered in "
         "another unit, which already sharded it; wrap the modules that share a parameter in "
         "one unit"
+    )
+
+
+def _already_dtensor(label: str, fqn: str, param: torch.Tensor) -> str:
+    placements = tuple(param.placements)  # type: ignore[attr-defined]
+    return (
+        f"parameter {fqn!r} of unit {label!r} is already a DTensor (placements {placements}, "
+        "e.g. from tensor parallelism); shardkit.fsdp shards plain parameters only: apply it to "
+        "a model without DTensor parameters"
     )
 
 
@@ -240,7 +261,8 @@ def _describe(param: nn.Parameter, slots: list[Slot], settings: UnitSettings) ->
         requires_grad=param.requires_grad,
         mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
-        param_dtype=settings.mp.param_dtype,
+        param_dtype=settings.precision.param_dtype,
+        dtensor=settings.dtensor,
     )
 
 
@@ -279,7 +301,7 @@ def prepare_buffer(buffer: torch.Tensor, settings: UnitSettings) -> torch.Tensor
     buffer = buffer.to(settings.mesh_info.device)
     if settings.sync_module_states:
         buffer = _broadcast_from_first(buffer, settings.mesh_info.world_group)
-    dtype = settings.mp.buffer_dtype
+    dtype = settings.precision.buffer_dtype
     if dtype is not None and buffer.is_floating_point():
         buffer = buffer.to(dtype)
     return buffer

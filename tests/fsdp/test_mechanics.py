@@ -418,18 +418,3 @@ def test_structural_decisions_are_logged(run_ranks):
         line.startswith("unit 'blocks.0': 6 parameter(s)") and "FULL_SHARD over 2 rank(s)" in line
         for line in lines
     ), lines
-
-
-def _unshard_reshard(rank, ws):
-    model = make_model()
-    fully_shard(model)
-    model.unshard()
-    gathered = tuple(model.head.weight.shape)
-    model.reshard()
-    return gathered, tuple(model.head.weight.shape)
-
-
-def test_unshard_and_reshard_by_hand(run_ranks):
-    for rank, (gathered, sharded) in enumerate(run_ranks(_unshard_reshard, 2)):
-        assert gathered == (3, 7)
-        assert sharded == ((2, 7) if rank == 0 else (1, 7))

@@ -13,7 +13,6 @@ from shardkit.fsdp import (
     ShardedStateDictConfig,
     ShardingStrategy,
     StateDictType,
-    fully_shard,
     optim_state_dict,
     optim_state_dict_to_load,
     state_dict_type,
@@ -24,8 +23,10 @@ from tests.fsdp.models import (
     Block,
     assert_state_equal,
     batches,
+    fsdp2_kwargs,
     make_model,
     reference,
+    shard_blocks,
     train,
 )
 from tests.fsdp.test_training import _full_state
@@ -135,10 +136,9 @@ def _model_and_optimizer(face, strategy="FULL_SHARD", seed=0):
     if face == "wrapper":
         model = _wrapped(strategy, seed)
     else:
-        model = make_model(seed)
-        for block in model.blocks:
-            fully_shard(block, strategy=ShardingStrategy[strategy])
-        fully_shard(model, strategy=ShardingStrategy[strategy])
+        import torch.distributed as dist
+
+        model = shard_blocks(make_model(seed), **fsdp2_kwargs(strategy, dist.get_world_size()))
     return model, OPTIMIZERS["adam"](model.parameters())
 
 
