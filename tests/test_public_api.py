@@ -285,6 +285,9 @@ PUBLIC = {
         "FullyShardedDataParallel",
         "OptimStateKeyType",
     ],
+    "shardkit.fsdp.sharded_grad_scaler": [
+        "ShardedGradScaler",
+    ],
     "shardkit.fsdp.wrap": [
         "CustomPolicy",
         "ModuleWrapPolicy",

@@ -143,6 +143,10 @@ class FlatBucket:
             and self.flat_shard._version != self._gathered_version
         )
 
+    def mark_stale(self) -> None:
+        if self._gather is None and self.is_unsharded:
+            self._gathered_version = -2
+
     def start_unshard(self) -> None:
         """Launch the all-gather of the flat shard (asynchronous; no-op if gathered or pending)."""
         if self._gather is not None or self.is_unsharded:

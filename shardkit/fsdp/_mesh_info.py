@@ -178,7 +178,7 @@ def make_mesh_info(
             "use e.g. ShardingStrategy.FULL_SHARD"
         )
     world = dist.group.WORLD
-    if strategy is ShardingStrategy.HYBRID_SHARD:
+    if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         shard, replicate = _hybrid_groups(process_group, device_mesh)
         return MeshInfo(world, shard, replicate, device)
     group = _flat_group(strategy, process_group, device_mesh)

@@ -26,8 +26,11 @@ of the unit, because autograd's AccumulateGrad node and every tensor saved for b
 it. Resharding frees its memory with ``untyped_storage().resize_(0)``, which also frees the views
 autograd saved (they share the storage). Gathering again resizes the same storage and copies the
 values in without bumping the version counter, so tensors saved in forward are valid again when
-backward needs them. A gather records the shard's version counter: if the shard changed since
-(an optimizer step while a unit was kept gathered), the next use gathers again.
+backward needs them. A unit gathered outside an iteration (``set_reshard_after_backward(False)``,
+``unshard()``) is stale once its shards change: every optimizer step marks such gathers stale (a
+global step post-hook), and a gather records the shard's version counter for other in-place
+changes of plain shards (DTensor operations run below autograd and do not bump it); the next
+use gathers again.
 """
 
 from __future__ import annotations
@@ -303,6 +306,10 @@ class ShardedParam:
             and not self.shares_storage
             and self.local._version != self._gathered_version
         )
+
+    def mark_stale(self) -> None:
+        if self.is_unsharded:
+            self._gathered_version = -2
 
     def start_unshard_whole(self) -> None:
         if self.is_unsharded or self._gather is not None or self.shares_storage:

@@ -168,6 +168,14 @@ class ParamGroup:
             if not p.aliased and p.unsharded is not None and p.unsharded.grad is not None
         )
 
+    def mark_stale(self) -> None:
+        """The shards may have changed (an optimizer step): what is gathered now is gathered
+        again at its next use. See [Note: unsharded storage]."""
+        for bucket in self.buckets:
+            bucket.mark_stale()
+        for param in self.whole:
+            param.mark_stale()
+
     def stash_grads(self) -> None:
         """Keep unreduced gradients for a later reduction (gradient accumulation)."""
         for param in self.params:

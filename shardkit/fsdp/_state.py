@@ -34,7 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd import Variable
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._memory import BufferPool, FreedMemory
@@ -70,10 +73,12 @@ def get_state(module: nn.Module) -> FSDPState | None:
     return module.__dict__.get(STATE_ATTR)
 
 
-# Trees whose last reduction is still in flight (see [Note: one iteration]); an optimizer step
-# waits for them first.
+# Every tree, and those whose last reduction is still in flight (see [Note: one iteration]):
+# an optimizer step waits for those first, and afterwards marks what is gathered outside an
+# iteration as stale (see [Note: unsharded storage]).
+_TREES: weakref.WeakSet[TreeContext] = weakref.WeakSet()
 _LINGERING: weakref.WeakSet[TreeContext] = weakref.WeakSet()
-_step_hook_installed = False
+_step_hooks_installed = False
 
 
 def finish_lingering() -> None:
@@ -84,6 +89,21 @@ def finish_lingering() -> None:
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     finish_lingering()
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for ctx in list(_TREES):
+        if ctx.active_root is None and not ctx.in_backward:
+            for unit in ctx.units:
+                unit.group.mark_stale()
+
+
+def _install_step_hooks() -> None:
+    global _step_hooks_installed
+    if not _step_hooks_installed:
+        register_optimizer_step_pre_hook(_before_step)
+        register_optimizer_step_post_hook(_after_step)
+        _step_hooks_installed = True
 
 
 class TreeContext:
@@ -102,6 +122,8 @@ class TreeContext:
         self.state_dict_type = StateDictType.FULL_STATE_DICT
         self.state_dict_config: StateDictConfig = FullStateDictConfig()
         self.optim_state_dict_config: OptimStateDictConfig = FullOptimStateDictConfig()
+        _TREES.add(self)
+        _install_step_hooks()
 
     # ---- order --------------------------------------------------------------------------------
 
@@ -195,11 +217,7 @@ class TreeContext:
 
 
 def _linger(ctx: TreeContext) -> None:
-    global _step_hook_installed
     _LINGERING.add(ctx)
-    if not _step_hook_installed:
-        register_optimizer_step_pre_hook(_before_step)
-        _step_hook_installed = True
 
 
 def _graph_task_id() -> int:

@@ -38,13 +38,15 @@ class ShardingStrategy(enum.Enum):
     FULL_SHARD (ZeRO-3) keeps 1/N of parameters, gradients and optimizer state; each unit gathers
     its parameters before forward and again before backward. SHARD_GRAD_OP (ZeRO-2) keeps the
     gathered parameters from forward to the end of backward. NO_SHARD keeps everything (like DDP:
-    gradients are all-reduced). HYBRID_SHARD shards inside a host and replicates across hosts.
+    gradients are all-reduced). HYBRID_SHARD shards inside a host and replicates across hosts;
+    _HYBRID_SHARD_ZERO2 (torch's name) does too, keeping the gathered parameters as SHARD_GRAD_OP.
     """
 
     FULL_SHARD = "FULL_SHARD"
     SHARD_GRAD_OP = "SHARD_GRAD_OP"
     NO_SHARD = "NO_SHARD"
     HYBRID_SHARD = "HYBRID_SHARD"
+    _HYBRID_SHARD_ZERO2 = "_HYBRID_SHARD_ZERO2"
 
 
 @enum.unique

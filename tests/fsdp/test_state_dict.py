@@ -214,3 +214,69 @@ def test_full_optimizer_state_dict_round_trip(run_ranks):
     assert optim_states["param_groups"][0]["params"] == names
     for got in run_ranks(_load_full_optim, 3, states, optim_states):
         assert_state_equal(got, _continued_reference(2, 3))
+
+
+# ---- local state dicts, settings, re-keying ------------------------------------------------------
+
+
+def _local_round_trip(rank, ws):
+    from shardkit.fsdp import (
+        LocalOptimStateDictConfig,
+        LocalStateDictConfig,
+        OptimStateKeyType,
+        StateDictSettings,
+    )
+
+    model, optimizer = _model_and_optimizer("wrapper")
+    train(model, optimizer, batches(ws), rank, ws)
+    previous = FSDP.set_state_dict_type(model, StateDictType.LOCAL_STATE_DICT)
+    settings = FSDP.get_state_dict_type(model)
+    states = {k: v.clone() for k, v in model.state_dict().items()}
+    optim_states = optim_state_dict(model, optimizer)
+    fresh, fresh_optimizer = _model_and_optimizer("wrapper", seed=7)
+    train(fresh, fresh_optimizer, batches(ws, steps=1), rank, ws)
+    FSDP.set_state_dict_type(fresh, StateDictType.LOCAL_STATE_DICT)
+    fresh.load_state_dict(states)
+    fresh_optimizer.load_state_dict(optim_state_dict_to_load(fresh, fresh_optimizer, optim_states))
+    FSDP.set_state_dict_type(fresh, StateDictType.FULL_STATE_DICT)
+    train(fresh, fresh_optimizer, batches(ws, steps=2, seed=5), rank, ws)
+    by_id = FSDP.rekey_optim_state_dict(
+        optim_states, OptimStateKeyType.PARAM_ID, model, optim=optimizer
+    )
+    by_name = FSDP.rekey_optim_state_dict(by_id, OptimStateKeyType.PARAM_NAME, model)
+    return {
+        "previous": previous.state_dict_type,
+        "settings": settings
+        == StateDictSettings(
+            StateDictType.LOCAL_STATE_DICT, LocalStateDictConfig(), LocalOptimStateDictConfig()
+        ),
+        "shapes": {k: tuple(v.shape) for k, v in states.items()},
+        "rekeyed": by_id["state"].keys() == optimizer.state_dict()["state"].keys()
+        and by_id["param_groups"][0]["params"]
+        == optimizer.state_dict()["param_groups"][0]["params"]
+        and by_name["state"].keys() == optim_states["state"].keys(),
+        "trained": _full_state(fresh),
+    }
+
+
+def test_local_state_dict_round_trip_and_settings(run_ranks):
+    for rank, out in enumerate(run_ranks(_local_round_trip, 3)):
+        assert out["previous"] is StateDictType.FULL_STATE_DICT and out["settings"]
+        # this rank's rows, as plain tensors: 11 rows over 3 ranks are 4, 4, 3
+        assert out["shapes"]["blocks.0.up.weight"] == ((4, 7) if rank < 2 else (3, 7))
+        assert out["rekeyed"]
+        assert_state_equal(out["trained"], _continued_reference(3, 3))
+
+
+def test_state_dict_config_must_match_the_type():
+    from shardkit.fsdp import LocalStateDictConfig
+
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"LocalStateDictConfig does not go with SHARDED_STATE_DICT; use "
+            r"ShardedStateDictConfig and ShardedOptimStateDictConfig with SHARDED_STATE_DICT",
+        ),
+        state_dict_type(torch.nn.Linear(2, 2), SHARDED, LocalStateDictConfig()),
+    ):
+        pass

@@ -107,6 +107,16 @@ def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap, opti
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_hybrid_shard_zero2_matches_single_process(run_ranks, optimizer):
+    results = run_ranks(
+        _train_wrapper, 4, "_HYBRID_SHARD_ZERO2", "blocks", optimizer, local_world_size=2
+    )
+    want = reference(4, optimizer)
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
 def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer):
