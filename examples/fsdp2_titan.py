@@ -138,6 +138,7 @@ def main() -> None:
             print(json.dumps(record), flush=True)
         if step + 1 == args.ckpt_at:
             model, optimizer = checkpoint_round_trip(model, optimizer, mesh, ckpt_dir)
+    dist.barrier()  # every rank is done with gloo before any tears it down
     dist.destroy_process_group()
 
 
