@@ -280,3 +280,46 @@ def test_state_dict_config_must_match_the_type():
         state_dict_type(torch.nn.Linear(2, 2), SHARDED, LocalStateDictConfig()),
     ):
         pass
+
+
+# ---- FSDP2: torch's own state dicts -------------------------------------------------------------
+
+
+def _plain_dcp(rank, ws, path, save):
+    """``model.state_dict()`` and ``optimizer.state_dict()`` as they are (DTensors), through DCP."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor
+
+    model, optimizer = _model_and_optimizer("fully_shard", seed=0 if save else 7)
+    if save:
+        train(model, optimizer, batches(ws), rank, ws)
+        osd = optimizer.state_dict()
+        index = [name for name, _ in model.named_parameters()].index("embed.bias")
+        entry = osd["state"][index]
+        layout = (
+            type(entry["exp_avg"]) is DTensor,
+            tuple(entry["exp_avg"].shape),
+            type(entry["step"]),
+        )
+        dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=path)
+        return layout, _full_state(model)
+    train(model, optimizer, batches(ws, steps=1), rank, ws)  # state exists, then is replaced
+    states = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    dcp.load(states, checkpoint_id=path)
+    model.load_state_dict(states["model"])
+    optimizer.load_state_dict(states["optim"])
+    steps = {float(entry["step"]) for entry in optimizer.state.values()}
+    loaded = _full_state(model)
+    train(model, optimizer, batches(ws, steps=2, seed=5), rank, ws)
+    return steps, loaded, _full_state(model)
+
+
+def test_fsdp2_plain_state_dicts_through_dcp_on_another_world_size(run_ranks, tmp_path):
+    path = str(tmp_path / "checkpoint")
+    (layout, saved), *_ = run_ranks(_plain_dcp, 2, path, True)
+    assert layout == (True, (7,), torch.Tensor)  # embed.bias's Adam moment: a global DTensor
+    assert_state_equal(saved, reference(2, "adam"))
+    for steps, loaded, trained in run_ranks(_plain_dcp, 3, path, False):
+        assert steps == {3.0}  # the step counters came back
+        assert_state_equal(loaded, saved)
+        assert_state_equal(trained, _continued_reference(2, 3))
