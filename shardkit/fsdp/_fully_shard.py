@@ -19,7 +19,6 @@ modules, not units, so ``FSDPModule.__new__`` constructs ``cls.__mro__[2]`` inst
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,8 +40,6 @@ from shardkit.fsdp.api import (
 )
 
 __all__ = ["fully_shard"]
-
-logger = logging.getLogger(__name__)
 
 _NO_MIXED_PRECISION = MixedPrecisionPolicy()
 _NO_OFFLOAD = OffloadPolicy()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,6 +40,7 @@ from torch.optim.optimizer import (
 
 from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._memory import BufferPool, FreedMemory
+from shardkit.fsdp._nested import cast_floats, tensors_in
 from shardkit.fsdp._param_group import ParamGroup
 from shardkit.fsdp.api import (
     BackwardPrefetch,
@@ -280,7 +280,7 @@ class FSDPState:
             precision.cast_forward_inputs
             or (precision.cast_root_forward_inputs and ctx.active_root is self)
         ):
-            args, kwargs = _cast_floats((args, kwargs), precision.param_dtype)
+            args, kwargs = cast_floats((args, kwargs), precision.param_dtype)
         first = ctx.record(self)
         if any(p.local.is_meta for p in self.group.params):
             raise ValueError(
@@ -306,9 +306,9 @@ class FSDPState:
         ctx = self.context
         grad_enabled = torch.is_grad_enabled()
         if self.config.precision.output_dtype is not None:
-            output = _cast_floats(output, self.config.precision.output_dtype)
+            output = cast_floats(output, self.config.precision.output_dtype)
         if grad_enabled and not ctx.in_backward:
-            for tensor in _tensors(output):
+            for tensor in tensors_in(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._pre_backward_hook)
         if (not grad_enabled or self._reshards_after_forward()) and not ctx.in_backward:
@@ -380,29 +380,3 @@ class FSDPState:
         self._pre_backward_done = False
         self._post_backward_done = False
         self._num_ready = 0
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists, dicts and dataclasses."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
-    return []
-
-
-def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
-    cast: Callable[[Any], Any] = lambda item: _cast_floats(item, dtype)  # noqa: E731
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*map(cast, obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(map(cast, obj))
-    if isinstance(obj, dict):
-        return {key: cast(value) for key, value in obj.items()}
-    return obj
