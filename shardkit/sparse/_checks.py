@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "check_ids",
     "check_index_tensor",
     "check_inverse_indices",
     "check_keys",
@@ -111,6 +112,22 @@ def check_values_and_weights(
         )
 
 
+def check_ids(owner: str, values: torch.Tensor, *, key: str | None = None) -> None:
+    """Ids (a KJT's values) have an integer dtype: a lookup would truncate a float id to a row.
+
+    Empty values of any dtype pass: they hold no id (``torch.tensor([])`` is float32, and so are
+    the values of TorchRec's ``KeyedJaggedTensor.empty()``).
+    """
+    if values.numel() == 0 or is_index_dtype(values.dtype):
+        return
+    where = "" if key is None else f"key {key!r}: "
+    raise TypeError(
+        f"{owner}: {where}values must have an integer dtype (int32 or int64), got "
+        f"{values.dtype}; ids are row numbers, and a lookup would silently truncate a float id "
+        "(1.7 -> row 1). Pass integer ids, e.g. values.long() if they are whole numbers"
+    )
+
+
 def num_rows(lengths: torch.Tensor | None, offsets: torch.Tensor | None) -> int:
     """How many bags ``lengths``/``offsets`` describe (empty offsets describe none)."""
     if lengths is not None:
@@ -180,6 +197,7 @@ def check_kjt(
     """
     keys = check_keys(owner, keys, unique=unique_keys)
     check_values_and_weights(owner, values, weights, values_dim=1)
+    check_ids(owner, values)
     lengths, offsets = check_lengths_and_offsets(owner, lengths, offsets)
     if stride is not None:
         stride = check_non_negative_ints(owner, "stride", [stride])[0]

@@ -60,7 +60,8 @@ class KeyedJaggedTensor:
 
     Args:
         keys: feature names, unique.
-        values: ``[N]`` ids (int32/int64), all keys and bags one after another.
+        values: ``[N]`` ids (int32/int64, any integer dtype; floats are refused, not truncated),
+            all keys and bags one after another.
         weights: ``[N]`` float, one weight per id, or None.
         lengths: ``[F * B]`` ids per bag (or give ``offsets``, or both).
         offsets: ``[F * B + 1]`` start of each bag in ``values``, then ``N``.

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from shardkit.sparse._checks import check_non_negative_ints
+from shardkit.sparse._checks import check_ids, check_non_negative_ints
 from shardkit.sparse._jagged import JaggedTensor
 from shardkit.sparse._segments import (
     boundary_diffs,
@@ -139,17 +139,25 @@ def from_jt_dict(owner: str, jt_dict: dict[str, JaggedTensor]) -> Fields:
             f"{owner}.from_jt_dict: keys {_names(jt_dict, weighted, True)} have weights but "
             f"{_names(jt_dict, weighted, False)} do not; give every JaggedTensor weights, or none"
         )
+    for key, jt in jt_dict.items():
+        check_ids(f"{owner}.from_jt_dict", jt.values(), key=key)
     stride_per_key = [jt.lengths().numel() for jt in jts]
     fixed = len(set(stride_per_key)) == 1
     return {
         "keys": list(jt_dict),
-        "values": torch.cat([jt.values() for jt in jts]),
+        "values": _cat_ids([jt.values() for jt in jts]),
         "weights": torch.cat([jt.weights() for jt in jts]) if weighted[0] else None,
         "lengths": torch.cat([jt.lengths() for jt in jts]),
         "stride": stride_per_key[0] if fixed else None,
         "stride_per_key_per_rank": None if fixed else [[stride] for stride in stride_per_key],
         "length_per_key": [jt.values().size(0) for jt in jts],
     }
+
+
+def _cat_ids(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` of ids in which empty tensors take no part in type promotion: an empty
+    float32 ``torch.tensor([])`` must not turn int64 ids next to it into floats."""
+    return torch.cat([part for part in parts if part.numel()] or parts)
 
 
 def _names(jt_dict: dict[str, JaggedTensor], flags: list[bool], want: bool) -> list[str]:
@@ -289,7 +297,7 @@ def concat(owner: str, kjts: Sequence[KeyedJagged]) -> Fields:
         inverse = ([name for part in parts for name in part[0]], torch.cat([p[1] for p in parts]))
     return {
         "keys": list(itertools.chain.from_iterable(k.keys() for k in kjts)),
-        "values": torch.cat([k.values() for k in kjts]),
+        "values": _cat_ids([k.values() for k in kjts]),
         "weights": torch.cat([k.weights() for k in kjts]) if weighted else None,
         "lengths": torch.cat([k.lengths() for k in kjts]),
         "stride": None if vbe else stride,
