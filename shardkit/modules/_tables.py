@@ -17,7 +17,9 @@ refuses those because ``tables.items`` would then mean two things, so `TableDict
 ``_modules`` itself. ``tables["items"]``, ``named_parameters``, ``state_dict`` and
 ``load_state_dict`` go through ``_modules`` and see the table; attribute access
 (``tables.items``, ``get_submodule("embedding_bags.items")``) keeps meaning the attribute.
-`BaseEmbeddingConfig` refuses the names that cannot work ("" and names with ".").
+The names that cannot work are refused: "" by `BaseEmbeddingConfig`, names with "." by
+`check_configs` when a collection is built (the planner also uses the configs to describe a
+plain module's parameters, whose names have dots).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch import nn
 
 from shardkit.modules._kernel import BatchedTables
 from shardkit.modules.embedding_configs import (
+    TABLE_NAME_RULE,
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
     PoolingType,
@@ -233,11 +236,18 @@ class TableStack:
 
 
 def check_configs(configs: Sequence[BaseEmbeddingConfig], kind: type) -> None:
-    """Unique table names, unique feature names across tables, the right config class."""
+    """Table names without "." and unique, unique feature names across tables, the right config
+    class."""
     for config in configs:
         if not isinstance(config, kind):
             raise TypeError(f"expected {kind.__name__}, got {type(config).__name__} for {config!r}")
     names = [c.name for c in configs]
+    dotted = [name for name in names if "." in name]
+    if dotted:
+        raise ValueError(
+            f'table name {dotted[0]!r} contains ".": {TABLE_NAME_RULE}; e.g. '
+            f"{dotted[0].replace('.', '_')!r}"
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"table names must be unique; {repeated} appear more than once")

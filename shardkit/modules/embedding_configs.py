@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = [
+    "TABLE_NAME_RULE",
     "BaseEmbeddingConfig",
     "DataType",
     "EmbeddingBagConfig",
@@ -63,21 +64,20 @@ def data_type_to_dtype(data_type: DataType) -> torch.dtype:
     return _DTYPES[data_type]
 
 
+# See [Note: table names] in `_tables`.
+TABLE_NAME_RULE = (
+    "a table's name is part of its state-dict keys (embedding_bags.<name>.weight), which join "
+    'their parts with ".", so it must be a non-empty string without "."'
+)
+
+
 def _check_name(name: object) -> None:
-    """A table name is a part of state-dict keys, which join parts with "." (see [Note: table
-    names] in `_tables`)."""
+    """A str, not empty. A "." is refused by the collections (`check_configs`): the planner also
+    describes a plain module's parameters ('embedding_bags.t.weight') with these configs."""
     if not isinstance(name, str):
         raise TypeError(f"a table name must be a str, got {type(name).__name__} {name!r}")
-    rule = (
-        "it is part of the table's state-dict keys (embedding_bags.<name>.weight), which join "
-        'their parts with ".", so it must be a non-empty string without "."'
-    )
     if not name:
-        raise ValueError(f"an embedding table needs a name: {rule}")
-    if "." in name:
-        raise ValueError(
-            f'table name {name!r} contains ".": {rule}; e.g. {name.replace(".", "_")!r}'
-        )
+        raise ValueError(f"an embedding table needs a name: {TABLE_NAME_RULE}")
 
 
 @dataclass(frozen=True)

@@ -100,24 +100,32 @@ def test_the_table_dict_still_refuses_what_cannot_be_a_state_dict_key():
         tables["items"] = 3
 
 
+RULE = (
+    "a table's name is part of its state-dict keys (embedding_bags.<name>.weight), which join "
+    'their parts with ".", so it must be a non-empty string without "."'
+)
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "message"),
     [
-        ("", ValueError, 'an embedding table needs a name: it is part of the table\'s state-dict '
-         'keys (embedding_bags.<name>.weight), which join their parts with ".", so it must be a '
-         'non-empty string without "."'),
-        ("user.ids", ValueError, 'table name \'user.ids\' contains ".": it is part of the table\'s '
-         "state-dict keys (embedding_bags.<name>.weight), which join their parts with \".\", so it "
-         "must be a non-empty string without \".\"; e.g. 'user_ids'"),
+        ("", ValueError, f"an embedding table needs a name: {RULE}"),
         (7, TypeError, "a table name must be a str, got int 7"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("config", [EmbeddingBagConfig, EmbeddingConfig])
-def test_names_that_cannot_be_state_dict_keys_are_refused_with_the_rule(
+def test_a_table_name_that_is_not_a_non_empty_str_is_refused_by_the_config(
     config, name, kind, message
 ):
     with pytest.raises(kind, match="^" + re.escape(message) + "$"):
         config(name=name, embedding_dim=2, num_embeddings=3, feature_names=["f"])
+
+
+@pytest.mark.parametrize("kind", ["bag", "seq"])
+def test_a_table_name_with_a_dot_is_refused_by_the_collection(kind):
+    message = f"table name 'user.ids' contains \".\": {RULE}; e.g. 'user_ids'"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        _collection(kind, ["items", "user.ids"])
 
 
 @pytest.mark.parametrize("kind", ["bag", "seq"])
