@@ -1,5 +1,5 @@
-"""The work behind the KeyedJaggedTensor's ops that build new KJTs: split, permute, concat, and
-to and from dicts of JaggedTensors.
+"""The work behind the KeyedJaggedTensor: its computed metadata (batch size, ids per key) and
+the ops that build new KJTs (split, permute, concat, to and from dicts of JaggedTensors).
 
 Each function reads a KJT only through its public accessors (`KeyedJagged`), checks its own
 arguments (free checks, see [Note: free checks] in `_checks`), and returns the new KJT's
@@ -33,7 +33,6 @@ __all__ = [
     "empty_like",
     "from_jt_dict",
     "ids_per_key",
-    "no_keys",
     "permute",
     "split",
     "to_dict",
@@ -182,14 +181,14 @@ def split(owner: str, kjt: KeyedJagged, segments: list[int]) -> list[Fields | No
         if segment == len(keys):
             out.append(None)
         elif segment == 0:
-            out.append(no_keys(kjt))
+            out.append(_no_keys(kjt))
         else:
             out.append(_key_range(kjt, start, end))
         start = end
     return out
 
 
-def no_keys(kjt: KeyedJagged) -> Fields:
+def _no_keys(kjt: KeyedJagged) -> Fields:
     """The 0-key piece of a split: same dtypes, device and stride; int32 lengths and offsets."""
     device, weights = kjt.device(), kjt.weights_or_none()
     return {
