@@ -118,7 +118,7 @@ def check_ids(owner: str, values: torch.Tensor, *, key: str | None = None) -> No
     Empty values of any dtype pass: they hold no id (``torch.tensor([])`` is float32, and so are
     the values of TorchRec's ``KeyedJaggedTensor.empty()``).
     """
-    if values.numel() == 0 or is_index_dtype(values.dtype):
+    if is_index_dtype(values.dtype) or values.numel() == 0:  # dtype first: the usual case
         return
     where = "" if key is None else f"key {key!r}: "
     raise TypeError(
