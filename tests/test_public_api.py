@@ -29,6 +29,7 @@ PUBLIC = {
         "EmbeddingCollection",
         "EmbeddingConfig",
         "PoolingType",
+        "TableDict",
         "data_type_to_dtype",
     ],
     "shardkit.optim": [

@@ -1,5 +1,6 @@
 """Embedding tables: configurations and the (unsharded) collections."""
 
+from shardkit.modules._tables import TableDict
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
     DataType,
@@ -18,5 +19,6 @@ __all__ = [
     "EmbeddingCollection",
     "EmbeddingConfig",
     "PoolingType",
+    "TableDict",
     "data_type_to_dtype",
 ]

@@ -7,6 +7,19 @@ group's stacked buffer, so the batched kernel reads all tables of a group at onc
 converting the module (``.to``, ``.to_empty``, ``.half``) would give every parameter its own new
 storage and break the sharing, so `TableStack.convert` converts the buffers and re-points the same
 Parameter objects at slices of the new buffers.
+
+[Note: table names]
+A table's name is a key of its collection's `TableDict` and so a part of its state-dict keys
+(``embedding_bags.<name>.weight``), which join module names with ".". Any non-empty string
+without "." works there, including the names of nn.ModuleDict's own attributes (``items``,
+``keys``, ``values``, ``to``, ``forward``, ``type``, ``training``): ``nn.Module.add_module``
+refuses those because ``tables.items`` would then mean two things, so `TableDict` stores them in
+``_modules`` itself. ``tables["items"]``, ``named_parameters``, ``state_dict`` and
+``load_state_dict`` go through ``_modules`` and see the table; attribute access
+(``tables.items``, ``get_submodule("embedding_bags.items")``) keeps meaning the attribute.
+The names that cannot work are refused: "" by `BaseEmbeddingConfig`, names with "." by
+`check_configs` when a collection is built (the planner also uses the configs to describe a
+plain module's parameters, whose names have dots).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from torch import nn
 
 from shardkit.modules._kernel import BatchedTables
 from shardkit.modules.embedding_configs import (
+    TABLE_NAME_RULE,
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
     PoolingType,
@@ -33,9 +47,39 @@ from shardkit.optim import (
     fused_config_of,
 )
 
-__all__ = ["Group", "TableStack", "TableWeight", "check_configs", "fused_config", "is_mean"]
+__all__ = [
+    "Group",
+    "TableDict",
+    "TableStack",
+    "TableWeight",
+    "check_configs",
+    "fused_config",
+    "is_mean",
+]
 
 logger = logging.getLogger(__name__)
+
+
+class TableDict(nn.ModuleDict):
+    """A collection's tables by name (``embedding_bags``, ``embeddings``): an ``nn.ModuleDict``
+    that takes every name a state-dict key can hold, ``"items"`` and ``"to"`` included (see
+    [Note: table names])."""
+
+    def __setitem__(self, name: str, module: nn.Module) -> None:
+        if name in self._modules or not hasattr(self, name):
+            self.add_module(name, module)  # refuses "", names with "." and non-Modules
+        elif not isinstance(module, nn.Module):
+            raise TypeError(f"{torch.typename(module)} is not a Module subclass")
+        else:  # one of nn.ModuleDict's own attribute names
+            self._modules[name] = module
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # nn.Module refuses a plain value under a child's name ("cannot assign 'bool' as child
+        # module 'training'", from train()): attributes and tables live apart here.
+        if name in self.__dict__.get("_modules", {}) and not isinstance(value, nn.Module):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
 
 class TableWeight(nn.Module):
@@ -192,11 +236,18 @@ class TableStack:
 
 
 def check_configs(configs: Sequence[BaseEmbeddingConfig], kind: type) -> None:
-    """Unique table names, unique feature names across tables, the right config class."""
+    """Table names without "." and unique, unique feature names across tables, the right config
+    class."""
     for config in configs:
         if not isinstance(config, kind):
             raise TypeError(f"expected {kind.__name__}, got {type(config).__name__} for {config!r}")
     names = [c.name for c in configs]
+    dotted = [name for name in names if "." in name]
+    if dotted:
+        raise ValueError(
+            f'table name {dotted[0]!r} contains ".": {TABLE_NAME_RULE}; e.g. '
+            f"{dotted[0].replace('.', '_')!r}"
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"table names must be unique; {repeated} appear more than once")

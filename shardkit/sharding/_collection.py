@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, PoolingType, data_type_to_dtype
+from shardkit.modules import BaseEmbeddingConfig, PoolingType, TableDict, data_type_to_dtype
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, FusedTable, fused_config_of
 from shardkit.planner import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
 from shardkit.sharding._groups import Group, build_group, classes, group_specs
@@ -111,7 +111,7 @@ class ShardedCollection(nn.Module):
         self._hosts = None
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
-        setattr(self, self._TABLES, nn.ModuleDict())
+        setattr(self, self._TABLES, TableDict())  # any table name (see TableDict)
         self._local = self._build_local(module)
         self._register_tables()
         self.fused_optimizer = self._make_fused_optimizer()
@@ -129,7 +129,7 @@ class ShardedCollection(nn.Module):
     # -- construction --------------------------------------------------------------------
 
     @property
-    def tables(self) -> nn.ModuleDict:
+    def tables(self) -> TableDict:
         return getattr(self, self._TABLES)
 
     def _table_keys(self, module, plan, fused_params) -> list[tuple]:
