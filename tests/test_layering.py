@@ -14,26 +14,27 @@ ROOT = Path(shardkit.__file__).parent
 
 # package -> shardkit packages it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
+    "types": set(),
     "launch": set(),
     "comm": set(),
     "sparse": set(),
     "optim": set(),
     "modules": {"sparse", "optim"},
-    "planner": {"launch", "sparse", "modules", "optim", "comm"},
-    "sharding": {"launch", "comm", "sparse", "modules", "optim", "planner"},
-    "distributed": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
+    "planner": {"types", "launch", "sparse", "modules", "optim", "comm"},
+    "sharding": {"types", "launch", "comm", "sparse", "modules", "optim", "planner"},
+    "distributed": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
     "fsdp": {"comm", "launch"},
     "models": {"sparse", "modules", "optim"},
     "data": {"sparse"},
     "metrics": {"comm", "launch"},
-    "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
-    "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
+    "checkpoint": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
+    "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
-        "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
+        "types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
         "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
     },
     "train": {
-        "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
+        "types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
         "fsdp", "models", "data", "checkpoint", "metrics",
     },
 }  # fmt: skip

@@ -5,20 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardkit.planner._enumerate import Option
-from shardkit.planner._enums import ShardingType
 from shardkit.planner._partition import Placement
-from shardkit.planner._plan import (
+from shardkit.planner._shards import expand, offsets_of
+from shardkit.planner._tables import TableSpec
+from shardkit.planner._topology import Topology
+from shardkit.types import (
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
     ParameterSharding,
     ShardingPlan,
+    ShardingType,
     ShardMetadata,
     ShardPlacement,
     placement,
 )
-from shardkit.planner._shards import expand, offsets_of
-from shardkit.planner._tables import TableSpec
-from shardkit.planner._topology import Topology
 
 __all__ = ["build_plan", "shard_layout"]
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = ["ParameterConstraints"]
 

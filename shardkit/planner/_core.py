@@ -20,12 +20,12 @@ from shardkit.planner._diagnose import no_fit_error, no_option_error
 from shardkit.planner._enumerate import enumerate_options
 from shardkit.planner._evaluate import placement_stats, plan_stats
 from shardkit.planner._modules import config_sources
-from shardkit.planner._plan import ShardingPlan
 from shardkit.planner._reservation import HeuristicalStorageReservation
 from shardkit.planner._search import search
 from shardkit.planner._stats import PlanStats
 from shardkit.planner._tables import TableSource, resolve_tables
 from shardkit.planner._topology import Topology
+from shardkit.types import ShardingPlan
 
 __all__ = ["PlanResult", "estimate_plan", "plan_sources", "plan_tables"]
 

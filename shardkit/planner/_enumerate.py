@@ -11,12 +11,12 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
 from shardkit.planner._errors import format_bytes
 from shardkit.planner._estimate import ShardCost, estimate_shard
 from shardkit.planner._shards import Groups, size_groups
 from shardkit.planner._tables import TableSpec
 from shardkit.planner._topology import Topology
+from shardkit.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = [
     "TYPE_ORDER",

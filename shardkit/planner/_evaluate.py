@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardkit.planner._enumerate import Option
-from shardkit.planner._enums import ShardingType
 from shardkit.planner._estimate import ShardCost, estimate_shard
 from shardkit.planner._partition import Placement
-from shardkit.planner._plan import ParameterSharding, ShardingPlan
 from shardkit.planner._reservation import Reservation
 from shardkit.planner._stats import PlanStats, RankStats, TableStats
 from shardkit.planner._tables import TableSpec
 from shardkit.planner._topology import Topology
+from shardkit.types import ParameterSharding, ShardingPlan, ShardingType
 
 __all__ = ["placement_stats", "plan_stats"]
 

@@ -10,13 +10,14 @@ from torch import nn
 
 from shardkit.modules import BaseEmbeddingConfig, EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
-from shardkit.planner._sharder import (
+from shardkit.planner._tables import TableSource
+from shardkit.types import (
+    EmbeddingComputeKernel,
     ModuleSharder,
+    ShardingType,
     embedding_compute_kernels,
     embedding_sharding_types,
 )
-from shardkit.planner._tables import TableSource
 
 __all__ = ["config_sources", "module_sources", "optimizer_of"]
 

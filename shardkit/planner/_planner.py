@@ -19,11 +19,10 @@ from shardkit.planner._constraints import ParameterConstraints
 from shardkit.planner._core import PlanResult, plan_sources
 from shardkit.planner._errors import PlannerError, PlannerErrorType
 from shardkit.planner._modules import config_sources, module_sources
-from shardkit.planner._plan import ShardingPlan
 from shardkit.planner._reservation import HeuristicalStorageReservation
-from shardkit.planner._sharder import ModuleSharder
 from shardkit.planner._stats import PlanStats
 from shardkit.planner._topology import Topology
+from shardkit.types import ModuleSharder, ShardingPlan
 
 __all__ = ["EmbeddingShardingPlanner"]
 

@@ -27,8 +27,8 @@ from shardkit.planner._constants import (
     POOLING_FACTOR,
 )
 from shardkit.planner._constraints import ParameterConstraints
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
 from shardkit.planner._errors import PlannerError, PlannerErrorType
+from shardkit.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = ["FeatureInput", "TableSource", "TableSpec", "resolve_tables"]
 

@@ -17,7 +17,6 @@ from torch import nn
 
 from shardkit.modules import BaseEmbeddingConfig, PoolingType, data_type_to_dtype
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, FusedTable, fused_config_of
-from shardkit.planner import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
 from shardkit.sharding._groups import Group, build_group, classes, group_specs
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
@@ -25,6 +24,7 @@ from shardkit.sharding._layout import Route, ShardSlice, build_layout
 from shardkit.sharding._output_dist import HostGroups
 from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
+from shardkit.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
 
 __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
 
