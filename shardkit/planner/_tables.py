@@ -12,7 +12,14 @@ from typing import Any
 
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, EmbeddingBagConfig, data_type_to_dtype
+from shardkit.modules import (
+    BaseEmbeddingConfig,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    collection_tables,
+    data_type_to_dtype,
+)
 from shardkit.optim import EmbOptimType, fused_config_of
 from shardkit.planner._constants import (
     BIGINT_DTYPE,
@@ -349,11 +356,10 @@ def _module_optimizer(module: nn.Module, sharder: ModuleSharder) -> EmbOptimType
     counting row-wise Adagrad's one float per row errs on the safe side)."""
     if (sharder.fused_params or {}).get("optimizer") is not None:
         return optimizer_of(sharder.fused_params)
-    # The collection's constructor ``fused_params`` (no public accessor yet).
-    config = getattr(getattr(module, "_stack", None), "default_config", None)
-    if config is not None:
-        return config.optimizer
-    return optimizer_of(None)
+    config = None
+    if isinstance(module, EmbeddingBagCollection | EmbeddingCollection):
+        config = collection_tables(module).fused_config  # its constructor's ``fused_params``
+    return optimizer_of(None) if config is None else config.optimizer
 
 
 def _check_unique(names: Sequence[str], path: str) -> None:

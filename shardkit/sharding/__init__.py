@@ -1,6 +1,11 @@
 """Sharded embedding modules, their sharders, plans written by hand, and
-`DistributedModelParallel`."""
+`DistributedModelParallel`.
 
+`ShardedCollection` (the base of both sharded collections), `fused_state`, `load_fused_state`
+and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and loads them by.
+"""
+
+from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -18,6 +23,7 @@ from shardkit.sharding._sharding_plan import (
     table_row_wise,
     table_wise,
 )
+from shardkit.sharding._state import fused_state, load_fused_state, quiet_sharded_tensor
 from shardkit.sharding.embedding import ShardedEmbeddingCollection
 from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding.model_parallel import DistributedModelParallel
@@ -30,6 +36,7 @@ __all__ = [
     "EmbeddingCollectionSharder",
     "InputError",
     "ParameterShardingGenerator",
+    "ShardedCollection",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
     "TrainPipelineSparseDist",
@@ -37,8 +44,11 @@ __all__ = [
     "column_wise",
     "construct_module_sharding_plan",
     "data_parallel",
+    "fused_state",
     "get_default_sharders",
     "grid_shard",
+    "load_fused_state",
+    "quiet_sharded_tensor",
     "row_wise",
     "table_row_wise",
     "table_wise",

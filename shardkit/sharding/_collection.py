@@ -15,8 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, PoolingType, data_type_to_dtype
-from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, FusedTable, fused_config_of
+from shardkit.modules import (
+    BaseEmbeddingConfig,
+    CollectionTables,
+    PoolingType,
+    collection_tables,
+    data_type_to_dtype,
+    fused_tables,
+)
+from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._groups import Group, build_group, classes, group_specs
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
@@ -91,7 +98,8 @@ class ShardedCollection(nn.Module):
         gradient_division: bool = True,
     ) -> None:
         super().__init__()
-        self._configs: list[BaseEmbeddingConfig] = list(module._stack.configs)
+        tables = collection_tables(module)
+        self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
         self._env = env
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -104,15 +112,15 @@ class ShardedCollection(nn.Module):
         self._with_weights = self._is_weighted or any(
             getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
         )
-        keys = self._table_keys(module, plan, fused_params)
+        keys = self._table_keys(tables, plan, fused_params)
         self._specs = [group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
-        self._groups = self._build_groups(module)
+        self._groups = self._build_groups(tables)
         self._hosts = None
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
         setattr(self, self._TABLES, nn.ModuleDict())
-        self._local = self._build_local(module)
+        self._local = self._build_local(module, tables)
         self._register_tables()
         self.fused_optimizer = self._make_fused_optimizer()
         self._prefetched: list[DistributedInput] = []
@@ -132,13 +140,13 @@ class ShardedCollection(nn.Module):
     def tables(self) -> nn.ModuleDict:
         return getattr(self, self._TABLES)
 
-    def _table_keys(self, module, plan, fused_params) -> list[tuple]:
+    def _table_keys(self, tables: CollectionTables, plan, fused_params) -> list[tuple]:
         default = None
         if fused_params is not None:
             default = FusedOptimizerConfig.from_fused_params(fused_params)
-        module_default = module._stack.default_config
+        module_default = tables.fused_config
         keys = []
-        for config, param in zip(self._configs, module._stack.params):
+        for config, param in zip(self._configs, tables.weights):
             dtype = data_type_to_dtype(config.data_type)
             if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:
                 keys.append((dtype, None))
@@ -147,8 +155,8 @@ class ShardedCollection(nn.Module):
             keys.append((dtype, chosen))
         return keys
 
-    def _build_groups(self, module: Any) -> list[Group]:
-        weights = {c.name: p for c, p in zip(self._configs, module._stack.params)}
+    def _build_groups(self, tables: CollectionTables) -> list[Group]:
+        weights = {c.name: p for c, p in zip(self._configs, tables.weights)}
         by_name = {c.name: c for c in self._configs}
 
         def initial(shard: ShardSlice) -> torch.Tensor | None:
@@ -163,7 +171,7 @@ class ShardedCollection(nn.Module):
 
         return [build_group(spec, self._device, initial) for spec in self._specs[self._env.rank]]
 
-    def _build_local(self, module: Any) -> nn.Module | None:
+    def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
         """Data-parallel tables: a replica, looked up like the unsharded module (dense kernel)."""
         names = {self._configs[u.table_index].name for u in self._layout.units_of(Route.LOCAL)}
         unique = [c for c in self._configs if c.name in names]
@@ -174,7 +182,7 @@ class ShardedCollection(nn.Module):
         local = type(module)(
             tables=unique, device=self._device, validate_ids=self._validate_ids, **kwargs
         )
-        source = dict(zip((c.name for c in self._configs), module._stack.params))
+        source = dict(zip((c.name for c in self._configs), tables.weights))
         with torch.no_grad():
             for name in self._local_tables:
                 if source[name].device.type != "meta":
@@ -197,24 +205,16 @@ class ShardedCollection(nn.Module):
                 self.tables[config.name] = ShardedTable(slices, params)
 
     def _make_fused_optimizer(self) -> FusedOptimizer | None:
-        tables = []
+        fused = []
         for group in self._groups:
-            if group.tables.optimizer is None:
-                continue
-            starts = group.tables.row_starts
-            for k, (slice_, param) in enumerate(zip(group.spec.shards, group.params)):
-                index = self.tables[slice_.table].shard_slices.index(slice_)
-                tables.append(
-                    FusedTable(
-                        name=f"{self._TABLES}.{slice_.table}.shards.{index}",
-                        table=slice_.table,
-                        param=param,
-                        optimizer=group.tables.optimizer,
-                        row_start=starts[k],
-                        row_end=starts[k + 1],
-                    )
-                )
-        return FusedOptimizer(tables) if tables else None
+            keys = [(self._shard_key(s), s.table) for s in group.spec.shards]
+            fused.extend(fused_tables(group.tables, keys, group.params))
+        return FusedOptimizer(fused) if fused else None
+
+    def _shard_key(self, shard: ShardSlice) -> str:
+        """The shard's Parameter key: ``<tables>.<table>.shards.<k>``."""
+        index = self.tables[shard.table].shard_slices.index(shard)
+        return f"{self._TABLES}.{shard.table}.shards.{index}"
 
     # -- state dict: see [Note: sharded state dicts] --------------------------------------
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shardkit.modules._kernel import BatchedTables
-from shardkit.optim import FusedOptimizerConfig, RowOptimizer
+from shardkit.modules import BatchedTables, stack_tables
+from shardkit.optim import FusedOptimizerConfig
 from shardkit.sharding._input_dist import Received
 from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
 
@@ -92,14 +92,8 @@ def build_group(
     initial: Callable[[ShardSlice], torch.Tensor | None],
 ) -> Group:
     """Allocate the stacked shards and fill them from ``initial(shard)`` (or leave for init)."""
-    row_starts = [0]
-    for shard in spec.shards:
-        row_starts.append(row_starts[-1] + shard.rows)
-    weight = torch.empty((row_starts[-1], spec.cols), dtype=spec.dtype, device=device)
-    optimizer = None
-    if spec.config is not None:
-        optimizer = RowOptimizer(spec.config, row_starts[-1], spec.cols, device)
-    tables = BatchedTables(weight, row_starts, optimizer)
+    rows = [shard.rows for shard in spec.shards]
+    tables = stack_tables(rows, spec.cols, dtype=spec.dtype, device=device, optimizer=spec.config)
     params = []
     for shard, view in zip(spec.shards, tables.table_views()):
         value = initial(shard)

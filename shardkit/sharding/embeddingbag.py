@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingBagConfig
-from shardkit.modules._kernel import lookup
+from shardkit.modules import EmbeddingBagConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
 from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._groups import group_input
