@@ -8,7 +8,7 @@ prefix of its tables) and implements `compute_and_output_dist`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +24,11 @@ from shardkit.modules import (
     fused_tables,
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._groups import Group, build_group, classes, group_specs
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
-from shardkit.sharding._layout import Route, ShardSlice, build_layout
+from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
 from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
@@ -286,6 +287,34 @@ class ShardedCollection(nn.Module):
         names = [f for c in self._configs if c.name in self._local_tables for f in c.feature_names]
         keys = features.keys()
         return features.permute([keys.index(f) for f in names])
+
+    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        """Output rows of each data-parallel feature, looked up by the local replica."""
+        raise NotImplementedError
+
+    def _feature_rows(
+        self, features: KeyedJaggedTensor, received: Callable[[Unit], torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Each feature's output rows: its units' column blocks side by side, in column order.
+
+        A block comes from the data-parallel replica, or is ``received(unit)`` from the shards,
+        its gradient scaled by ``gradient_division``. See [Note: routes].
+        """
+        local = {} if self._local is None else self._local_rows(features)
+        blocks: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for unit in self._layout.units:
+            if unit.route == Route.LOCAL:
+                rows = local[unit.feature]
+            else:
+                rows = scale_grad(received(unit), self._gradient_scale)
+            blocks.setdefault(unit.feature, []).append((unit.col_start, rows))
+        return {feature: _side_by_side(parts) for feature, parts in blocks.items()}
+
+
+def _side_by_side(blocks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """(first column, rows ``[N, cols]``) blocks -> ``[N, sum(cols)]`` in column order."""
+    parts = [rows for _, rows in sorted(blocks, key=lambda block: block[0])]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def _state_dict_hook(module: ShardedCollection, state_dict, prefix, _meta) -> None:

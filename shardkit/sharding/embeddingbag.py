@@ -12,11 +12,9 @@ import torch
 
 from shardkit.modules import EmbeddingBagConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
-from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._groups import group_input
-from shardkit.sharding._layout import Route
 from shardkit.sharding._output_dist import distribute
-from shardkit.sparse import KeyedTensor
+from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]
 
@@ -59,23 +57,11 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             )
         return self._assemble(units, dist_input.features)
 
+    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        return self._local(self._local_features(features)).to_dict()
+
     def _assemble(self, units: dict[int, torch.Tensor], features) -> KeyedTensor:
-        local = None
-        if self._local is not None:
-            local = self._local(self._local_features(features)).to_dict()
-        per_feature: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for unit in self._layout.units:
-            if unit.route == Route.LOCAL:
-                assert local is not None
-                out = local[unit.feature]
-            else:
-                out = scale_grad(units[unit.index], self._gradient_scale)
-            per_feature.setdefault(unit.feature, []).append((unit.col_start, out))
-        names, dims, values = [], [], []
-        for config in self._configs:
-            for feature in config.feature_names:
-                blocks = [t for _, t in sorted(per_feature[feature], key=lambda b: b[0])]
-                values.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1))
-                names.append(feature)
-                dims.append(config.embedding_dim)
-        return KeyedTensor(names, dims, torch.cat(values, dim=1))
+        rows = self._feature_rows(features, lambda unit: units[unit.index])
+        names = [f for c in self._configs for f in c.feature_names]
+        dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
+        return KeyedTensor(names, dims, torch.cat([rows[f] for f in names], dim=1))
