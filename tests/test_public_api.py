@@ -34,7 +34,9 @@ PUBLIC = {
         "collection_tables",
         "data_type_to_dtype",
         "fused_tables",
+        "kernel_input",
         "lookup",
+        "mean_as_weights",
         "stack_tables",
     ],
     "shardkit.optim": [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shardkit.modules import BatchedTables, stack_tables
+from shardkit.modules import BatchedTables, kernel_input, stack_tables
 from shardkit.optim import FusedOptimizerConfig
 from shardkit.sharding._input_dist import Received
 from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
@@ -115,7 +115,7 @@ def group_input(
     positions = [slots.index(s) for s in group.spec.slots]
     lengths = received.lengths[:, positions, :]  # [W, S_g, B]
     counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
-    bases = torch.tensor([group.row_base(s.shard) for s in group.spec.slots], dtype=torch.int64)
+    bases = [group.row_base(s.shard) for s in group.spec.slots]
     if len(positions) == len(slots):
         values = received.values
         weights = received.weights
@@ -125,13 +125,10 @@ def group_input(
         values = received.values.index_select(0, index)
         weights = None if received.weights is None else received.weights.index_select(0, index)
         chosen_counts = counts[:, positions]
-    shift = bases.repeat(lengths.shape[0])  # one base per (source, slot)
-    ids = values + torch.repeat_interleave(
-        shift, chosen_counts.reshape(-1), output_size=values.numel()
+    # one segment per (source, slot), each shifted by its shard's first row in the stack
+    ids, offsets = kernel_input(
+        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts.reshape(-1)
     )
-    flat = lengths.reshape(-1)
-    offsets = torch.zeros(flat.numel() + 1, dtype=torch.int64)
-    torch.cumsum(flat, 0, out=offsets[1:])
     return ids, offsets, weights
 
 
