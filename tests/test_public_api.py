@@ -148,6 +148,7 @@ PUBLIC = {
         "EnumerableShardingSpec",
         "ModuleSharder",
         "ParameterSharding",
+        "ParsableEnum",
         "ShardMetadata",
         "ShardPlacement",
         "ShardingEnv",

@@ -7,7 +7,7 @@ The planner (``shardkit.planner``) produces plans, ``shardkit.sharding`` carries
 ``shardkit.distributed`` re-exports these names at TorchRec's import paths.
 """
 
-from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._enums import EmbeddingComputeKernel, ParsableEnum, ShardingType
 from shardkit.types._env import ShardingEnv
 from shardkit.types._plan import (
     EmbeddingModuleShardingPlan,
@@ -33,6 +33,7 @@ __all__ = [
     "EnumerableShardingSpec",
     "ModuleSharder",
     "ParameterSharding",
+    "ParsableEnum",
     "ShardMetadata",
     "ShardPlacement",
     "ShardingEnv",
