@@ -57,8 +57,18 @@ class ParsableEnum(enum.Enum):
         return f"unknown {cls.__name__} {value!r}; choose one of {[m.value for m in cls]}"
 
 
+class _ValueStrEnum(str, ParsableEnum):
+    """A ``str`` enum that prints and formats as its value (``"row_wise"``), as TorchRec's do."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @enum.unique
-class ShardingType(str, ParsableEnum):
+class ShardingType(_ValueStrEnum):
     """How one embedding table is split over ranks.
 
     A table of ``R`` rows and ``D`` columns on ``W`` ranks in hosts of ``L`` ranks:
@@ -83,19 +93,13 @@ class ShardingType(str, ParsableEnum):
     TABLE_COLUMN_WISE = "table_column_wise"
     GRID_SHARD = "grid_shard"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @classmethod
     def _unknown(cls, value: Any) -> str:
         return f"unknown sharding type {value!r}; choose one of {[m.value for m in cls]}"
 
 
 @enum.unique
-class EmbeddingComputeKernel(str, ParsableEnum):
+class EmbeddingComputeKernel(_ValueStrEnum):
     """The kernel that looks rows up.
 
     - ``FUSED``: shardkit's batched kernel with the optimizer fused into backward; no gradient
@@ -109,12 +113,6 @@ class EmbeddingComputeKernel(str, ParsableEnum):
 
     DENSE = "batched_dense"
     FUSED = "batched_fused"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @classmethod
     def _unknown(cls, value: Any) -> str:
