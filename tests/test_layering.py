@@ -97,6 +97,12 @@ def _package(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and not parts[1].startswith("__") else None
 
 
+def _private(module: str) -> bool:
+    """``shardkit.planner._core`` is; a package's ``__init__`` (``shardkit.planner``) counts as
+    private too: its names are the package's."""
+    return module.count(".") == 1 or module.rsplit(".", 1)[1].startswith("_")
+
+
 def _library_modules() -> Iterator[tuple[str, Path, str]]:
     for module, path in MODULES.items():
         package = _package(module)
@@ -146,6 +152,19 @@ def test_no_package_imports_another_packages_private_modules():
                 problems.append(
                     f"{relative} imports {name}: use the names shardkit.{parts[1]} exports"
                 )
+    assert not problems, "\n".join(problems)
+
+
+def test_torchrec_paths_only_reexport_package_names():
+    """``shardkit.distributed`` mirrors ``torchrec.distributed.*`` and only re-exports what the
+    packages below export; their middle modules are private, so each name has one public home."""
+    problems = []
+    for module, path, package in _library_modules():
+        if package == "distributed":
+            names = [name for name in _imported(path) if name.count(".") != 2]
+            problems += [f"{module} imports {name}, not a package's name" for name in names]
+        elif package in ("types", "planner", "sharding") and not _private(module):
+            problems.append(f"{module} is public: make it private, export from __init__")
     assert not problems, "\n".join(problems)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardkit.modules._tables import Group, is_mean
+from shardkit.modules._tables import TableGroup, is_mean
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.sparse import KeyedJaggedTensor
 
@@ -62,7 +62,7 @@ class GroupInput:
 def make_plan(
     kjt_keys: Sequence[str],
     configs: Sequence[BaseEmbeddingConfig],
-    groups: Sequence[Group],
+    groups: Sequence[TableGroup],
 ) -> InputPlan:
     """The key order of the module's groups, and how to get there from ``kjt_keys``."""
     expected = [f for c in configs for f in c.feature_names]

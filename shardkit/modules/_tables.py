@@ -40,7 +40,7 @@ from shardkit.optim import (
 
 __all__ = [
     "CollectionTables",
-    "Group",
+    "TableGroup",
     "TableStack",
     "TableWeight",
     "check_configs",
@@ -70,7 +70,7 @@ class TableWeight(nn.Module):
 
 
 @dataclass
-class Group:
+class TableGroup:
     """Tables of one dim, dtype and fused optimizer, looked up by one kernel call."""
 
     tables: BatchedTables
@@ -93,7 +93,7 @@ class TableStack:
         self.configs = list(configs)
         self.params = list(params)
         self.default_config = fused_config
-        self.groups: list[Group] = []
+        self.groups: list[TableGroup] = []
         self.fused_optimizer: FusedOptimizer | None = None
 
     def wanted_configs(self) -> list[FusedOptimizerConfig | None]:
@@ -138,7 +138,7 @@ class TableStack:
         dtype: torch.dtype,
         device: torch.device,
         old_values: list[torch.Tensor],
-    ) -> Group:
+    ) -> TableGroup:
         tables = stack_tables(
             [self.configs[index].num_embeddings for index in indices],
             self.configs[indices[0]].embedding_dim,
@@ -151,7 +151,7 @@ class TableStack:
             if old.device.type != "meta" and old.numel() and device.type != "meta":
                 view.copy_(old)
             self.params[index].data = view
-        return Group(tables, indices, [self.params[i] for i in indices], config)
+        return TableGroup(tables, indices, [self.params[i] for i in indices], config)
 
     def convert(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> list[nn.Parameter]:
         """Apply ``Module._apply``'s ``fn`` to every buffer; re-point the Parameters at the new

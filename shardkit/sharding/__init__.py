@@ -6,11 +6,14 @@ and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and l
 """
 
 from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._model_parallel import DistributedModelParallel
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,
     apply_to_all,
@@ -24,10 +27,7 @@ from shardkit.sharding._sharding_plan import (
     table_wise,
 )
 from shardkit.sharding._state import fused_state, load_fused_state, quiet_sharded_tensor
-from shardkit.sharding.embedding import ShardedEmbeddingCollection
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
-from shardkit.sharding.model_parallel import DistributedModelParallel
-from shardkit.sharding.train_pipeline import DataExhaustedError, TrainPipelineSparseDist
+from shardkit.sharding._train_pipeline import DataExhaustedError, TrainPipelineSparseDist
 
 __all__ = [
     "DataExhaustedError",

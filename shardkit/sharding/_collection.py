@@ -25,11 +25,16 @@ from shardkit.modules import (
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._groups import Group, build_group, classes, group_specs
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._shard_groups import (
+    ShardGroup,
+    build_shard_group,
+    classes,
+    shard_group_specs,
+)
 from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
@@ -75,7 +80,7 @@ class ShardedCollection(nn.Module):
         module: the unsharded collection; its configs, and its weights when they are
             materialised (each rank copies its shards; on "meta" shards are initialised anew).
         plan: table name -> `ParameterSharding` for this module.
-        env: the ranks and their process group.
+        env: the ranks and their process shard_group.
         device: where this rank's shards live.
         fused_params: the fused optimizer of FUSED tables that `apply_optimizer_in_backward` did
             not set (default: the module's own ``fused_params``, else SGD with lr 0.01).
@@ -114,9 +119,9 @@ class ShardedCollection(nn.Module):
             getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
         )
         keys = self._table_keys(tables, plan, fused_params)
-        self._specs = [group_specs(self._layout, r, keys) for r in range(world)]
+        self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
-        self._groups = self._build_groups(tables)
+        self._shard_groups = self._build_shard_groups(tables)
         self._hosts = None
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
@@ -130,7 +135,7 @@ class ShardedCollection(nn.Module):
         logger.info(
             "rank %d: %d local shard group(s), %d output class(es), %d data-parallel table(s)",
             env.rank,
-            len(self._groups),
+            len(self._shard_groups),
             len(self._classes),
             len(self._local_tables),
         )
@@ -156,7 +161,7 @@ class ShardedCollection(nn.Module):
             keys.append((dtype, chosen))
         return keys
 
-    def _build_groups(self, tables: CollectionTables) -> list[Group]:
+    def _build_shard_groups(self, tables: CollectionTables) -> list[ShardGroup]:
         weights = {c.name: p for c, p in zip(self._configs, tables.weights)}
         by_name = {c.name: c for c in self._configs}
 
@@ -170,7 +175,9 @@ class ShardedCollection(nn.Module):
             cols = slice(shard.col_start, shard.col_start + shard.cols)
             return full.detach()[rows, cols]
 
-        return [build_group(spec, self._device, initial) for spec in self._specs[self._env.rank]]
+        return [
+            build_shard_group(spec, self._device, initial) for spec in self._specs[self._env.rank]
+        ]
 
     def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
         """Data-parallel tables: a replica, looked up like the unsharded module (dense kernel)."""
@@ -192,8 +199,8 @@ class ShardedCollection(nn.Module):
 
     def _register_tables(self) -> None:
         shards: dict[str, tuple[list, list]] = {}
-        for group in self._groups:
-            for slice_, param in zip(group.spec.shards, group.params):
+        for shard_group in self._shard_groups:
+            for slice_, param in zip(shard_group.spec.shards, shard_group.params):
                 entry = shards.setdefault(slice_.table, ([], []))
                 entry[0].append(slice_)
                 entry[1].append(param)
@@ -207,9 +214,9 @@ class ShardedCollection(nn.Module):
 
     def _make_fused_optimizer(self) -> FusedOptimizer | None:
         fused = []
-        for group in self._groups:
-            keys = [(self._shard_key(s), s.table) for s in group.spec.shards]
-            fused.extend(fused_tables(group.tables, keys, group.params))
+        for shard_group in self._shard_groups:
+            keys = [(self._shard_key(s), s.table) for s in shard_group.spec.shards]
+            fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
         return FusedOptimizer(fused) if fused else None
 
     def _shard_key(self, shard: ShardSlice) -> str:

@@ -12,8 +12,8 @@ import torch
 
 from shardkit.modules import EmbeddingBagConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
-from shardkit.sharding._groups import group_input
 from shardkit.sharding._output_dist import distribute
+from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]
@@ -38,10 +38,10 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         received = dist_input.pending.wait()
         batch_size = received.batch_size
         rows: dict[tuple, list[torch.Tensor]] = {}
-        for group in self._groups:
-            ids, offsets, weights = group_input(group, received)
-            out = lookup(group.tables, ids, offsets, weights, group.params)
-            rows.setdefault(group.spec.output_class, []).append(out)
+        for shard_group in self._shard_groups:
+            ids, offsets, weights = shard_group_input(shard_group, received)
+            out = lookup(shard_group.tables, ids, offsets, weights, shard_group.params)
+            rows.setdefault(shard_group.spec.output_class, []).append(out)
         units: dict[int, torch.Tensor] = {}
         for output_class in self._classes:
             units.update(

@@ -11,9 +11,9 @@ import torch
 
 from shardkit.modules import EmbeddingConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
-from shardkit.sharding._groups import group_input
 from shardkit.sharding._layout import Unit
 from shardkit.sharding._sequence_dist import distribute_rows
+from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ShardedEmbeddingCollection"]
@@ -35,10 +35,10 @@ class ShardedEmbeddingCollection(ShardedCollection):
         pending = dist_input.pending
         received = pending.wait()
         rows: dict[tuple, list] = {}
-        for group in self._groups:
-            ids, _, _ = group_input(group, received)
-            out = lookup(group.tables, ids, None, None, group.params)  # [N_g, cols]
-            rows.setdefault(group.spec.output_class, []).append((group.spec, out))
+        for shard_group in self._shard_groups:
+            ids, _, _ = shard_group_input(shard_group, received)
+            out = lookup(shard_group.tables, ids, None, None, shard_group.params)  # [N_g, cols]
+            rows.setdefault(shard_group.spec.output_class, []).append((shard_group.spec, out))
         blocks: dict[tuple[int, int], torch.Tensor] = {}
         for output_class in self._classes:
             blocks.update(
