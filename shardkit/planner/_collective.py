@@ -31,7 +31,9 @@ def process_group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup:
             "torch.distributed.init_process_group() (or shardkit.launch.spawn) first, "
             "or use plan() to plan without processes"
         )
-    return dist.group.WORLD
+    world = dist.group.WORLD
+    assert world is not None  # initialized, so the world group exists
+    return world
 
 
 def group_topology(group: dist.ProcessGroup, topology: Topology | None) -> Topology:

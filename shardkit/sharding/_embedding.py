@@ -56,6 +56,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
         return self._assemble(blocks, dist_input)
 
     def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        assert self._local is not None
         local = self._local(self._local_features(features))
         return {feature: jt.values() for feature, jt in local.items()}
 

@@ -58,6 +58,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         return self._assemble(units, dist_input.features)
 
     def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        assert self._local is not None
         return self._local(self._local_features(features)).to_dict()
 
     def _assemble(self, units: dict[int, torch.Tensor], features) -> KeyedTensor:
