@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.planner import ShardingType
-from shardkit.train import DataSource, DenseOptimizer, ModelKind, TrainConfig, run
-from shardkit.train._config import CRITEO_FORMATS, ID_MAPPINGS
+from shardkit.train import (
+    CRITEO_FORMATS,
+    ID_MAPPINGS,
+    DataSource,
+    DenseOptimizer,
+    ModelKind,
+    TrainConfig,
+    run,
+)
 
 _DEFAULTS = TrainConfig()
 

@@ -15,12 +15,15 @@ from typing import Any
 
 import torch
 
+from shardkit.types import ParsableEnum
+
 __all__ = ["EmbOptimType", "FusedOptimizerConfig", "RowWiseAdagrad"]
 
 
 @enum.unique
-class EmbOptimType(enum.Enum):
-    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names)."""
+class EmbOptimType(ParsableEnum):
+    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names); `parse`
+    also takes torch's and TorchRec's spellings (``"sgd"``, ``"rowwise_adagrad"``...)."""
 
     EXACT_SGD = "exact_sgd"
     EXACT_ADAGRAD = "exact_adagrad"
@@ -28,14 +31,13 @@ class EmbOptimType(enum.Enum):
     ADAM = "adam"
 
     @classmethod
-    def parse(cls, value: EmbOptimType | str) -> EmbOptimType:
-        if isinstance(value, cls):
-            return value
-        key = str(value).strip().lower().replace("-", "_")
-        if key in _ALIASES:
-            return _ALIASES[key]
+    def _aliases(cls) -> Mapping[str, EmbOptimType]:
+        return _ALIASES
+
+    @classmethod
+    def _unknown(cls, value: Any) -> str:
         names = sorted({*(m.value for m in cls), *_ALIASES})
-        raise ValueError(f"unknown fused optimizer {value!r}; choose one of {names}")
+        return f"unknown fused optimizer {value!r}; choose one of {names}"
 
 
 _ALIASES = {

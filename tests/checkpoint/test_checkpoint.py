@@ -41,7 +41,7 @@ def _full_view(dmp) -> dict[str, torch.Tensor]:
             else [([0, 0], value.clone())]
         )
     sharded = dmp.module
-    for group in sharded._groups:
+    for group in sharded._shard_groups:
         opt = group.tables.optimizer
         for k, slice_ in enumerate(group.spec.shards):
             start, end = group.tables.row_starts[k], group.tables.row_starts[k + 1]

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingConfig
-from shardkit.modules._kernel import lookup
+from shardkit.modules import EmbeddingConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
-from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._groups import group_input
-from shardkit.sharding._layout import Route, Unit
+from shardkit.sharding._layout import Unit
 from shardkit.sharding._sequence_dist import distribute_rows
-from shardkit.sparse import JaggedTensor
+from shardkit.sharding._shard_groups import shard_group_input
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ShardedEmbeddingCollection"]
 
@@ -37,10 +35,10 @@ class ShardedEmbeddingCollection(ShardedCollection):
         pending = dist_input.pending
         received = pending.wait()
         rows: dict[tuple, list] = {}
-        for group in self._groups:
-            ids, _, _ = group_input(group, received)
-            out = lookup(group.tables, ids, None, None, group.params)  # [N_g, cols]
-            rows.setdefault(group.spec.output_class, []).append((group.spec, out))
+        for shard_group in self._shard_groups:
+            ids, _, _ = shard_group_input(shard_group, received)
+            out = lookup(shard_group.tables, ids, None, None, shard_group.params)  # [N_g, cols]
+            rows.setdefault(shard_group.spec.output_class, []).append((shard_group.spec, out))
         blocks: dict[tuple[int, int], torch.Tensor] = {}
         for output_class in self._classes:
             blocks.update(
@@ -57,32 +55,27 @@ class ShardedEmbeddingCollection(ShardedCollection):
             )
         return self._assemble(blocks, dist_input)
 
+    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        assert self._local is not None
+        local = self._local(self._local_features(features))
+        return {feature: jt.values() for feature, jt in local.items()}
+
     def _unit_rows(self, unit: Unit, blocks, pending) -> torch.Tensor:
         pieces = [blocks[(unit.index, k)] for k in range(len(unit.shards))]
         rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         order = pending.orders.get(unit.index)
         if order is not None:  # undo the bucketing: row i of `rows` belongs to id order[i]
             rows = rows.index_select(0, torch.argsort(order))
-        return scale_grad(rows, self._gradient_scale)
+        return rows
 
     def _assemble(self, blocks, dist_input: DistributedInput) -> dict[str, JaggedTensor]:
-        features = dist_input.features
-        local = None
-        if self._local is not None:
-            local = self._local(self._local_features(features))
-        per_feature: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for unit in self._layout.units:
-            if unit.route == Route.LOCAL:
-                assert local is not None
-                rows = local[unit.feature].values()
-            else:
-                rows = self._unit_rows(unit, blocks, dist_input.pending)
-            per_feature.setdefault(unit.feature, []).append((unit.col_start, rows))
-        by_key = features.to_dict()
-        out = {}
-        for config in self._configs:
-            for feature in config.feature_names:
-                parts = [t for _, t in sorted(per_feature[feature], key=lambda b: b[0])]
-                values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-                out[feature] = JaggedTensor(values=values, lengths=by_key[feature].lengths())
-        return out
+        pending = dist_input.pending
+        rows = self._feature_rows(
+            dist_input.features, lambda unit: self._unit_rows(unit, blocks, pending)
+        )
+        by_key = dist_input.features.to_dict()
+        return {
+            feature: JaggedTensor(values=rows[feature], lengths=by_key[feature].lengths())
+            for config in self._configs
+            for feature in config.feature_names
+        }

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
 
 __all__ = [
     "EmbeddingModuleShardingPlan",

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingBagConfig
-from shardkit.modules._kernel import lookup
+from shardkit.modules import EmbeddingBagConfig, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
-from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._groups import group_input
-from shardkit.sharding._layout import Route
 from shardkit.sharding._output_dist import distribute
-from shardkit.sparse import KeyedTensor
+from shardkit.sharding._shard_groups import shard_group_input
+from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]
 
@@ -41,10 +38,10 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         received = dist_input.pending.wait()
         batch_size = received.batch_size
         rows: dict[tuple, list[torch.Tensor]] = {}
-        for group in self._groups:
-            ids, offsets, weights = group_input(group, received)
-            out = lookup(group.tables, ids, offsets, weights, group.params)
-            rows.setdefault(group.spec.output_class, []).append(out)
+        for shard_group in self._shard_groups:
+            ids, offsets, weights = shard_group_input(shard_group, received)
+            out = lookup(shard_group.tables, ids, offsets, weights, shard_group.params)
+            rows.setdefault(shard_group.spec.output_class, []).append(out)
         units: dict[int, torch.Tensor] = {}
         for output_class in self._classes:
             units.update(
@@ -60,23 +57,12 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             )
         return self._assemble(units, dist_input.features)
 
+    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        assert self._local is not None
+        return self._local(self._local_features(features)).to_dict()
+
     def _assemble(self, units: dict[int, torch.Tensor], features) -> KeyedTensor:
-        local = None
-        if self._local is not None:
-            local = self._local(self._local_features(features)).to_dict()
-        per_feature: dict[str, list[tuple[int, torch.Tensor]]] = {}
-        for unit in self._layout.units:
-            if unit.route == Route.LOCAL:
-                assert local is not None
-                out = local[unit.feature]
-            else:
-                out = scale_grad(units[unit.index], self._gradient_scale)
-            per_feature.setdefault(unit.feature, []).append((unit.col_start, out))
-        names, dims, values = [], [], []
-        for config in self._configs:
-            for feature in config.feature_names:
-                blocks = [t for _, t in sorted(per_feature[feature], key=lambda b: b[0])]
-                values.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1))
-                names.append(feature)
-                dims.append(config.embedding_dim)
-        return KeyedTensor(names, dims, torch.cat(values, dim=1))
+        rows = self._feature_rows(features, lambda unit: units[unit.index])
+        names = [f for c in self._configs for f in c.feature_names]
+        dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
+        return KeyedTensor(names, dims, torch.cat([rows[f] for f in names], dim=1))

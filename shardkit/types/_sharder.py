@@ -4,7 +4,7 @@
 ``compute_kernels``, ``shardable_parameters``, ``fused_params``, ``storage_usage``).
 `BaseEmbeddingSharder` fills them in for embedding collections; ``shardkit.sharding`` defines
 the sharders of `EmbeddingBagCollection` and `EmbeddingCollection` on top of it. Sharding a
-module (``shard()``) belongs to ``shardkit.sharding``, not to the planner.
+module (``shard()``) belongs to ``shardkit.sharding``; the planner only reads these.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
 
 __all__ = [
     "BaseEmbeddingSharder",
@@ -144,8 +143,9 @@ class BaseEmbeddingSharder(ModuleSharder):
             tables = {n: p for n, p in tables.items() if n in self._shardable_params}
         return tables
 
-    def table_configs(self, module: nn.Module) -> list[BaseEmbeddingConfig]:
-        """The module's table configs (``embedding_bag_configs()`` or ``embedding_configs()``)."""
+    def table_configs(self, module: nn.Module) -> list[Any]:
+        """The module's table configs, `shardkit.modules.BaseEmbeddingConfig`s (from
+        ``embedding_bag_configs()`` or ``embedding_configs()``)."""
         for method in ("embedding_bag_configs", "embedding_configs"):
             if hasattr(module, method):
                 return list(getattr(module, method)())

@@ -1,8 +1,9 @@
 """The shards a rank stores, stacked into batched kernels, and the kernels' inputs.
 
 [Note: kernel groups and output classes]
-A rank's shards are stacked into one `BatchedTables` per *group*: shards with the same route,
-number of columns, dtype and fused optimizer. An output *class* is (route, columns): every rank
+A rank's shards are stacked into one `BatchedTables` per *shard group* (`ShardGroup`; the
+unsharded collection's `TableGroup` is the same idea for whole tables): shards with the same
+route, number of columns, dtype and fused optimizer. An output *class* is (route, columns): every rank
 takes part in one output collective per class that exists anywhere, in a fixed order, with
 empty tensors where it holds nothing, so collectives always pair up. Within a class a rank's
 rows are ordered by its groups (sorted by dtype, then optimizer), then by slot order; any rank
@@ -17,18 +18,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shardkit.modules._kernel import BatchedTables
-from shardkit.optim import FusedOptimizerConfig, RowOptimizer
+from shardkit.modules import BatchedTables, kernel_input, stack_tables
+from shardkit.optim import FusedOptimizerConfig
 from shardkit.sharding._input_dist import Received
 from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
 
-__all__ = ["Group", "GroupSpec", "class_slots", "classes", "group_input", "group_specs"]
+__all__ = [
+    "ShardGroup",
+    "ShardGroupSpec",
+    "class_slots",
+    "classes",
+    "shard_group_input",
+    "shard_group_specs",
+]
 
 TableKey = tuple[torch.dtype, FusedOptimizerConfig | None]  # per table: dtype, fused optimizer
 
 
 @dataclass(frozen=True)
-class GroupSpec:
+class ShardGroupSpec:
     """A kernel group of one rank: which shards it stacks and which slots it serves."""
 
     route: Route
@@ -46,7 +54,9 @@ class GroupSpec:
         return (self.route.value, self.cols, str(self.dtype), repr(self.config))
 
 
-def group_specs(layout: Layout, rank: int, table_keys: Sequence[TableKey]) -> list[GroupSpec]:
+def shard_group_specs(
+    layout: Layout, rank: int, table_keys: Sequence[TableKey]
+) -> list[ShardGroupSpec]:
     """The kernel groups of ``rank``, in the order every rank uses for it."""
     found: dict[tuple, tuple[list[ShardSlice], list[Slot]]] = {}
     for slot in layout.slots_to(rank):
@@ -57,10 +67,10 @@ def group_specs(layout: Layout, rank: int, table_keys: Sequence[TableKey]) -> li
             shards.append(slot.shard)
         slots.append(slot)
     specs = [
-        GroupSpec(route, cols, dtype, config, tuple(shards), tuple(slots))
+        ShardGroupSpec(route, cols, dtype, config, tuple(shards), tuple(slots))
         for (route, cols, dtype, config), (shards, slots) in found.items()
     ]
-    return sorted(specs, key=GroupSpec.sort_key)
+    return sorted(specs, key=ShardGroupSpec.sort_key)
 
 
 def classes(layout: Layout) -> list[tuple[Route, int]]:
@@ -69,16 +79,16 @@ def classes(layout: Layout) -> list[tuple[Route, int]]:
     return sorted(found, key=lambda c: (c[0].value, c[1]))
 
 
-def class_slots(specs: Sequence[GroupSpec], output_class: tuple[Route, int]) -> list[Slot]:
+def class_slots(specs: Sequence[ShardGroupSpec], output_class: tuple[Route, int]) -> list[Slot]:
     """A rank's slots in ``output_class``, in the order its rows are sent."""
     return [slot for spec in specs if spec.output_class == output_class for slot in spec.slots]
 
 
 @dataclass
-class Group:
+class ShardGroup:
     """A kernel group's storage on this rank: its stacked shards and their Parameters."""
 
-    spec: GroupSpec
+    spec: ShardGroupSpec
     tables: BatchedTables
     params: list[nn.Parameter]
 
@@ -86,20 +96,14 @@ class Group:
         return self.tables.row_starts[self.spec.shards.index(shard)]
 
 
-def build_group(
-    spec: GroupSpec,
+def build_shard_group(
+    spec: ShardGroupSpec,
     device: torch.device,
     initial: Callable[[ShardSlice], torch.Tensor | None],
-) -> Group:
+) -> ShardGroup:
     """Allocate the stacked shards and fill them from ``initial(shard)`` (or leave for init)."""
-    row_starts = [0]
-    for shard in spec.shards:
-        row_starts.append(row_starts[-1] + shard.rows)
-    weight = torch.empty((row_starts[-1], spec.cols), dtype=spec.dtype, device=device)
-    optimizer = None
-    if spec.config is not None:
-        optimizer = RowOptimizer(spec.config, row_starts[-1], spec.cols, device)
-    tables = BatchedTables(weight, row_starts, optimizer)
+    rows = [shard.rows for shard in spec.shards]
+    tables = stack_tables(rows, spec.cols, dtype=spec.dtype, device=device, optimizer=spec.config)
     params = []
     for shard, view in zip(spec.shards, tables.table_views()):
         value = initial(shard)
@@ -109,19 +113,19 @@ def build_group(
         param = nn.Parameter(view, requires_grad=True)
         param._shardkit_embedding_table = True  # type: ignore[attr-defined]
         params.append(param)
-    return Group(spec, tables, params)
+    return ShardGroup(spec, tables, params)
 
 
-def group_input(
-    group: Group, received: Received
+def shard_group_input(
+    shard_group: ShardGroup, received: Received
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The kernel's ``(ids, offsets, per-sample weights)`` for ``group``'s slots, bags ordered
+    """The kernel's ``(ids, offsets, per-sample weights)`` for ``shard_group``'s slots, bags ordered
     (source, slot, bag): ids shifted from shard rows to rows of the group's stack."""
     slots = received.slots
-    positions = [slots.index(s) for s in group.spec.slots]
+    positions = [slots.index(s) for s in shard_group.spec.slots]
     lengths = received.lengths[:, positions, :]  # [W, S_g, B]
     counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
-    bases = torch.tensor([group.row_base(s.shard) for s in group.spec.slots], dtype=torch.int64)
+    bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
     if len(positions) == len(slots):
         values = received.values
         weights = received.weights
@@ -131,13 +135,10 @@ def group_input(
         values = received.values.index_select(0, index)
         weights = None if received.weights is None else received.weights.index_select(0, index)
         chosen_counts = counts[:, positions]
-    shift = bases.repeat(lengths.shape[0])  # one base per (source, slot)
-    ids = values + torch.repeat_interleave(
-        shift, chosen_counts.reshape(-1), output_size=values.numel()
+    # one segment per (source, slot), each shifted by its shard's first row in the stack
+    ids, offsets = kernel_input(
+        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts.reshape(-1)
     )
-    flat = lengths.reshape(-1)
-    offsets = torch.zeros(flat.numel() + 1, dtype=torch.int64)
-    torch.cumsum(flat, 0, out=offsets[1:])
     return ids, offsets, weights
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 
 __all__ = ["DataExhaustedError", "TrainPipelineSparseDist"]
 

@@ -2,22 +2,73 @@
 
 Both are ``str`` enums with TorchRec's string values, so TorchRec code that compares a plan's
 field with ``ShardingType.ROW_WISE.value`` keeps working; inside shardkit they are enums, and
-strings become enums at the edges with `parse`.
+strings become enums at the edges with `parse`, which every enum of the vocabulary gets from
+`ParsableEnum`.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-__all__ = ["EmbeddingComputeKernel", "ShardingType"]
+__all__ = ["EmbeddingComputeKernel", "ParsableEnum", "ShardingType"]
+
+E = TypeVar("E", bound="ParsableEnum")
 
 
-def _key(value: object) -> str:
-    return str(value).strip().lower().replace("-", "_")
+class ParsableEnum(enum.Enum):
+    """An enum whose members also come from strings at the edges (configs, the command line,
+    TorchRec code): `parse` takes a member, its value or its name, in any case and with ``-``
+    for ``_``, or one of the extra spellings a subclass lists in `_aliases`.
+
+    Example::
+
+        ShardingType.parse("ROW_WISE") is ShardingType.parse("row-wise") is ShardingType.ROW_WISE
+    """
+
+    @classmethod
+    def parse(cls: type[E], value: E | str) -> E:
+        """``value`` as a member; ValueError (naming the choices) if it is none."""
+        if isinstance(value, cls):
+            return value
+        member = cls.lookup(value)
+        if member is None:
+            raise ValueError(cls._unknown(value))
+        return member
+
+    @classmethod
+    def lookup(cls: type[E], value: Any) -> E | None:
+        """The member ``value`` spells, or None."""
+        key = str(value).strip().lower().replace("-", "_")
+        for member in cls:
+            if key in (str(member.value).lower(), member.name.lower()):
+                return member
+        return cls._aliases().get(key)
+
+    @classmethod
+    def _aliases(cls: type[E]) -> Mapping[str, E]:
+        """Extra spellings (lower case, ``_`` for ``-``) -> member."""
+        return {}
+
+    @classmethod
+    def _unknown(cls, value: Any) -> str:
+        """The error message for a ``value`` that is no member."""
+        return f"unknown {cls.__name__} {value!r}; choose one of {[m.value for m in cls]}"
+
+
+class _ValueStrEnum(str, ParsableEnum):
+    """A ``str`` enum that prints and formats as its value (``"row_wise"``), as TorchRec's do."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @enum.unique
-class ShardingType(str, enum.Enum):
+class ShardingType(_ValueStrEnum):
     """How one embedding table is split over ranks.
 
     A table of ``R`` rows and ``D`` columns on ``W`` ranks in hosts of ``L`` ranks:
@@ -42,26 +93,13 @@ class ShardingType(str, enum.Enum):
     TABLE_COLUMN_WISE = "table_column_wise"
     GRID_SHARD = "grid_shard"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @classmethod
-    def parse(cls, value: ShardingType | str) -> ShardingType:
-        """``value`` as a `ShardingType`: the enum, its value (``"row_wise"``) or its name."""
-        if isinstance(value, cls):
-            return value
-        key = _key(value)
-        for member in cls:
-            if key in (member.value, member.name.lower()):
-                return member
-        raise ValueError(f"unknown sharding type {value!r}; choose one of {[m.value for m in cls]}")
+    def _unknown(cls, value: Any) -> str:
+        return f"unknown sharding type {value!r}; choose one of {[m.value for m in cls]}"
 
 
 @enum.unique
-class EmbeddingComputeKernel(str, enum.Enum):
+class EmbeddingComputeKernel(_ValueStrEnum):
     """The kernel that looks rows up.
 
     - ``FUSED``: shardkit's batched kernel with the optimizer fused into backward; no gradient
@@ -76,22 +114,9 @@ class EmbeddingComputeKernel(str, enum.Enum):
     DENSE = "batched_dense"
     FUSED = "batched_fused"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @classmethod
-    def parse(cls, value: EmbeddingComputeKernel | str) -> EmbeddingComputeKernel:
-        """``value`` as a kernel: the enum, ``"batched_fused"``, ``"fused"``, ``"FUSED"``..."""
-        if isinstance(value, cls):
-            return value
-        key = _key(value)
-        for member in cls:
-            if key in (member.value, member.name.lower()):
-                return member
-        raise ValueError(
+    def _unknown(cls, value: Any) -> str:
+        return (
             f"unknown or unsupported compute kernel {value!r}; shardkit has "
             f"{[m.value for m in cls]} (TorchRec's 'fused' and 'dense'); UVM, quantized and "
             "key-value kernels are not implemented"
@@ -100,8 +125,4 @@ class EmbeddingComputeKernel(str, enum.Enum):
     @classmethod
     def _missing_(cls, value: object) -> EmbeddingComputeKernel | None:
         # EmbeddingComputeKernel("fused") works as EmbeddingComputeKernel.parse("fused").
-        key = _key(value)
-        for member in cls:
-            if key == member.name.lower():
-                return member
-        return None
+        return cls.lookup(value)

@@ -20,14 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardkit import comm, launch
 from shardkit.optim import CombinedOptimizer
-from shardkit.planner import (
-    EmbeddingShardingPlanner,
-    ModuleSharder,
-    ShardingEnv,
-    ShardingPlan,
-    Topology,
-)
+from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._sharding_plan import get_default_sharders
+from shardkit.types import ModuleSharder, ShardingEnv, ShardingPlan
 
 __all__ = ["DistributedModelParallel"]
 
