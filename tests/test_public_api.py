@@ -21,6 +21,7 @@ PUBLIC = {
         "PoolingType",
         "__version__",
     ],
+    "shardkit.compat": ["NotInShardkitError", "refuse"],
     "shardkit.modules": [
         "BaseEmbeddingConfig",
         "DataType",
