@@ -12,12 +12,14 @@ import shardkit
 
 ROOT = Path(shardkit.__file__).parent
 
-# Every package may import these (they import nothing of ours): TorchRec-name refusals.
-BOTTOM = {"compat"}
+# Every package may import these (they import nothing of ours): TorchRec-name refusals and
+# TorchRec's stream interfaces.
+BOTTOM = {"compat", "streamable"}
 
 # package -> shardkit packages it may import (besides itself and BOTTOM)
 ALLOWED: dict[str, set[str]] = {
     "compat": set(),
+    "streamable": set(),
     "launch": set(),
     "comm": set(),
     "sparse": set(),
@@ -29,6 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "fsdp": {"comm", "launch"},
     "models": {"sparse", "modules", "optim"},
     "data": {"sparse"},
+    "datasets": {"sparse", "data"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
