@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"sparse", "modules", "optim"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
+    "fbgemm_gpu": {"optim"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},

@@ -20,9 +20,37 @@ from shardkit.optim.rowwise_adagrad import RowWiseAdagrad
 __all__ = ["EmbOptimType", "FusedOptimizerConfig", "RowWiseAdagrad"]
 
 
+_FBGEMM_ONLY_RULES = (
+    "LAMB", "LARS_SGD", "PARTIAL_ROWWISE_ADAM", "PARTIAL_ROWWISE_LAMB", "SHAMPOO", "SHAMPOO_V2",
+    "MADGRAD", "EXACT_ROWWISE_WEIGHTED_ADAGRAD", "ENSEMBLE_ROWWISE_ADAGRAD",
+    "EMAINPLACE_ROWWISE_ADAGRAD", "NONE",
+)  # fmt: skip
+# FBGEMM's non-exact variants (updates that may race, for speed): shardkit's exact rule.
+_INEXACT = {"SGD": "EXACT_SGD", "ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD"}
+
+
+class _EmbOptimTypeMeta(enum.EnumMeta):
+    """FBGEMM's other member names: the exact twin, or an error that says what to use."""
+
+    def __getattr__(cls, name: str):  # type: ignore[override]
+        if name in _INEXACT:
+            return cls[_INEXACT[name]]
+        if name in _FBGEMM_ONLY_RULES:
+            raise AttributeError(
+                f"EmbOptimType.{name}: an FBGEMM-only fused optimizer (shardkit's embedding "
+                "kernel has no such rule); use EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM or "
+                "EXACT_SGD"
+            )
+        return super().__getattr__(name)  # type: ignore[misc]
+
+
 @enum.unique
-class EmbOptimType(enum.Enum):
-    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names)."""
+class EmbOptimType(enum.Enum, metaclass=_EmbOptimTypeMeta):
+    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names).
+
+    FBGEMM's ``SGD`` and ``ROWWISE_ADAGRAD`` (its non-exact, racy variants) give the exact
+    members; its other rules (LAMB, LARS_SGD, ...) are refused by name.
+    """
 
     EXACT_SGD = "exact_sgd"
     EXACT_ADAGRAD = "exact_adagrad"
