@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.distributed.optim import _apply_optimizer_in_backward
 
 from shardkit.optim._config import FusedOptimizerConfig
 from shardkit.optim.fused import EmptyFusedOptimizer
@@ -60,6 +59,9 @@ def apply_optimizer_in_backward(
             param._optimizer_kwargs = [dict(optimizer_kwargs)]  # type: ignore[attr-defined]
             param._in_backward_optimizers = [EmptyFusedOptimizer()]  # type: ignore[attr-defined]
     if dense:
+        # torch.distributed.optim takes seconds to import: only when it is needed.
+        from torch.distributed.optim import _apply_optimizer_in_backward
+
         _apply_optimizer_in_backward(optimizer_class, dense, dict(optimizer_kwargs))
 
 

@@ -15,12 +15,12 @@ kernel) keeps working.
 from __future__ import annotations
 
 import copy
+import sys
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 __all__ = ["KeyedOptimizer", "init_optimizer_hooks"]
 
@@ -190,7 +190,7 @@ def _copy_into(live: dict[str, Any], saved: Mapping[str, Any], path: list[Any]) 
             _copy_into(value, new, [*path, key])
         elif callable(getattr(value, "load_state_dict", None)):
             value.load_state_dict(new)
-        elif isinstance(value, ShardedTensor):
+        elif _is_sharded_tensor(value):
             _copy_shards(value, new, [*path, key])
         elif isinstance(value, torch.Tensor):
             value.detach().copy_(new)
@@ -198,8 +198,14 @@ def _copy_into(live: dict[str, Any], saved: Mapping[str, Any], path: list[Any]) 
             live[key] = copy.deepcopy(new)
 
 
-def _copy_shards(live: ShardedTensor, saved: Any, path: list[Any]) -> None:
-    if not isinstance(saved, ShardedTensor):
+def _is_sharded_tensor(value: Any) -> bool:
+    """Without importing the (slow) sharded-tensor module: none exists unless it is imported."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    return module is not None and isinstance(value, module.ShardedTensor)
+
+
+def _copy_shards(live: Any, saved: Any, path: list[Any]) -> None:
+    if not _is_sharded_tensor(saved):
         raise ValueError(f"{'.'.join(map(str, path))}: a ShardedTensor, saved as {type(saved)}")
     mine, theirs = live.local_shards(), saved.local_shards()
     if len(mine) != len(theirs):

@@ -15,12 +15,12 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import sys
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from shardkit.optim._keyed import KeyedOptimizer
 from shardkit.optim._wrappers import OptimizerWrapper
@@ -155,8 +155,17 @@ def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
         grad = param.grad
         if grad is None or grad.numel() == 0:
             continue
-        grads.append(grad.to_local() if isinstance(grad, DTensor) else grad)
+        grads.append(_local(grad))
     return grads
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, else the tensor (no DTensor exists unless its module, slow to
+    import, has been imported)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return (
+        tensor.to_local() if module is not None and isinstance(tensor, module.DTensor) else tensor
+    )
 
 
 def _powered_norm(grads: list[torch.Tensor], p: float, groups: tuple) -> torch.Tensor:
