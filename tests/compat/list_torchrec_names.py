@@ -148,13 +148,14 @@ LEFT_OUT = {
     "torchrec.modules.pruning_logger": "internal logging",
     "torchrec.modules.regroup": "performance modules behind KeyedTensor.regroup_as_dict; call it",
     "torchrec.optim.semi_sync": "cross-region semi-synchronous training (DiLoCo), not in shardkit",
-    "torchrec.metrics": "metrics beyond the six shardkit has (AUC, NE, calibration, CTR, "
+    "torchrec.metrics": "(the modules not listed above) metrics beyond the six shardkit has (AUC, NE, calibration, CTR, "
     "accuracy, MSE) and TorchRec's CPU-offloaded metric modules; RecMetricModule refuses their "
     "RecMetricEnum by name",
-    "torchrec.distributed": "TorchRec's sharding internals (kernels, lookups, input/output "
+    "torchrec.distributed": "(the modules not listed above) TorchRec's sharding internals (kernels, lookups, input/output "
     "dists, sharding strategies, benchmarks); shardkit's own live in shardkit.sharding",
-    "torchrec.quant": "torchrec.quant.utils: internal",
-    "torchrec.inference": "TorchRec's gRPC/TorchScript serving stack",
+    "torchrec.quant": "(the modules not listed above) torchrec.quant.utils: internal",
+    "torchrec.inference": "(the modules not listed above) TorchRec's gRPC/TorchScript serving "
+    "stack (client, packagers, predict factories)",
 }
 
 _CONSTANT = re.compile(r"[A-Z][A-Z0-9_]+")
