@@ -98,8 +98,8 @@ class PeerState:
     answered: int
     counts: dict[str, int]
     records: tuple[RecordView, ...]
-    stack: str
-    finished_s_ago: float | None
+    stack: str = ""
+    finished_s_ago: float | None = None
     exited: bool = False
 
     def last_on(self, group: str) -> RecordView | None:

@@ -10,7 +10,6 @@ disagree on it and the report says so.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from shardkit.launch._flight import PeerState, Record, Recorder
@@ -96,10 +95,14 @@ class LateRankError(RuntimeError):
 
 
 def diagnose(
-    recorder: Recorder, answers: dict[int, PeerState], waiting: Record | None = None
+    recorder: Recorder,
+    answers: dict[int, PeerState],
+    waiting: Record | None = None,
+    *,
+    asked_at: float,
 ) -> HangReport:
     """Compare this rank's collective ``waiting`` (default: its latest on every group) with the
-    ``answers`` of the other ranks."""
+    ``answers`` of the other ranks, asked for at time ``asked_at`` (`time.monotonic`)."""
     targets = [waiting] if waiting is not None else _latest_per_group(recorder)
     lines: list[str] = []
     late: list[int] = []
@@ -121,7 +124,7 @@ def diagnose(
             elif " has not reached " in line:  # not a disagreement: that names no culprit
                 late.append(rank)
     main = waiting or recorder.latest
-    waited = 0.0 if main is None else time.monotonic() - main.started
+    waited = 0.0 if main is None else asked_at - main.started
     collective = "" if main is None else f"#{main.seq} ({main.describe()})"
     return HangReport(tuple(late + silent), tuple(lines), waited, collective, tuple(silent))
 
@@ -150,17 +153,22 @@ def _compare(
     return f"rank {rank} has not reached {missing}; {_whereabouts(state, record.group)}"
 
 
-def _whereabouts(state: PeerState, group: str) -> str:
-    last = state.last_on(group)
+def _whereabouts(state: PeerState, group: str | None, subject: str = "it") -> str:
+    """Where the rank of ``state`` is: its last collective on ``group`` (None: on any group) and
+    its stack, or that its function returned. ``subject`` names it: "it", or "rank 1"."""
+    last = state.last_on(group) if group is not None else (state.records or (None,))[-1]
+    whose = "its" if subject == "it" else f"{subject}'s"
     after = "before any collective"
     if last is not None:
         after = f"after collective #{last.seq} ({last.description})"
     if state.exited:
-        return f"its program ended, {after}"
+        return f"{whose} program ended, {after}"
     if state.finished_s_ago is not None:
-        return f"its function returned {state.finished_s_ago:.1f} s ago, {after}"
-    where = last.position() if last is not None else "no collective of this group yet"
-    text = f"it is at {where}"
+        return f"{whose} function returned {state.finished_s_ago:.1f} s ago, {after}"
+    on_group = " on this group" if group is not None else ""
+    text = f"{subject} has issued no collective{on_group} yet"
+    if last is not None:
+        text = f"{subject} is at {last.position()}"
     if state.stack:
         text += ", running:\n" + _indent(state.stack)
     return text
@@ -173,9 +181,8 @@ def describe_ranks(answers: dict[int, PeerState], ranks: list[int]) -> str:
         state = answers.get(rank)
         if state is None:
             lines.append(f"rank {rank} did not answer (stuck in native code that holds the GIL)")
-            continue
-        group = state.records[-1].group if state.records else ""
-        lines.append(f"rank {rank}: {_whereabouts(state, group)}")
+        else:
+            lines.append(_whereabouts(state, None, f"rank {rank}"))
     return "\n".join(lines)
 
 

@@ -135,7 +135,8 @@ def hang_report(group: dist.ProcessGroup | None = None) -> HangReport | None:
     if group is not None:
         state = session.recorder.group(str(group.group_name))
         record = state.last if state is not None else None
-    return diagnose(session.recorder, session.channel.ask(), record)
+    asked_at = time.monotonic()
+    return diagnose(session.recorder, session.channel.ask(), record, asked_at=asked_at)
 
 
 def whereabouts(ranks: list[int]) -> str:
@@ -157,7 +158,10 @@ def explain(exc: BaseException, record: Record | None = None) -> LateRankError |
     timed_out = is_timeout(exc)
     if not timed_out and not is_peer_loss(exc):
         return None
-    report = diagnose(session.recorder, session.channel.ask(), record)
+    asked_at = time.monotonic()
+    report = diagnose(session.recorder, session.channel.ask(), record, asked_at=asked_at)
+    if not timed_out and not report.late_ranks:
+        return None  # every rank reached it: a peer's failure, not lateness, closed the connection
     call = (
         f"collective {report.collective}" if record is None else f"torch.distributed.{record.name}"
     )
@@ -171,8 +175,9 @@ def explain(exc: BaseException, record: Record | None = None) -> LateRankError |
 
 
 def _warn(channel: Channel, record: Record) -> None:
+    asked_at = time.monotonic()
     answers = channel.ask(meanwhile=channel.answer_if_asked)
-    report = diagnose(channel.recorder, answers, record)
+    report = diagnose(channel.recorder, answers, record, asked_at=asked_at)
     if report.lines:
         logger.warning(warning_line(channel.recorder, report))
 

@@ -21,7 +21,7 @@ from shardkit.launch._errors import RankFailedError, RankFailure, dump_stacks
 from shardkit.launch._hang import PEER_LOSS
 from shardkit.launch._pickle import dumps, main_is_reimportable
 from shardkit.launch._watch import Watchdog
-from shardkit.launch._worker import WorkerConfig, worker_main
+from shardkit.launch._worker import START_ALLOWANCE_S, WorkerConfig, worker_main
 
 __all__ = ["RankPool", "spawn"]
 
@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 # After the first failure, how long to keep listening for the failure that caused it: a rank
 # that raised reports at once, while its peers only notice when their collective breaks.
 _GRACE_S = 1.0
-# Start-up (importing torch in every rank) is not covered by the collective timeout.
-_START_ALLOWANCE_S = 120.0
+# The parent waits a little longer than the ranks wait for each other at the start, so that
+# their message (which names the ranks missing) comes first.
+_START_ALLOWANCE_S = START_ALLOWANCE_S + 10.0
 
 
 def spawn(

@@ -40,7 +40,11 @@ from shardkit.launch._errors import (
 )
 from shardkit.launch._watch import Watchdog
 
-__all__ = ["WorkerConfig", "finish_timeout", "store_barrier", "worker_main"]
+__all__ = ["START_ALLOWANCE_S", "WorkerConfig", "finish_timeout", "store_barrier", "worker_main"]
+
+# Start-up (importing torch in every rank, seconds apart on a busy machine) is not covered by
+# the collective timeout: ranks wait this much longer for each other to join.
+START_ALLOWANCE_S = 120.0
 
 
 class WorkerConfig:
@@ -142,7 +146,8 @@ def _join(config: WorkerConfig) -> tuple[RankInfo, dist.Store]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = dist.FileStore(config.store_path, config.world_size)
-    store_barrier(store, "join", config.rank, config.world_size, config.timeout_s, "join")
+    join_s = config.timeout_s + START_ALLOWANCE_S
+    store_barrier(store, "join", config.rank, config.world_size, join_s, "join")
     dist.init_process_group(
         backend,
         store=dist.PrefixStore("pg", store),
