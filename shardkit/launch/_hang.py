@@ -9,7 +9,6 @@ disagree on it and the report says so.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from shardkit.launch._flight import PeerState, Record, Recorder
@@ -23,8 +22,6 @@ __all__ = [
     "is_timeout",
     "warning_line",
 ]
-
-logger = logging.getLogger(__name__)
 
 # What a backend says when a collective waited longer than the process group's timeout, and
 # when the rank at the other end of a connection went away (gloo).
@@ -71,10 +68,6 @@ class HangReport:
                 "compares every call)"
             )
         return "\n".join(self.lines)
-
-    def summary(self) -> str:
-        """The report on one line: each sentence without its stack."""
-        return "; ".join(line.splitlines()[0] for line in self.lines)
 
 
 class LateRankError(RuntimeError):

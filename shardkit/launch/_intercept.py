@@ -153,8 +153,8 @@ def explain(exc: BaseException, record: Record | None = None) -> LateRankError |
     connection closed: a rank whose program ended) and this process records its collectives;
     else None."""
     session = _session
-    if session is None or isinstance(exc, LateRankError):
-        return None
+    if session is None or isinstance(exc, LateRankError) or session.recorder.latest is None:
+        return None  # (nothing recorded: what waited was a call the recorder does not see)
     timed_out = is_timeout(exc)
     if not timed_out and not is_peer_loss(exc):
         return None
