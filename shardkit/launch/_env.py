@@ -95,7 +95,7 @@ def init_from_env(
     _set_current(info)
     if watchdog is not None:
         _intercept.install(
-            store, rank=rank, world_size=world_size, timeout_s=timeout, watchdog=watchdog
+            store, rank=info.rank, world_size=info.world_size, timeout_s=timeout, watchdog=watchdog
         )
         atexit.register(_intercept.uninstall, ended=True)  # for scripts that do not call shutdown
     logger.info(

@@ -194,16 +194,18 @@ class Recorder:
 
     def main_stack(self) -> str:
         """The innermost frames of the main thread, from the rank's function on (in spawn)."""
-        frame = sys._current_frames().get(self._main_thread)
+        frame = sys._current_frames().get(self._main_thread or 0)
         if frame is None:
             return ""
-        frames = traceback.extract_stack(frame)
-        start = max((i + 1 for i, f in enumerate(frames) if f.filename == _WORKER_FILE), default=0)
-        frames = [f for f in frames[start:] if f.filename != _WRAPPER_FILE]
+        stack = traceback.extract_stack(frame)
+        start = max((i + 1 for i, f in enumerate(stack) if f.filename == _WORKER_FILE), default=0)
+        frames = [f for f in stack[start:] if f.filename != _WRAPPER_FILE]
         return "".join(traceback.format_list(frames[-STACK_FRAMES:])).rstrip()
 
     def _resolve(self, group: Any) -> _Group:
         pg = dist.group.WORLD if group is None else group
+        if pg is None:
+            return _Group("", (), False, "")
         try:
             ranks = tuple(dist.get_process_group_ranks(pg))
             name = str(pg.group_name)

@@ -83,7 +83,7 @@ class LateRankError(RuntimeError):
         self.silent_ranks = report.silent_ranks
         self.backend_message = backend_message
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type, tuple[str, HangReport, str]]:
         return (LateRankError, (str(self), self.report, self.backend_message))
 
 

@@ -114,7 +114,8 @@ class Channel:
             if asked <= self._answered:
                 return
             state = self.recorder.state(asked, exited=exited)
-            self.store.set(_ANSWER.format(self.recorder.rank), pickle.dumps(state))
+            answer = pickle.dumps(state)  # (a store takes bytes too, whatever its stub says)
+            self.store.set(_ANSWER.format(self.recorder.rank), answer)  # type: ignore[arg-type]
             self._answered = asked
 
     def _read(self, rank: int) -> PeerState | None:
