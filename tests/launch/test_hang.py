@@ -36,7 +36,7 @@ def _waited(message: str) -> float:
 def _together() -> None:
     """Collective #1: wait for every rank with a long timeout, since ranks start seconds apart
     on a busy machine (longer than FAST). Then the tests' own collectives are #2, #3, ..."""
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=120))
+    dist.barrier(timeout=datetime.timedelta(seconds=120))
 
 
 def _sleeps_before_a_collective(rank: int, world_size: int):
