@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "compat": set(),
     "streamable": set(),
     "launch": set(),
-    "comm": set(),
+    "comm": {"launch"},
     "sparse": set(),
     "optim": {"types"},
     "modules": {"types", "sparse", "optim"},

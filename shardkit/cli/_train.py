@@ -167,6 +167,12 @@ def _train_parser(commands: Any) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout,
+        help="seconds a collective may wait before the job fails, naming the late rank",
+    )
     p.set_defaults(run=_train)
 
 
@@ -200,6 +206,7 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         log_every=args.log_every,
         max_steps_per_epoch=args.max_steps_per_epoch,
+        timeout=args.timeout,
     )
     run(config, rank_setup=show_training_log)
     return 0
