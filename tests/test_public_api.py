@@ -49,6 +49,17 @@ PUBLIC = {
         "ManagedCollisionEmbeddingBagCollection",
         "ManagedCollisionEmbeddingCollection",
     ],
+    "shardkit.modules.feature_processor_": [
+        "FeatureProcessor",
+        "FeatureProcessorsCollection",
+        "PositionWeightedModule",
+        "PositionWeightedModuleCollection",
+    ],
+    "shardkit.modules.fp_embedding_modules": [
+        "FeatureProcessedEmbeddingBagCollection",
+        "FeatureProcessorDictWrapper",
+        "apply_feature_processors_to_kjt",
+    ],
     "shardkit.optim": [
         "CombinedOptimizer",
         "EmbOptimType",
