@@ -24,13 +24,15 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
     "fsdp": {"comm", "launch"},
     "models": {"sparse", "modules", "optim"},
+    "quant": {"sparse", "modules", "optim"},
+    "inference": {"sparse", "modules", "optim", "quant"},
     "data": {"sparse"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
+        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics", "quant", "inference",
     },
     "train": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",

@@ -60,6 +60,21 @@ PUBLIC = {
         "FeatureProcessorDictWrapper",
         "apply_feature_processors_to_kjt",
     ],
+    "shardkit.quant": [
+        "EmbeddingBagCollection",
+        "EmbeddingCollection",
+        "QuantConfig",
+        "dtype_to_data_type",
+        "quantize_state_dict",
+        "quantize_table_weights",
+    ],
+    "shardkit.quant.embedding_modules": [
+        "EmbeddingBagCollection",
+        "EmbeddingCollection",
+        "quantize_state_dict",
+    ],
+    "shardkit.inference": ["quantize_embeddings"],
+    "shardkit.inference.modules": ["quantize_embeddings"],
     "shardkit.optim": [
         "CombinedOptimizer",
         "EmbOptimType",

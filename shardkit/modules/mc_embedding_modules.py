@@ -89,16 +89,20 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
     @torch.no_grad()
     def _reset_rows(self, evictions: Mapping[str, torch.Tensor | None]) -> None:
         module = self._embedding_module
-        tables = (
-            module.embedding_bags
-            if isinstance(module, EmbeddingBagCollection)
-            else module.embeddings
-        )
-        fused = self._embedding_module.fused_optimizer
+        fused = getattr(module, "fused_optimizer", None)
         for name, rows in evictions.items():
             if rows is None or rows.numel() == 0:
                 continue
+            tables = (
+                module.embedding_bags if hasattr(module, "embedding_bags") else module.embeddings
+            )
             weight = tables[name].weight
+            if not isinstance(weight, nn.Parameter):
+                raise ValueError(
+                    f"table '{name}': ids were evicted, but its embedding module "
+                    f"({type(module).__name__}) cannot reset rows (e.g. quantized for serving); "
+                    "call .eval() to only remap ids"
+                )
             weight.data[rows] = _initial_rows(self._configs[name], rows.numel(), weight)
             if fused is not None and weight in fused.state:
                 _reset_optimizer_rows(fused, weight, rows)
