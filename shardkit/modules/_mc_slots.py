@@ -106,6 +106,7 @@ class Slots:
         owned = len(self.bounds) - 1
         if owned == self.num_buckets or ids.numel() == 0:
             return
+        ids = ids.to(torch.int64)
         local = self.local_bucket(ids)
         if bool((local < 0).any() | (local >= owned).any()):
             at = int(((local < 0) | (local >= owned)).nonzero()[0])

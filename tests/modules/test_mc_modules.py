@@ -278,3 +278,16 @@ def test_bad_configurations_are_refused():
 
     with pytest.raises(ValueError, match=r"metadata \['score'\] is not kept by shardkit"):
         Scored([MCHEvictionPolicyMetadataInfo("score", True, False)])
+
+
+def test_int32_ids_remap_as_int64_ones():
+    wide, narrow = _module(zch=12, buckets=2), _module(zch=12, buckets=2)
+    for step in range(4):
+        ids = torch.arange(step, step + 9) * 7
+        out = narrow({"t": JaggedTensor(values=ids.int(), lengths=torch.ones(9, dtype=torch.long))})
+        assert out["t"].values().dtype == torch.int32
+        torch.testing.assert_close(out["t"].values().long(), _rows(wide, ids))
+    half = wide.rebuild_with_output_id_range((6, 12))
+    ids = torch.arange(40, dtype=torch.int32)
+    mine = ids[bucket_of(ids.long(), 2) == 1]
+    half({"t": JaggedTensor(values=mine, lengths=torch.ones(mine.numel(), dtype=torch.long))})
