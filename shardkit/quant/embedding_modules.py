@@ -146,6 +146,11 @@ class EmbeddingBagCollection(_QuantCollection):
         """``features``: one key per feature, batch ``B``. Returns ``[B, sum(dims)]``."""
         if self._is_weighted and features.weights_or_none() is None:
             raise ValueError("this EmbeddingBagCollection is weighted but the KJT has no weights")
+        if features.variable_stride_per_key():
+            raise ValueError(
+                "the quantized EmbeddingBagCollection needs one batch size for all keys; this "
+                f"KeyedJaggedTensor has a batch size per key ({features.stride_per_key()})"
+            )
         kjt = self._stacks.permute(features)
         pooled = self._stacks.pooled(kjt, self._is_weighted, self._validate_ids)
         by_feature = {}

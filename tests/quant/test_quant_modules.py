@@ -218,6 +218,11 @@ def test_errors_name_the_table_and_what_works():
         quantized(bad)
     with pytest.raises(ValueError, match=r"features \['d'\] of the quantized tables are not keys"):
         quantized(KeyedJaggedTensor(keys=["a", "b", "c"], values=torch.tensor([1]), lengths=torch.tensor([1, 0, 0])))  # fmt: skip
+    vbe = KeyedJaggedTensor(keys=["a", "b", "c", "d"], values=torch.tensor([1, 2, 3, 4, 0]),
+                            lengths=torch.tensor([1, 1, 1, 1, 1]),
+                            stride_per_key_per_rank=[[1], [2], [1], [1]])  # fmt: skip
+    with pytest.raises(ValueError, match=r"one batch size for all keys; .* \(\[1, 2, 1, 1\]\)"):
+        quantized(vbe)
     weighted = quantize_embeddings(_float_ebc(weighted=True), dtype=torch.qint8, inplace=False)
     with pytest.raises(ValueError, match="weighted but the KJT has no weights"):
         weighted(_batch(0, weighted=False))
