@@ -76,14 +76,15 @@ class ManagedCollisionCollection(nn.Module):
         lengths = features.lengths()
         bag_starts = features.lengths_offset_per_key()
         rows, key = [], 0
-        for module, num_keys in zip(self._modules_by_table().values(), self._table_feature_splits):
+        modules = self._modules_by_table()
+        for config, num_keys in zip(self._embedding_configs, self._table_feature_splits):
             first, last = key, key + num_keys
             table = JaggedTensor(
                 values=features.values()[starts[first] : starts[last]],
                 lengths=lengths[bag_starts[first] : bag_starts[last]],
             )
-            name = self._embedding_configs[len(rows)].name
-            rows.append(module({name: table}, mutate_miss_lengths)[name].values())
+            remapped = modules[config.name]({config.name: table}, mutate_miss_lengths)
+            rows.append(remapped[config.name].values())
             key = last
         values = torch.cat(rows) if rows else features.values()
         return _with_values(features, values)

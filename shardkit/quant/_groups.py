@@ -96,14 +96,14 @@ class Stacks:
         parts = features.split([len(s.features) for s in self.stacks])
         for stack, part in zip(self.stacks, parts):
             if validate:
-                self._check_ids(stack, part)
-            ids, offsets, weights = self._inputs(stack, part, weighted)
+                self.check_ids(stack, part)
+            ids, offsets, weights = self.inputs(stack, part, weighted)
             assert stack.buffer is not None
             rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)
             out.append(rows.view(len(stack.features), features.stride(), stack.dim))
         return out
 
-    def _check_ids(self, stack: Stack, part: KeyedJaggedTensor) -> None:
+    def check_ids(self, stack: Stack, part: KeyedJaggedTensor) -> None:
         """Refuse an id outside its table (it would read another table of the stack)."""
         rows = [self.configs[i].num_embeddings for i in stack.tables for _ in self.configs[i].feature_names]  # fmt: skip
         values = part.values()
@@ -121,7 +121,7 @@ class Stacks:
                 f"of {rows[key]} rows; ids must be in [0, {rows[key]})"
             )
 
-    def _inputs(
+    def inputs(
         self, stack: Stack, part: KeyedJaggedTensor, weighted: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Shifted ids ``[N]``, offsets ``[F_s * B + 1]`` and per-id weights ``[N]`` or None."""

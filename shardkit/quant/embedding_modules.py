@@ -222,8 +222,8 @@ class EmbeddingCollection(_QuantCollection):
         out: dict[str, JaggedTensor] = {}
         for stack, part in zip(self._stacks.stacks, parts):
             if self._validate_ids:
-                self._stacks._check_ids(stack, part)
-            ids, _, _ = self._stacks._inputs(stack, part, weighted=False)
+                self._stacks.check_ids(stack, part)
+            ids, _, _ = self._stacks.inputs(stack, part, weighted=False)
             each = torch.arange(ids.numel() + 1, device=ids.device)  # every id its own bag
             assert stack.buffer is not None
             rows = lookup(stack.buffer, stack.data_type, ids, each, None).to(self._output_dtype)
