@@ -31,7 +31,7 @@ from tests.fsdp.models import (
     shard_blocks,
     train,
 )
-from tests.fsdp.test_training import _full_state
+from tests.fsdp.sharded import full_state
 
 
 def _count(module_path: str, name: str):
@@ -121,7 +121,7 @@ def _keep_after_backward(rank, ws):
         loss_fn(model, *second).backward()
         after_step = gather.call_count
     optimizer.step()
-    return kept, without_step, after_step, _full_state(model)
+    return kept, without_step, after_step, full_state(model)
 
 
 def test_set_reshard_after_backward_keeps_parameters_until_the_shards_change(run_ranks):
@@ -158,7 +158,7 @@ def _not_last(rank, ws):
         optimizer.step()  # waits for the reduction left in flight
     model.set_is_last_backward(True)
     loss_fn(model, *local(batches(ws)[0], rank, ws)).backward()
-    return lingering, bool(ctx._pending_reduce), _full_state(model)
+    return lingering, bool(ctx._pending_reduce), full_state(model)
 
 
 def test_set_is_last_backward_leaves_the_last_reduction_in_flight(run_ranks):
@@ -219,7 +219,7 @@ def _prefetch_training(rank, ws):
     model.set_modules_to_forward_prefetch([model.blocks[0], model.blocks[1]])
     model.blocks[1].set_modules_to_backward_prefetch([model.blocks[0]])
     train(model, OPTIMIZERS["sgd"](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 def test_explicit_prefetch_does_not_change_results(run_ranks):
@@ -265,7 +265,7 @@ def _reset(rank, ws):
     model.reset_iter_state()
     freed = not any(get_state(m).group.is_unsharded for m in (model, *model.blocks))
     train(model, optimizer, batches(ws), rank, ws)
-    return stuck, freed, _full_state(model)
+    return stuck, freed, full_state(model)
 
 
 def test_reset_iter_state_after_a_forward_that_raised(run_ranks):
@@ -363,7 +363,7 @@ def _to_empty(rank, ws, states):
     same_objects = all(a is b for a, b in zip(params, model.parameters()))
     model.load_state_dict(states)
     train(model, OPTIMIZERS["sgd"](model.parameters()), batches(ws), rank, ws)
-    return same_objects, _full_state(model)
+    return same_objects, full_state(model)
 
 
 def test_to_empty_then_load_state_dict(run_ranks):

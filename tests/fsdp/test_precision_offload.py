@@ -34,7 +34,7 @@ from tests.fsdp.models import (
     reference,
     shard_blocks,
 )
-from tests.fsdp.test_training import _full_state
+from tests.fsdp.sharded import full_state
 
 BF16, F32 = torch.bfloat16, torch.float32
 CASES = {  # (param_dtype, reduce_dtype) -> the dtype gradients must be reduced in
@@ -170,7 +170,7 @@ def _offload(rank, ws, face):
             for value in optimizer.state[param.sharded].values():
                 rows = value.to_local() if hasattr(value, "to_local") else value
                 out["state_devices"].add(str(rows.device))
-    return out, _full_state(model)
+    return out, full_state(model)
 
 
 @pytest.mark.parametrize("face", ["fully_shard", "wrapper"])
@@ -220,7 +220,7 @@ def _scaled(rank, ws, inf_rank):
         scaler.step(optimizer)
         scaler.update()
         scales.append(scaler.get_scale())
-    return scales, _full_state(model)
+    return scales, full_state(model)
 
 
 def test_sharded_grad_scaler_skips_the_step_on_every_rank(run_ranks):

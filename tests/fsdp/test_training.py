@@ -20,14 +20,11 @@ import torch
 
 from shardkit.fsdp import (
     CPUOffload,
-    FullStateDictConfig,
     FullyShardedDataParallel,
     MixedPrecision,
     MixedPrecisionPolicy,
     ShardingStrategy,
-    StateDictType,
     fully_shard,
-    state_dict_type,
 )
 from shardkit.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 from tests.fsdp.models import (
@@ -43,17 +40,13 @@ from tests.fsdp.models import (
     shard_blocks,
     train,
 )
+from tests.fsdp.sharded import full_state
 
 WRAPS = {
     "none": None,
     "size": functools.partial(size_based_auto_wrap_policy, min_num_params=100),
     "blocks": ModuleWrapPolicy({Block}),
 }
-
-
-def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    with state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
-        return {key: value.clone() for key, value in model.state_dict().items()}
 
 
 def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
@@ -65,7 +58,7 @@ def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
         mixed_precision=mp,
     )
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 def _train_fully_shard(rank, ws, strategy, optimizer, offload=False, per_host=None):
@@ -73,7 +66,7 @@ def _train_fully_shard(rank, ws, strategy, optimizer, offload=False, per_host=No
         make_model(), **fsdp2_kwargs(strategy, ws, offload=offload, per_host=per_host)
     )
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -229,7 +222,7 @@ def _train_fsdp2_style(rank, ws, kwargs, optimizer, reshards=None):
     if reshards is not None:
         assert get_state(model.blocks[0]).config.reshard_after_forward is reshards
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 @pytest.mark.parametrize("reshard", [True, False])
