@@ -4,6 +4,7 @@ CPU memory (pinned only where a GPU gathers from it), and updates land where uni
 
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 import pytest
@@ -16,7 +17,10 @@ from shardkit.fsdp import (
     FullyShardedDataParallel,
     MixedPrecision,
     MixedPrecisionPolicy,
+    OffloadPolicy,
+    _fully_shard,
 )
+from shardkit.fsdp import fully_sharded_data_parallel as _wrapper
 from shardkit.fsdp._flat import FlatBucket
 from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, Slot
@@ -146,15 +150,49 @@ def test_accumulated_gradients_add_up_in_the_reduce_dtype(run_ranks):
 # ---- CPU offload --------------------------------------------------------------------------------
 
 
-def _offload(rank, ws, face):
+def _offloaded(face, offload):
     if face == "fully_shard":
-        model = shard_blocks(make_model(), offload_policy=CPUOffloadPolicy(pin_memory=True))
-    else:
-        model = FullyShardedDataParallel(
-            make_model(),
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
-            cpu_offload=CPUOffload(offload_params=True),
-        )
+        policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
+        return shard_blocks(make_model(), offload_policy=policy)
+    return FullyShardedDataParallel(
+        make_model(),
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        cpu_offload=CPUOffload(offload_params=offload),
+    )
+
+
+def _storage_on_a_gpu(rank, ws, face, offload):
+    """Where each unit would keep its shards if it computed on a GPU: the CPU host has one
+    device only, so the unit's settings are asked as if its mesh were on ``cuda``."""
+    seen = []
+
+    def spy(real):
+        def build_unit(trigger, module, settings, **kwargs):
+            gpu = dataclasses.replace(settings.mesh_info, device=torch.device("cuda"))
+            seen.append(str(dataclasses.replace(settings, mesh_info=gpu).storage_device))
+            return real(trigger, module, settings, **kwargs)
+
+        return build_unit
+
+    with (
+        mock.patch.object(_fully_shard, "build_unit", spy(_fully_shard.build_unit)),
+        mock.patch.object(_wrapper, "build_unit", spy(_wrapper.build_unit)),
+    ):
+        _offloaded(face, offload)
+    return seen
+
+
+@pytest.mark.parametrize("face", ["fully_shard", "wrapper"])
+def test_offload_puts_every_units_shards_on_the_cpu(run_ranks, face):
+    """On a CPU host offloading moves nothing, so the policy is followed to each unit's storage
+    device under a GPU mesh: the CPU with offload, the GPU without."""
+    for offload, want in [(True, "cpu"), (False, "cuda")]:
+        for seen in run_ranks(_storage_on_a_gpu, 2, face, offload):
+            assert seen and set(seen) == {want}, (offload, seen)
+
+
+def _offload(rank, ws, face):
+    model = _offloaded(face, offload=True)
     optimizer = OPTIMIZERS["adam"](model.parameters())
     loss_fn(model, *local(batches(ws)[0], rank, ws)).backward()
     optimizer.step()
@@ -198,8 +236,9 @@ def test_pin_memory_only_where_a_gpu_gathers(monkeypatch):
             storage_device=torch.device("cpu"),
             param_dtype=None,
         )
-        FlatBucket([param], info, torch.device("cpu"), meta=False, pin_memory=pin_memory)
+        bucket = FlatBucket([param], info, torch.device("cpu"), meta=False, pin_memory=pin_memory)
         assert len(pinned) == want, (compute, pin_memory)
+        assert bucket.flat_shard.device.type == "cpu"  # the shard stays where it is stored
 
 
 # ---- loss scaling -------------------------------------------------------------------------------
