@@ -18,23 +18,30 @@ ALLOWED: dict[str, set[str]] = {
     "comm": set(),
     "sparse": set(),
     "optim": set(),
-    "modules": {"sparse", "optim"},
-    "planner": {"launch", "sparse", "modules", "optim", "comm"},
-    "sharding": {"launch", "comm", "sparse", "modules", "optim", "planner"},
-    "distributed": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
+    "kernels": {"optim"},
+    "modules": {"sparse", "optim", "kernels"},
+    "planner": {"launch", "sparse", "modules", "optim", "comm", "kernels"},
+    "sharding": {"launch", "comm", "sparse", "modules", "optim", "planner", "kernels"},
+    "distributed": {
+        "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "kernels",
+    },
     "fsdp": {"comm", "launch"},
-    "models": {"sparse", "modules", "optim"},
+    "models": {"sparse", "modules", "optim", "kernels"},
     "data": {"sparse"},
     "metrics": {"comm", "launch"},
-    "checkpoint": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
-    "bench": {"launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
+    "checkpoint": {
+        "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp", "kernels",
+    },
+    "bench": {
+        "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp", "kernels",
+    },
     "cli": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
+        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics", "kernels",
     },
     "train": {
         "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "metrics",
+        "fsdp", "models", "data", "checkpoint", "metrics", "kernels",
     },
 }  # fmt: skip
 

@@ -42,6 +42,16 @@ PUBLIC = {
         "apply_optimizer_in_backward",
         "fused_config_of",
     ],
+    "shardkit.kernels": [
+        "KernelPath",
+        "dense_backward",
+        "fused_backward",
+        "kernel_path",
+        "pooled_forward",
+        "set_kernel",
+        "unsupported",
+        "use_kernel",
+    ],
     "shardkit.models": [
         "DLRM",
         "DLRM_DCN",

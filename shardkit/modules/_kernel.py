@@ -13,10 +13,18 @@ each occurrence, its "bags" the runs of equal ids. That adds duplicates within a
 optimizer rule then updates those rows (see [Note: fused row updates] in `shardkit.optim`).
 Chunks of a few MiB keep the temporaries in cache and out of fresh pages, which on CPU costs more
 than the arithmetic.
+
+That is the eager kernel: pure torch ops, the spec. The compiled kernel (see [Note: compiled
+kernel] in `shardkit.kernels`) does the same in C++ operators without the temporaries: forward
+one loop over bags, backward one radix sort and ONE pass over the unique rows that sums each
+row's gradient and applies the rule in place. `shardkit.kernels.kernel_path` picks one per
+process; the choice is made in forward and kept by that lookup's backward. Lookups the compiled
+operators cannot serve (see `shardkit.kernels.unsupported`) run eager.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from shardkit import kernels
 from shardkit.optim import RowOptimizer
 
 __all__ = ["BatchedTables", "lookup"]
+
+logger = logging.getLogger(__name__)
 
 # Bytes of gradient rows handled per chunk in backward (see [Note: batched kernel]).
 _CHUNK_BYTES = 2 << 20
@@ -66,8 +77,8 @@ class BatchedTables:
         per_sample_weights: torch.Tensor | None,
         grad_out: torch.Tensor,
     ) -> list[torch.Tensor | None]:
-        """Fused update (returns no gradients), or the dense gradient of each table."""
-        runs = _RowRuns(ids, bag_of, per_sample_weights, *self.weight.shape)
+        """Eager: fused update (returns no gradients), or the dense gradient of each table."""
+        runs = _RowRuns(ids.long(), bag_of, per_sample_weights, *self.weight.shape)
         optimizer = self.optimizer
         if optimizer is not None:
             optimizer.begin_step()
@@ -77,7 +88,31 @@ class BatchedTables:
         grad = torch.zeros(self.weight.shape, dtype=torch.float32, device=self.weight.device)
         for index in range(runs.num_chunks):
             grad.index_copy_(0, *runs.gradients(index, grad_out))
-        grad = grad.to(self.weight.dtype)
+        return self._split(grad.to(self.weight.dtype))
+
+    def compiled_backward(
+        self,
+        ids: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+        grad_out: torch.Tensor,
+        grad_per_sample_weights: bool,
+    ) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+        """Compiled: as `backward`, and d loss / d per_sample_weights ``[N]`` fp32 when asked."""
+        optimizer = self.optimizer
+        args = (self.weight, ids, offsets, per_sample_weights, grad_out)
+        if optimizer is not None:
+            optimizer.begin_step()
+            grad_weights = kernels.fused_backward(
+                *args, optimizer, grad_per_sample_weights=grad_per_sample_weights
+            )
+            return [None] * (len(self.row_starts) - 1), grad_weights
+        grad, grad_weights = kernels.dense_backward(
+            *args, grad_per_sample_weights=grad_per_sample_weights
+        )
+        return self._split(grad), grad_weights
+
+    def _split(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
         bounds = zip(self.row_starts[:-1], self.row_starts[1:])
         return [grad[start:end] for start, end in bounds]
 
@@ -94,7 +129,7 @@ def lookup(
 
     Args:
         tables: the stacked tables.
-        ids: ``[N]`` int64 rows of the buffer (table-local id + the table's first row).
+        ids: ``[N]`` int64 (or int32) rows of the buffer (table-local id + the table's first row).
         offsets: ``[num_bags + 1]`` int64 bag boundaries into ``ids``, or None.
         per_sample_weights: ``[N]`` weight of each id in its bag, or None.
         params: the tables' parameters (views of the buffer), so autograd reaches them.
@@ -114,8 +149,12 @@ class _Lookup(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.tables = tables
         ctx.save_for_backward(ids, offsets, per_sample_weights)
+        ctx.compiled = _compiled(tables, ids)
         if offsets is None:
             return F.embedding(ids, tables.weight)
+        if ctx.compiled:
+            return kernels.pooled_forward(tables.weight, ids, offsets, per_sample_weights)
+        ids, offsets = ids.long(), offsets.long()
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(tables.weight.dtype)
         return F.embedding_bag(
@@ -132,17 +171,42 @@ class _Lookup(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ids, offsets, per_sample_weights = ctx.saved_tensors
         tables: BatchedTables = ctx.tables
+        ctx.tables = None
         grad_out = grad_out.float().contiguous()
+        wants_grad_weights = per_sample_weights is not None and ctx.needs_input_grad[3]
+        if ctx.compiled:
+            param_grads, grad_weights = tables.compiled_backward(
+                ids, offsets, per_sample_weights, grad_out, wants_grad_weights
+            )
+            if grad_weights is not None:
+                grad_weights = grad_weights.to(per_sample_weights.dtype)
+            return (None, None, None, grad_weights, *param_grads)
+        ids = ids.long()
         bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
         grad_weights = None
-        if per_sample_weights is not None and ctx.needs_input_grad[3]:
+        if wants_grad_weights:
             # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
             rows = tables.weight.index_select(0, ids).float()
             grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
             grad_weights = grad_weights.to(per_sample_weights.dtype)
         param_grads = tables.backward(ids, bag_of, per_sample_weights, grad_out)
-        ctx.tables = None
         return (None, None, None, grad_weights, *param_grads)
+
+
+_unsupported_logged: set[str] = set()
+
+
+def _compiled(tables: BatchedTables, ids: torch.Tensor) -> bool:
+    """Whether this lookup runs the compiled kernel (see [Note: compiled kernel])."""
+    if kernels.kernel_path() != kernels.KernelPath.COMPILED:
+        return False
+    reason = kernels.unsupported(tables.weight, ids, tables.optimizer)
+    if reason is None:
+        return True
+    if reason not in _unsupported_logged:
+        _unsupported_logged.add(reason)
+        logger.info("these embedding lookups run the eager kernel: %s", reason)
+    return False
 
 
 def _bag_of(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:

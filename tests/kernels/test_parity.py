@@ -1,0 +1,194 @@
+"""The compiled kernel against the eager one (the spec), step by step.
+
+Three tables of one dim stacked in one buffer; bags with duplicate ids inside a bag and across
+bags, empty bags, batch size 1; SUM and MEAN (MEAN is per-sample weights 1 / length, as the
+collections fold it in), weighted and unweighted, int32 and int64 ids, fp32/fp16/bf16 tables,
+every fused optimizer and none (dense gradients). After each step: the output, the gradient of
+the per-sample weights, the tables and the optimizer state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from shardkit.kernels import use_kernel
+from shardkit.modules import _kernel
+from shardkit.modules._kernel import BatchedTables, lookup
+from shardkit.optim import EmbOptimType, FusedOptimizerConfig, RowOptimizer
+
+ROWS = (7, 30, 12)
+STARTS = (0, 7, 37, 49)
+DIM = 5
+STEPS = 3
+OPTIMIZERS = [None, *EmbOptimType]
+TOLERANCE = {
+    torch.float32: {},
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
+
+
+def _batch(seed: int, batch_size: int, *, weighted: bool, mean: bool, id_dtype: torch.dtype):
+    """(ids, offsets, per-sample weights or None): bags of 0-4 ids of each table, a hot id."""
+    g = torch.Generator().manual_seed(seed)
+    ids, lengths = [], []
+    for rows, start in zip(ROWS, STARTS):
+        for _ in range(batch_size):
+            length = int(torch.randint(0, 5, (1,), generator=g))
+            bag = torch.randint(0, rows, (length,), generator=g)
+            if length > 2:
+                bag[1] = bag[0]  # a duplicate within the bag
+            ids.append(bag + start)
+            lengths.append(length)
+    ids = torch.cat(ids)
+    ids[ids < STARTS[1]] = 3  # table 0's ids all hit one row: duplicates across bags
+    lengths = torch.tensor(lengths)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    weights = torch.rand(ids.numel(), generator=g) if weighted else None
+    if mean:
+        per_id = (1.0 / lengths.clamp(min=1).float()).repeat_interleave(lengths)
+        weights = per_id if weights is None else weights * per_id
+    return ids.to(id_dtype), offsets, weights
+
+
+def _tables(kind: EmbOptimType | None, dtype: torch.dtype, weight_decay: float = 0.0):
+    weight = torch.randn(STARTS[-1], DIM, generator=torch.Generator().manual_seed(7)).to(dtype)
+    optimizer = None
+    if kind is not None:
+        config = FusedOptimizerConfig(
+            kind, learning_rate=0.05, eps=1e-6, weight_decay=weight_decay, beta1=0.8, beta2=0.9
+        )
+        optimizer = RowOptimizer(config, STARTS[-1], DIM, torch.device("cpu"))
+        for state in optimizer.state.values():
+            state.uniform_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+    tables = BatchedTables(weight, list(STARTS), optimizer)
+    return tables, [torch.nn.Parameter(v) for v in tables.table_views()]
+
+
+def _step(path, tables, params, ids, offsets, weights, grad_out):
+    """One lookup + backward on ``path``; returns (output, per-sample weights' gradient)."""
+    weights = None if weights is None else weights.clone().requires_grad_()
+    with use_kernel(path):
+        out = lookup(tables, ids, offsets, weights, params)
+    out.backward(grad_out.to(out.dtype))
+    return out.detach(), None if weights is None else weights.grad
+
+
+def _train_both(kind, dtype, *, batch_size, weighted, mean, id_dtype, weight_decay=0.0):
+    eager, compiled = _tables(kind, dtype, weight_decay), _tables(kind, dtype, weight_decay)
+    tolerance = TOLERANCE[dtype]
+    for step in range(STEPS):
+        ids, offsets, weights = _batch(
+            step, batch_size, weighted=weighted, mean=mean, id_dtype=id_dtype
+        )
+        grad_out = torch.randn(
+            offsets.numel() - 1, DIM, generator=torch.Generator().manual_seed(step)
+        )
+        expected = _step("eager", *eager, ids, offsets, weights, grad_out)
+        actual = _step("compiled", *compiled, ids, offsets, weights, grad_out)
+        message = f"step {step}"
+        torch.testing.assert_close(actual[0], expected[0], **tolerance, msg=message)
+        if weights is not None:
+            torch.testing.assert_close(actual[1], expected[1], **tolerance, msg=message)
+        _assert_same_tables(compiled, eager, tolerance, message)
+
+
+def _assert_same_tables(actual, expected, tolerance, message):
+    (tables, params), (ref_tables, ref_params) = actual, expected
+    torch.testing.assert_close(tables.weight, ref_tables.weight, **tolerance, msg=message)
+    if tables.optimizer is None:
+        for param, ref in zip(params, ref_params):
+            torch.testing.assert_close(param.grad, ref.grad, **tolerance, msg=message)
+            param.grad = ref.grad = None
+        return
+    assert tables.optimizer.step == ref_tables.optimizer.step
+    for name, state in tables.optimizer.state.items():
+        torch.testing.assert_close(
+            state, ref_tables.optimizer.state[name], **tolerance, msg=f"{message}, {name}"
+        )
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+@pytest.mark.parametrize(("weighted", "mean"), [(False, False), (True, False), (False, True)])
+def test_pooled_matches_eager(kind, dtype, weighted, mean):
+    _train_both(kind, dtype, batch_size=4, weighted=weighted, mean=mean, id_dtype=torch.int64)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=str)
+def test_batch_of_one_weighted_mean_int32_and_int64_ids(kind, id_dtype):
+    _train_both(kind, torch.float32, batch_size=1, weighted=True, mean=True, id_dtype=id_dtype)
+
+
+@pytest.mark.parametrize("kind", list(EmbOptimType), ids=lambda k: k.value)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_weight_decay_matches_eager(kind, dtype):
+    _train_both(
+        kind, dtype, batch_size=3, weighted=True, mean=False, id_dtype=torch.int64,
+        weight_decay=0.1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+def test_per_id_lookup_matches_eager(kind, dtype):
+    """The sequence form (`EmbeddingCollection`): one output row per id, no offsets."""
+    eager, compiled = _tables(kind, dtype), _tables(kind, dtype)
+    for step in range(STEPS):
+        ids, _, _ = _batch(step, 4, weighted=False, mean=False, id_dtype=torch.int64)
+        grad_out = torch.randn(ids.numel(), DIM, generator=torch.Generator().manual_seed(step))
+        expected = _step("eager", *eager, ids, None, None, grad_out)
+        actual = _step("compiled", *compiled, ids, None, None, grad_out)
+        torch.testing.assert_close(actual[0], expected[0])
+        _assert_same_tables(compiled, eager, TOLERANCE[dtype], f"step {step}")
+
+
+def test_empty_batch_is_a_no_op():
+    tables, params = _tables(EmbOptimType.ADAM, torch.float32)
+    before = tables.weight.clone()
+    ids, offsets = torch.empty(0, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    out, _ = _step("compiled", tables, params, ids, offsets, None, torch.ones(3, DIM))
+    assert out.shape == (3, DIM) and not out.any()
+    torch.testing.assert_close(tables.weight, before)
+    assert tables.optimizer.step == 1  # a step happened, it touched no row
+
+
+@pytest.mark.parametrize("kind", [None, EmbOptimType.EXACT_SGD])
+def test_out_of_range_id_is_an_index_error_before_any_update(kind):
+    tables, params = _tables(kind, torch.float32)
+    before = tables.weight.clone()
+    ids = torch.tensor([1, STARTS[-1], 2])
+    offsets = torch.tensor([0, 2, 3])
+    with pytest.raises(IndexError, match=r"id 49 at position 1 is out of range: ids must satisfy"):
+        _step("compiled", tables, params, ids, offsets, None, torch.ones(2, DIM))
+    torch.testing.assert_close(tables.weight, before)
+
+
+def test_offsets_that_do_not_cover_the_ids_are_a_value_error():
+    tables, params = _tables(None, torch.float32)
+    with pytest.raises(ValueError, match=r"offsets must start at 0 and end at the number of ids"):
+        _step("compiled", tables, params, torch.tensor([1, 2]), torch.tensor([0, 1]), None,
+              torch.ones(1, DIM))  # fmt: skip
+
+
+def test_unsupported_tables_run_eager_and_say_so_once(caplog, monkeypatch):
+    """float64 tables have no compiled kernel: they run eager, with one INFO line."""
+    monkeypatch.setattr(_kernel, "_unsupported_logged", set())
+    tables, params = _tables(EmbOptimType.EXACT_SGD, torch.float64)
+    reference, ref_params = _tables(EmbOptimType.EXACT_SGD, torch.float64)
+    ids, offsets, _ = _batch(0, 2, weighted=False, mean=False, id_dtype=torch.int64)
+    grad_out = torch.ones(offsets.numel() - 1, DIM)
+    with caplog.at_level(logging.INFO, logger="shardkit.modules._kernel"):
+        for _ in range(2):
+            _step("compiled", tables, params, ids, offsets, None, grad_out)
+            _step("eager", reference, ref_params, ids, offsets, None, grad_out)
+    torch.testing.assert_close(tables.weight, reference.weight)
+    lines = [r.getMessage() for r in caplog.records if "run the eager kernel" in r.getMessage()]
+    assert lines == [
+        "these embedding lookups run the eager kernel: no compiled kernel for torch.float64 tables"
+    ]
