@@ -36,6 +36,7 @@ LIBRARY = "shardkit_kernels.so"
 LOCK_TIMEOUT_S = 600.0
 
 _CPU_SOURCES = ("kernels.cpp", "ops_cpu.cpp")
+_CUDA_SOURCES = ("ops_cuda.cu",)
 _HEADERS = ("kernels.h",)
 
 
@@ -58,15 +59,26 @@ def load_library() -> str:
         BuildError: no compiler, the build failed, or the library would not load.
     """
     _check_toolchain()
+    if _cuda_wanted():
+        try:
+            return _load(_CPU_SOURCES + _CUDA_SOURCES)
+        except BuildError as error:
+            logger.warning(
+                "the CUDA kernel failed to build (%s); building the CPU one alone", error
+            )
+    return _load(_CPU_SOURCES)
+
+
+def _load(sources: tuple[str, ...]) -> str:
     flags = _cflags()
-    entry = cache_root() / _key(flags)
+    entry = cache_root() / _key(sources, flags)
     library = entry / LIBRARY
     how = f"loaded from the cached build in {entry}"
     if not library.exists():
         entry.parent.mkdir(parents=True, exist_ok=True)
         with _locked(entry.parent / f"{entry.name}.lock"):
             if not library.exists():
-                seconds = _build(entry, flags)
+                seconds = _build(entry, sources, flags)
                 how = f"built in {seconds:.1f} s into {entry}"
     if LIBRARY not in _loaded():
         try:
@@ -78,6 +90,15 @@ def load_library() -> str:
 
 def _loaded() -> set[str]:
     return {os.path.basename(path) for path in torch.ops.loaded_libraries}
+
+
+def _cuda_wanted() -> bool:
+    """A GPU that torch sees, and nvcc (``CUDA_HOME``) to compile for it."""
+    if not torch.cuda.is_available():
+        return False
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return CUDA_HOME is not None
 
 
 def _check_toolchain() -> None:
@@ -97,11 +118,16 @@ def _cflags() -> list[str]:
     return flags
 
 
-def _key(flags: list[str]) -> str:
+def _key(sources: tuple[str, ...], flags: list[str]) -> str:
     digest = hashlib.sha256()
-    for name in (*_CPU_SOURCES, *_HEADERS):
-        digest.update((CSRC / name).read_bytes())
+    for name in (*sources, *_HEADERS):
+        digest.update(name.encode() + (CSRC / name).read_bytes())
     parts = [torch.__version__, sys.version, platform.machine(), " ".join(flags), _cpu_flags()]
+    if any(name.endswith(".cu") for name in sources):
+        capabilities = [
+            torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())
+        ]
+        parts += [str(torch.version.cuda), str(capabilities)]
     digest.update("\0".join(parts).encode())
     version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
     return f"torch{version}-{digest.hexdigest()[:16]}"
@@ -141,7 +167,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build(entry: Path, flags: list[str]) -> float:
+def _build(entry: Path, sources: tuple[str, ...], flags: list[str]) -> float:
     """Compile into a private directory next to ``entry``, then rename it to ``entry``."""
     from torch.utils import cpp_extension  # imports setuptools: only when building
 
@@ -149,13 +175,14 @@ def _build(entry: Path, flags: list[str]) -> float:
     scratch = Path(tempfile.mkdtemp(prefix=f"{entry.name}.", dir=entry.parent))
     logger.info("building shardkit's compiled kernel into %s (once per machine and version)", entry)
     try:
-        for name in (*_CPU_SOURCES, *_HEADERS):
+        for name in (*sources, *_HEADERS):
             shutil.copy(CSRC / name, scratch / name)
         with warnings.catch_warnings(record=True) as caught:
             cpp_extension.load(
                 name=LIBRARY.removesuffix(".so"),
-                sources=[str(scratch / name) for name in _CPU_SOURCES],
+                sources=[str(scratch / name) for name in sources],
                 extra_cflags=flags,
+                extra_cuda_cflags=["-O3"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(scratch),
                 is_python_module=False,

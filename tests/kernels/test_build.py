@@ -13,7 +13,7 @@ import sys, time
 import torch
 from shardkit.kernels import _build
 
-def fake_build(entry, flags):
+def fake_build(entry, sources, flags):
     with open(sys.argv[1], "a") as count:
         count.write("built\\n")
     time.sleep(1.0)

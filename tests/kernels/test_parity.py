@@ -4,7 +4,8 @@ Three tables of one dim stacked in one buffer; bags with duplicate ids inside a 
 bags, empty bags, batch size 1; SUM and MEAN (MEAN is per-sample weights 1 / length, as the
 collections fold it in), weighted and unweighted, int32 and int64 ids, fp32/fp16/bf16 tables,
 every fused optimizer and none (dense gradients). After each step: the output, the gradient of
-the per-sample weights, the tables and the optimizer state.
+the per-sample weights, the tables and the optimizer state. The same tests run the CUDA kernel
+(marked ``gpu``) where there is a GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import pytest
 import torch
 
+from shardkit import kernels
 from shardkit.kernels import use_kernel
 from shardkit.modules import _kernel
 from shardkit.modules._kernel import BatchedTables, lookup
@@ -24,6 +26,16 @@ STARTS = (0, 7, 37, 49)
 DIM = 5
 STEPS = 3
 OPTIMIZERS = [None, *EmbOptimType]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
 TOLERANCE = {
     torch.float32: {},
     torch.float16: {"atol": 2e-3, "rtol": 2e-3},
@@ -55,31 +67,45 @@ def _batch(seed: int, batch_size: int, *, weighted: bool, mean: bool, id_dtype: 
     return ids.to(id_dtype), offsets, weights
 
 
-def _tables(kind: EmbOptimType | None, dtype: torch.dtype, weight_decay: float = 0.0):
-    weight = torch.randn(STARTS[-1], DIM, generator=torch.Generator().manual_seed(7)).to(dtype)
+def _tables(
+    kind: EmbOptimType | None, dtype: torch.dtype, weight_decay: float = 0.0, device: str = "cpu"
+):
+    weight = torch.randn(STARTS[-1], DIM, generator=torch.Generator().manual_seed(7))
+    weight = weight.to(device=device, dtype=dtype)
     optimizer = None
     if kind is not None:
         config = FusedOptimizerConfig(
             kind, learning_rate=0.05, eps=1e-6, weight_decay=weight_decay, beta1=0.8, beta2=0.9
         )
-        optimizer = RowOptimizer(config, STARTS[-1], DIM, torch.device("cpu"))
+        optimizer = RowOptimizer(config, STARTS[-1], DIM, torch.device(device))
         for state in optimizer.state.values():
-            state.uniform_(0.0, 0.5, generator=torch.Generator().manual_seed(3))
+            generator = torch.Generator().manual_seed(3)
+            state.copy_(torch.rand(state.shape, generator=generator) * 0.5)
     tables = BatchedTables(weight, list(STARTS), optimizer)
+    ids = torch.zeros(1, dtype=torch.int64)
+    if dtype != torch.float64:  # anything else must run compiled, or the test compares eager twice
+        assert kernels.unsupported(weight, ids, optimizer) is None, f"no compiled kernel: {device}"
     return tables, [torch.nn.Parameter(v) for v in tables.table_views()]
 
 
 def _step(path, tables, params, ids, offsets, weights, grad_out):
     """One lookup + backward on ``path``; returns (output, per-sample weights' gradient)."""
-    weights = None if weights is None else weights.clone().requires_grad_()
+    device = tables.weight.device
+    ids = ids.to(device)
+    offsets = None if offsets is None else offsets.to(device)
+    grad_out = grad_out.to(device)
+    weights = None if weights is None else weights.to(device).clone().requires_grad_()
     with use_kernel(path):
         out = lookup(tables, ids, offsets, weights, params)
     out.backward(grad_out.to(out.dtype))
     return out.detach(), None if weights is None else weights.grad
 
 
-def _train_both(kind, dtype, *, batch_size, weighted, mean, id_dtype, weight_decay=0.0):
-    eager, compiled = _tables(kind, dtype, weight_decay), _tables(kind, dtype, weight_decay)
+def _train_both(
+    kind, dtype, *, batch_size, weighted, mean, id_dtype, weight_decay=0.0, device="cpu"
+):
+    eager = _tables(kind, dtype, weight_decay, device)
+    compiled = _tables(kind, dtype, weight_decay, device)
     tolerance = TOLERANCE[dtype]
     for step in range(STEPS):
         ids, offsets, weights = _batch(
@@ -112,33 +138,43 @@ def _assert_same_tables(actual, expected, tolerance, message):
         )
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
 @pytest.mark.parametrize(("weighted", "mean"), [(False, False), (True, False), (False, True)])
-def test_pooled_matches_eager(kind, dtype, weighted, mean):
-    _train_both(kind, dtype, batch_size=4, weighted=weighted, mean=mean, id_dtype=torch.int64)
-
-
-@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
-@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=str)
-def test_batch_of_one_weighted_mean_int32_and_int64_ids(kind, id_dtype):
-    _train_both(kind, torch.float32, batch_size=1, weighted=True, mean=True, id_dtype=id_dtype)
-
-
-@pytest.mark.parametrize("kind", list(EmbOptimType), ids=lambda k: k.value)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_weight_decay_matches_eager(kind, dtype):
+def test_pooled_matches_eager(kind, dtype, weighted, mean, device):
     _train_both(
-        kind, dtype, batch_size=3, weighted=True, mean=False, id_dtype=torch.int64,
-        weight_decay=0.1,
+        kind, dtype, batch_size=4, weighted=weighted, mean=mean, id_dtype=torch.int64,
+        device=device,
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=str)
+def test_batch_of_one_weighted_mean_int32_and_int64_ids(kind, id_dtype, device):
+    _train_both(
+        kind, torch.float32, batch_size=1, weighted=True, mean=True, id_dtype=id_dtype,
+        device=device,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", list(EmbOptimType), ids=lambda k: k.value)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_weight_decay_matches_eager(kind, dtype, device):
+    _train_both(
+        kind, dtype, batch_size=3, weighted=True, mean=False, id_dtype=torch.int64,
+        weight_decay=0.1, device=device,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
-def test_per_id_lookup_matches_eager(kind, dtype):
+def test_per_id_lookup_matches_eager(kind, dtype, device):
     """The sequence form (`EmbeddingCollection`): one output row per id, no offsets."""
-    eager, compiled = _tables(kind, dtype), _tables(kind, dtype)
+    eager, compiled = _tables(kind, dtype, device=device), _tables(kind, dtype, device=device)
     for step in range(STEPS):
         ids, _, _ = _batch(step, 4, weighted=False, mean=False, id_dtype=torch.int64)
         grad_out = torch.randn(ids.numel(), DIM, generator=torch.Generator().manual_seed(step))
