@@ -159,6 +159,20 @@ def test_batch_of_one_weighted_mean_int32_and_int64_ids(kind, id_dtype, device):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(("weighted", "mean"), [(False, False), (True, True)])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=str)
+def test_sgd_on_one_thread_matches_eager(one_thread, weighted, mean, id_dtype):
+    """On one thread fp32 SGD skips the grouping (see [Note: SGD without a sort])."""
+    _train_both(
+        EmbOptimType.EXACT_SGD, torch.float32, batch_size=4, weighted=weighted, mean=mean,
+        id_dtype=id_dtype,
+    )  # fmt: skip
+
+
+def test_sgd_on_one_thread_per_id_matches_eager(one_thread):
+    _per_id_both(EmbOptimType.EXACT_SGD, torch.float32, "cpu")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", list(EmbOptimType), ids=lambda k: k.value)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -174,6 +188,10 @@ def test_weight_decay_matches_eager(kind, dtype, device):
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
 def test_per_id_lookup_matches_eager(kind, dtype, device):
     """The sequence form (`EmbeddingCollection`): one output row per id, no offsets."""
+    _per_id_both(kind, dtype, device)
+
+
+def _per_id_both(kind, dtype, device):
     eager, compiled = _tables(kind, dtype, device=device), _tables(kind, dtype, device=device)
     for step in range(STEPS):
         ids, _, _ = _batch(step, 4, weighted=False, mean=False, id_dtype=torch.int64)

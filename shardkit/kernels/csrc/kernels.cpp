@@ -448,6 +448,70 @@ void backward_typed(const Context& c, const uint64_t* sorted, int64_t n, int num
   throw std::invalid_argument("unknown update rule " + std::to_string(int(c.update.rule)));
 }
 
+// ---- SGD without grouping ---------------------------------------------------------------------
+
+// [Note: SGD without a sort]
+// Plain SGD (no weight decay) on fp32 rows is linear in the gradient: adding each occurrence's
+// step as it comes gives the row the same total step as adding the summed gradient once (up to
+// the order of rounding). So this backward needs no grouping at all: one pass over the bags in
+// input order, each bag's gradient row scaled once and added to the rows of its ids, like a
+// forward that writes. Single-threaded only (two threads could update one row at once); fp16 and
+// bf16 rows round at every add, so they take the grouped path, which rounds once as eager does.
+template <typename Id>
+void check_ids(const Table& t, const Batch& b) {
+  const Id* ids = static_cast<const Id*>(b.ids);
+  for (int64_t i = 0; i < b.num_ids; ++i)
+    if (static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= static_cast<uint64_t>(t.num_rows))
+      bad_id(static_cast<int64_t>(ids[i]), i, t.num_rows);
+}
+
+template <typename Id, int kDim>
+void sgd_scatter(const Table& t, const Batch& b, const float* grad_out, float lr,
+                 float* grad_weights) {
+  const int64_t dim = kDim > 0 ? kDim : t.dim, row_bytes = dim * 4;
+  float* weight = static_cast<float*>(t.data);
+  const Id* ids = static_cast<const Id*>(b.ids);
+  const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids, n = b.num_ids;
+  auto lo_of = [&](int64_t bag) { return b.offsets ? b.offsets[bag] : bag; };
+  if (grad_weights) {  // from the rows as they were: before any update
+    for (int64_t bag = 0; bag < num_bags; ++bag)
+      for (int64_t i = lo_of(bag); i < lo_of(bag + 1); ++i)
+        grad_weights[i] = dot(grad_out + bag * dim, weight + static_cast<int64_t>(ids[i]) * dim, dim);
+  }
+  alignas(64) float local[kDim > 0 ? kDim : 1];
+  float* __restrict step = kDim > 0 ? local : scratch_row(dim);
+  for (int64_t bag = 0; bag < num_bags; ++bag) {
+    const int64_t lo = lo_of(bag), hi = lo_of(bag + 1);
+    if (lo == hi) continue;
+    const float* __restrict go = grad_out + bag * dim;
+    for (int64_t d = 0; d < dim; ++d) step[d] = go[d] * -lr;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + kAhead < n)
+        prefetch_row(weight + static_cast<int64_t>(ids[i + kAhead]) * dim, row_bytes, true);
+      float* __restrict w = weight + static_cast<int64_t>(ids[i]) * dim;
+      if (b.weights) {
+        const float scale = b.weights[i];
+        for (int64_t d = 0; d < dim; ++d) w[d] += scale * step[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) w[d] += step[d];
+      }
+    }
+  }
+}
+
+template <typename Id>
+void sgd_without_sort(const Table& t, const Batch& b, const float* grad_out, float lr,
+                      float* grad_weights) {
+  check_ids<Id>(t, b);
+  switch (t.dim) {
+    case 16: return sgd_scatter<Id, 16>(t, b, grad_out, lr, grad_weights);
+    case 32: return sgd_scatter<Id, 32>(t, b, grad_out, lr, grad_weights);
+    case 64: return sgd_scatter<Id, 64>(t, b, grad_out, lr, grad_weights);
+    case 128: return sgd_scatter<Id, 128>(t, b, grad_out, lr, grad_weights);
+    default: return sgd_scatter<Id, 0>(t, b, grad_out, lr, grad_weights);
+  }
+}
+
 }  // namespace
 
 void pooled_forward(const Table& table, const Batch& batch, void* out, int num_threads) {
@@ -466,6 +530,12 @@ void backward(const Table& table, const Batch& batch, const float* grad_out, con
   if (batch.num_ids == 0 || table.dim == 0) return;
   if (table.num_rows > (int64_t{1} << 32) || batch.num_ids > (int64_t{1} << 31))
     throw std::invalid_argument("the compiled kernel takes < 2^32 rows and < 2^31 ids per call");
+  if (update.rule == Rule::kSgd && update.weight_decay == 0.0f && table.dtype == DType::kFloat &&
+      num_threads <= 1) {  // See [Note: SGD without a sort]
+    if (batch.ids_are_int64)
+      return sgd_without_sort<int64_t>(table, batch, grad_out, update.lr, grad_weights);
+    return sgd_without_sort<int32_t>(table, batch, grad_out, update.lr, grad_weights);
+  }
   const bool by_position = batch.weights != nullptr || grad_weights != nullptr || !batch.offsets;
   Groups& g = groups_scratch();
   group(table, batch, by_position, g);
