@@ -53,6 +53,8 @@ def pooled_forward(
     ids: torch.Tensor,
     offsets: torch.Tensor,
     per_sample_weights: torch.Tensor | None,
+    *,
+    batch_size: int = 0,
 ) -> torch.Tensor:
     """``[num_bags, D]`` in the weight's dtype: each bag's (weighted) sum of rows, fp32 math.
 
@@ -61,10 +63,14 @@ def pooled_forward(
         ids: ``[N]`` int32 or int64 rows.
         offsets: ``[num_bags + 1]`` int64.
         per_sample_weights: ``[N]`` (MEAN folded in), or None.
+        batch_size: > 0 when the bags are ``K`` keys x ``batch_size`` examples, key-major: then
+            bag ``(k, b)`` is written to row ``b * K + k``, so that the result viewed as
+            ``[batch_size, K * D]`` is a KeyedTensor's values.
     """
     return torch.ops.shardkit.pooled_forward(
-        weight, ids.contiguous(), offsets.long().contiguous(), _fp32(per_sample_weights)
-    )
+        weight, ids.contiguous(), offsets.long().contiguous(), _fp32(per_sample_weights),
+        batch_size,
+    )  # fmt: skip
 
 
 def fused_backward(
@@ -76,12 +82,15 @@ def fused_backward(
     optimizer: RowOptimizer,
     *,
     grad_per_sample_weights: bool,
+    batch_size: int = 0,
 ) -> torch.Tensor | None:
     """Apply ``optimizer``'s rule in place to the rows ``ids`` touched (its step already counted).
 
     Args:
-        grad_out: ``[num_bags, D]`` (pooled) or ``[N, D]`` (per id, ``offsets`` None), fp32.
+        grad_out: ``[num_bags, D]`` (pooled, rows ordered as `pooled_forward` wrote them) or
+            ``[N, D]`` (per id, ``offsets`` None), fp32 contiguous.
         grad_per_sample_weights: also return d loss / d per_sample_weights ``[N]`` (fp32).
+        batch_size: as `pooled_forward`'s.
     """
     rule, names = _RULES[optimizer.kind]
     group = optimizer.param_group
@@ -101,6 +110,7 @@ def fused_backward(
         float(beta2),
         optimizer.step,
         grad_per_sample_weights,
+        batch_size,
     )
 
 
@@ -112,6 +122,7 @@ def dense_backward(
     grad_out: torch.Tensor,
     *,
     grad_per_sample_weights: bool,
+    batch_size: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradient of the whole buffer ``[R, D]`` (weight's dtype; rows not looked up are zero),
     and d loss / d per_sample_weights ``[N]`` when asked. Arguments as `fused_backward`."""
@@ -122,6 +133,7 @@ def dense_backward(
         _fp32(per_sample_weights),
         grad_out,
         grad_per_sample_weights,
+        batch_size,
     )
 
 

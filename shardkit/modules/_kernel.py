@@ -97,19 +97,18 @@ class BatchedTables:
         per_sample_weights: torch.Tensor | None,
         grad_out: torch.Tensor,
         grad_per_sample_weights: bool,
+        *,
+        batch_size: int = 0,
     ) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
         """Compiled: as `backward`, and d loss / d per_sample_weights ``[N]`` fp32 when asked."""
         optimizer = self.optimizer
         args = (self.weight, ids, offsets, per_sample_weights, grad_out)
+        wants = {"grad_per_sample_weights": grad_per_sample_weights, "batch_size": batch_size}
         if optimizer is not None:
             optimizer.begin_step()
-            grad_weights = kernels.fused_backward(
-                *args, optimizer, grad_per_sample_weights=grad_per_sample_weights
-            )
+            grad_weights = kernels.fused_backward(*args, optimizer, **wants)
             return [None] * (len(self.row_starts) - 1), grad_weights
-        grad, grad_weights = kernels.dense_backward(
-            *args, grad_per_sample_weights=grad_per_sample_weights
-        )
+        grad, grad_weights = kernels.dense_backward(*args, **wants)
         return self._split(grad), grad_weights
 
     def _split(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
@@ -123,6 +122,8 @@ def lookup(
     offsets: torch.Tensor | None,
     per_sample_weights: torch.Tensor | None,
     params: Sequence[torch.Tensor],
+    *,
+    batch_size: int | None = None,
 ) -> torch.Tensor:
     """Pooled lookup ``[num_bags, D]`` (``offsets`` given, SUM with optional per-sample weights)
     or per-id lookup ``[num_ids, D]`` (``offsets`` None), differentiable.
@@ -133,8 +134,11 @@ def lookup(
         offsets: ``[num_bags + 1]`` int64 bag boundaries into ``ids``, or None.
         per_sample_weights: ``[N]`` weight of each id in its bag, or None.
         params: the tables' parameters (views of the buffer), so autograd reaches them.
+        batch_size: for pooled lookups whose bags are ``K`` keys x ``batch_size`` examples,
+            key-major (a KJT's order): return them example-major, ``[batch_size, K * D]`` (a
+            KeyedTensor's values), which the compiled kernel writes without a transpose.
     """
-    return _Lookup.apply(tables, ids, offsets, per_sample_weights, *params)
+    return _Lookup.apply(tables, ids, offsets, per_sample_weights, batch_size or 0, *params)
 
 
 class _Lookup(torch.autograd.Function):
@@ -145,26 +149,30 @@ class _Lookup(torch.autograd.Function):
         ids: torch.Tensor,
         offsets: torch.Tensor | None,
         per_sample_weights: torch.Tensor | None,
+        batch_size: int,
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        ctx.tables = tables
+        ctx.tables, ctx.batch_size = tables, batch_size
         ctx.save_for_backward(ids, offsets, per_sample_weights)
         ctx.compiled = _compiled(tables, ids)
         if offsets is None:
             return F.embedding(ids, tables.weight)
         if ctx.compiled:
-            return kernels.pooled_forward(tables.weight, ids, offsets, per_sample_weights)
-        ids, offsets = ids.long(), offsets.long()
+            out = kernels.pooled_forward(
+                tables.weight, ids, offsets, per_sample_weights, batch_size=batch_size
+            )  # rows already example-major when batch_size > 0
+            return out.view(batch_size, out.numel() // batch_size) if batch_size else out
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(tables.weight.dtype)
-        return F.embedding_bag(
-            ids,
+        out = F.embedding_bag(
+            ids.long(),
             tables.weight,
-            offsets,
+            offsets.long(),
             mode="sum",
             per_sample_weights=per_sample_weights,
             include_last_offset=True,
         )
+        return _example_major(out, batch_size)
 
     @staticmethod
     @once_differentiable
@@ -172,25 +180,52 @@ class _Lookup(torch.autograd.Function):
         ids, offsets, per_sample_weights = ctx.saved_tensors
         tables: BatchedTables = ctx.tables
         ctx.tables = None
-        grad_out = grad_out.float().contiguous()
         wants_grad_weights = per_sample_weights is not None and ctx.needs_input_grad[3]
+        args = (ids, offsets, per_sample_weights)
         if ctx.compiled:
+            grad_out = grad_out.float().contiguous().view(-1, tables.dim)  # the forward's rows
             param_grads, grad_weights = tables.compiled_backward(
-                ids, offsets, per_sample_weights, grad_out, wants_grad_weights
+                *args, grad_out, wants_grad_weights, batch_size=ctx.batch_size
             )
-            if grad_weights is not None:
-                grad_weights = grad_weights.to(per_sample_weights.dtype)
-            return (None, None, None, grad_weights, *param_grads)
-        ids = ids.long()
-        bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
-        grad_weights = None
-        if wants_grad_weights:
-            # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
-            rows = tables.weight.index_select(0, ids).float()
-            grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
+        else:
+            grad_out = _key_major(grad_out.float(), ctx.batch_size, tables.dim).contiguous()
+            param_grads, grad_weights = _eager_backward(tables, *args, grad_out, wants_grad_weights)
+        if grad_weights is not None:
             grad_weights = grad_weights.to(per_sample_weights.dtype)
-        param_grads = tables.backward(ids, bag_of, per_sample_weights, grad_out)
-        return (None, None, None, grad_weights, *param_grads)
+        return (None, None, None, grad_weights, None, *param_grads)
+
+
+def _eager_backward(
+    tables: BatchedTables,
+    ids: torch.Tensor,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    grad_out: torch.Tensor,
+    wants_grad_weights: bool,
+) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+    ids = ids.long()
+    bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
+    grad_weights = None
+    if wants_grad_weights:
+        # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
+        rows = tables.weight.index_select(0, ids).float()
+        grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
+    return tables.backward(ids, bag_of, per_sample_weights, grad_out), grad_weights
+
+
+def _example_major(out: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``[K * B, D]`` key-major -> ``[B, K * D]`` (no-op when ``batch_size`` is 0)."""
+    if not batch_size:
+        return out
+    dim = out.shape[1]
+    return out.view(-1, batch_size, dim).transpose(0, 1).reshape(batch_size, -1)
+
+
+def _key_major(grad: torch.Tensor, batch_size: int, dim: int) -> torch.Tensor:
+    """The inverse of `_example_major`: ``[B, K * D]`` -> ``[K * B, D]``."""
+    if not batch_size:
+        return grad
+    return grad.reshape(batch_size, -1, dim).transpose(0, 1).reshape(-1, dim)
 
 
 _unsupported_logged: set[str] = set()

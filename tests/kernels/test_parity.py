@@ -88,7 +88,7 @@ def _tables(
     return tables, [torch.nn.Parameter(v) for v in tables.table_views()]
 
 
-def _step(path, tables, params, ids, offsets, weights, grad_out):
+def _step(path, tables, params, ids, offsets, weights, grad_out, batch_size=None):
     """One lookup + backward on ``path``; returns (output, per-sample weights' gradient)."""
     device = tables.weight.device
     ids = ids.to(device)
@@ -96,7 +96,7 @@ def _step(path, tables, params, ids, offsets, weights, grad_out):
     grad_out = grad_out.to(device)
     weights = None if weights is None else weights.to(device).clone().requires_grad_()
     with use_kernel(path):
-        out = lookup(tables, ids, offsets, weights, params)
+        out = lookup(tables, ids, offsets, weights, params, batch_size=batch_size)
     out.backward(grad_out.to(out.dtype))
     return out.detach(), None if weights is None else weights.grad
 
@@ -200,6 +200,28 @@ def _per_id_both(kind, dtype, device):
         actual = _step("compiled", *compiled, ids, None, None, grad_out)
         torch.testing.assert_close(actual[0], expected[0])
         _assert_same_tables(compiled, eager, TOLERANCE[dtype], f"step {step}")
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+@pytest.mark.parametrize("path", ["compiled", "eager"])
+def test_example_major_output_is_the_key_major_one_transposed(kind, path):
+    """``batch_size=B``: ``[B, K * D]`` (a KeyedTensor's values) instead of ``[K * B, D]``."""
+    batch_size, num_keys = 4, len(ROWS)
+    key_major, example_major = _tables(kind, torch.float32), _tables(kind, torch.float32)
+    for step in range(STEPS):
+        ids, offsets, weights = _batch(
+            step, batch_size, weighted=True, mean=False, id_dtype=torch.int64
+        )
+        grad = torch.randn(
+            batch_size, num_keys * DIM, generator=torch.Generator().manual_seed(step)
+        )
+        as_keys = grad.view(batch_size, num_keys, DIM).transpose(0, 1).reshape(-1, DIM)
+        expected = _step(path, *key_major, ids, offsets, weights, as_keys)
+        actual = _step(path, *example_major, ids, offsets, weights, grad, batch_size=batch_size)
+        transposed = expected[0].view(num_keys, batch_size, DIM).transpose(0, 1)
+        torch.testing.assert_close(actual[0], transposed.reshape(batch_size, -1))
+        torch.testing.assert_close(actual[1], expected[1])
+        _assert_same_tables(example_major, key_major, {}, f"step {step}")
 
 
 def test_empty_batch_is_a_no_op():

@@ -201,7 +201,7 @@ void forward_bags(const Table& t, const Batch& b, W* out, int64_t bag_lo, int64_
         for (int64_t d = 0; d < dim; ++d) acc[d] += to_float(row[d]);
       }
     }
-    W* __restrict dst = out + bag * dim;
+    W* __restrict dst = out + pooled_row(b, bag) * dim;
     for (int64_t d = 0; d < dim; ++d) dst[d] = to<W>(acc[d]);
   }
 }
@@ -240,10 +240,10 @@ void forward_ids(const Table& t, const Batch& b, void* out, int num_threads) {
 // ---- grouping: the batch's ids sorted by row -------------------------------------------------
 
 // Occurrences as (row << 32 | source), sorted by row, stable; `source` is the occurrence's
-// position, or its bag when that is all backward needs (pooled, unweighted).
+// position, or its bag's gradient row when that is all backward needs (pooled, unweighted).
 struct Groups {
   std::vector<uint64_t> keys, spare;
-  std::vector<int32_t> bag_of;  // [num_ids] when sources are positions of pooled ids
+  std::vector<int32_t> bag_of;  // [num_ids] pooled row of each id, when sources are positions
   std::vector<uint32_t> counts;
   const uint64_t* sorted = nullptr;
 };
@@ -264,11 +264,12 @@ void pack(const Table& t, const Batch& b, bool by_position, int passes, int bits
   const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids;
   for (int64_t bag = 0; bag < num_bags; ++bag) {
     const int64_t lo = b.offsets ? b.offsets[bag] : bag, hi = b.offsets ? b.offsets[bag + 1] : bag + 1;
+    const int64_t grad_row = b.offsets ? pooled_row(b, bag) : bag;
     for (int64_t i = lo; i < hi; ++i) {
       const uint64_t row = static_cast<uint64_t>(static_cast<int64_t>(ids[i]));
       if (row >= static_cast<uint64_t>(t.num_rows)) bad_id(static_cast<int64_t>(ids[i]), i, t.num_rows);
-      keys[i] = (row << 32) | static_cast<uint64_t>(by_position ? i : bag);
-      if (by_position && b.offsets) g.bag_of[i] = static_cast<int32_t>(bag);
+      keys[i] = (row << 32) | static_cast<uint64_t>(by_position ? i : grad_row);
+      if (by_position && b.offsets) g.bag_of[i] = static_cast<int32_t>(grad_row);
       for (int p = 0; p < passes; ++p) ++counts[p * buckets + ((row >> (p * bits)) & mask)];
     }
   }
@@ -473,17 +474,19 @@ void sgd_scatter(const Table& t, const Batch& b, const float* grad_out, float lr
   const Id* ids = static_cast<const Id*>(b.ids);
   const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids, n = b.num_ids;
   auto lo_of = [&](int64_t bag) { return b.offsets ? b.offsets[bag] : bag; };
+  auto grad_row_of = [&](int64_t bag) { return b.offsets ? pooled_row(b, bag) : bag; };
   if (grad_weights) {  // from the rows as they were: before any update
     for (int64_t bag = 0; bag < num_bags; ++bag)
       for (int64_t i = lo_of(bag); i < lo_of(bag + 1); ++i)
-        grad_weights[i] = dot(grad_out + bag * dim, weight + static_cast<int64_t>(ids[i]) * dim, dim);
+        grad_weights[i] = dot(grad_out + grad_row_of(bag) * dim,
+                              weight + static_cast<int64_t>(ids[i]) * dim, dim);
   }
   alignas(64) float local[kDim > 0 ? kDim : 1];
   float* __restrict step = kDim > 0 ? local : scratch_row(dim);
   for (int64_t bag = 0; bag < num_bags; ++bag) {
     const int64_t lo = lo_of(bag), hi = lo_of(bag + 1);
     if (lo == hi) continue;
-    const float* __restrict go = grad_out + bag * dim;
+    const float* __restrict go = grad_out + grad_row_of(bag) * dim;
     for (int64_t d = 0; d < dim; ++d) step[d] = go[d] * -lr;
     for (int64_t i = lo; i < hi; ++i) {
       if (i + kAhead < n)

@@ -29,7 +29,16 @@ struct Batch {
   const int64_t* offsets;  // [num_bags + 1], offsets[0] == 0, offsets[num_bags] == num_ids; or null
   int64_t num_bags;
   const float* weights;  // [num_ids] per-sample weights (MEAN folded in), or null
+  // > 0: the bags are num_bags / batch_size keys x batch_size examples (key-major), and pooled
+  // rows (out, grad_out) are example-major: bag (k, b) is row b * num_keys + k of [num_bags, dim]
+  int64_t batch_size;
 };
+
+// The row of pooled output (and of its gradient) that holds `bag`.
+inline int64_t pooled_row(const Batch& b, int64_t bag) {
+  if (b.batch_size <= 0) return bag;
+  return (bag % b.batch_size) * (b.num_bags / b.batch_size) + bag / b.batch_size;
+}
 
 struct Update {
   Rule rule;

@@ -32,17 +32,20 @@ Table table_of(const at::Tensor& weight) {
 }
 
 Batch batch_of(const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
-               const std::optional<at::Tensor>& weights) {
+               const std::optional<at::Tensor>& weights, int64_t batch_size = 0) {
   TORCH_CHECK(ids.dim() == 1 && ids.is_contiguous() &&
                   (ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt),
               "ids must be a contiguous 1-D int32 or int64 tensor");
-  Batch b{ids.data_ptr(), ids.scalar_type() == at::kLong, ids.numel(), nullptr, 0, nullptr};
+  Batch b{ids.data_ptr(), ids.scalar_type() == at::kLong, ids.numel(), nullptr, 0, nullptr, 0};
   if (offsets.has_value()) {
     TORCH_CHECK(offsets->dim() == 1 && offsets->numel() >= 1 && offsets->is_contiguous() &&
                     offsets->scalar_type() == at::kLong,
                 "offsets must be a contiguous 1-D int64 tensor of num_bags + 1 entries");
     b.offsets = offsets->data_ptr<int64_t>();
     b.num_bags = offsets->numel() - 1;
+    TORCH_CHECK(batch_size >= 0 && (batch_size == 0 || b.num_bags % batch_size == 0),
+                "batch_size (", batch_size, ") must divide the number of bags (", b.num_bags, ")");
+    b.batch_size = batch_size;
   }
   if (weights.has_value()) {
     TORCH_CHECK(weights->numel() == ids.numel() && weights->is_contiguous() &&
@@ -67,9 +70,10 @@ void run_kernel(Fn fn) {
 
 at::Tensor pooled_forward_cpu(const at::Tensor& weight, const at::Tensor& ids,
                               const at::Tensor& offsets,
-                              const std::optional<at::Tensor>& per_sample_weights) {
+                              const std::optional<at::Tensor>& per_sample_weights,
+                              int64_t batch_size) {
   Table table = table_of(weight);
-  Batch batch = batch_of(ids, offsets, per_sample_weights);
+  Batch batch = batch_of(ids, offsets, per_sample_weights, batch_size);
   at::Tensor out = at::empty({batch.num_bags, table.dim}, weight.options());
   run_kernel([&] { pooled_forward(table, batch, out.data_ptr(), at::get_num_threads()); });
   return out;
@@ -89,9 +93,9 @@ std::optional<at::Tensor> fused_backward_cpu(
     const at::Tensor& weight, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
     const std::optional<at::Tensor>& per_sample_weights, const at::Tensor& grad_out,
     const std::vector<at::Tensor>& state, int64_t rule, double lr, double eps, double weight_decay,
-    double beta1, double beta2, int64_t step, bool grad_per_sample_weights) {
+    double beta1, double beta2, int64_t step, bool grad_per_sample_weights, int64_t batch_size) {
   Table table = table_of(weight);
-  Batch batch = batch_of(ids, offsets, per_sample_weights);
+  Batch batch = batch_of(ids, offsets, per_sample_weights, batch_size);
   const int64_t grad_rows = offsets.has_value() ? batch.num_bags : batch.num_ids;
   TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == grad_rows &&
@@ -116,9 +120,9 @@ std::optional<at::Tensor> fused_backward_cpu(
 std::tuple<at::Tensor, std::optional<at::Tensor>> dense_backward_cpu(
     const at::Tensor& weight, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
     const std::optional<at::Tensor>& per_sample_weights, const at::Tensor& grad_out,
-    bool grad_per_sample_weights) {
+    bool grad_per_sample_weights, int64_t batch_size) {
   Table table = table_of(weight);
-  Batch batch = batch_of(ids, offsets, per_sample_weights);
+  Batch batch = batch_of(ids, offsets, per_sample_weights, batch_size);
   const int64_t grad_rows = offsets.has_value() ? batch.num_bags : batch.num_ids;
   TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.dim() == 2 && grad_out.size(0) == grad_rows &&
@@ -137,14 +141,19 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> dense_backward_cpu(
 }  // namespace shardkit
 
 TORCH_LIBRARY(shardkit, m) {
-  m.def("pooled_forward(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights) -> Tensor");
+  // batch_size > 0: bags are keys x batch_size examples, key-major, and the pooled rows
+  // (output, grad_out) example-major: [batch_size, keys * dim], a KeyedTensor's layout.
+  m.def(
+      "pooled_forward(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
+      "int batch_size=0) -> Tensor");
   m.def(
       "fused_backward(Tensor(a!) weight, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
       "Tensor grad_out, Tensor(b!)[] state, int rule, float lr, float eps, float weight_decay, "
-      "float beta1, float beta2, int step, bool grad_per_sample_weights) -> Tensor?");
+      "float beta1, float beta2, int step, bool grad_per_sample_weights, int batch_size=0) "
+      "-> Tensor?");
   m.def(
       "dense_backward(Tensor weight, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
-      "Tensor grad_out, bool grad_per_sample_weights) -> (Tensor, Tensor?)");
+      "Tensor grad_out, bool grad_per_sample_weights, int batch_size=0) -> (Tensor, Tensor?)");
 }
 
 TORCH_LIBRARY_IMPL(shardkit, CPU, m) {

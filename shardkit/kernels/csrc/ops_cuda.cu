@@ -54,7 +54,8 @@ __global__ void pooled_forward_kernel(const W* __restrict__ weight, int64_t num_
                                       const Id* __restrict__ ids, int64_t num_ids,
                                       const int64_t* __restrict__ offsets,
                                       const float* __restrict__ psw, int64_t num_bags,
-                                      W* __restrict__ out, int* __restrict__ bad) {
+                                      int64_t batch_size, W* __restrict__ out,
+                                      int* __restrict__ bad) {
   const int64_t bag = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (bag >= num_bags) return;
@@ -73,7 +74,10 @@ __global__ void pooled_forward_kernel(const W* __restrict__ weight, int64_t num_
       }
       acc += (psw ? psw[i] : 1.0f) * to_float(weight[id * dim + d]);
     }
-    out[bag * dim + d] = from_float<W>(acc);
+    const int64_t row = batch_size > 0
+                            ? (bag % batch_size) * (num_bags / batch_size) + bag / batch_size
+                            : bag;
+    out[row * dim + d] = from_float<W>(acc);
   }
 }
 
@@ -179,7 +183,8 @@ void dispatch_weight(const at::Tensor& weight, Fn fn) {
 
 at::Tensor pooled_forward_cuda(const at::Tensor& weight, const at::Tensor& ids,
                                const at::Tensor& offsets,
-                               const std::optional<at::Tensor>& per_sample_weights) {
+                               const std::optional<at::Tensor>& per_sample_weights,
+                               int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && ids.is_contiguous() &&
                   offsets.is_contiguous() && offsets.scalar_type() == at::kLong,
@@ -196,7 +201,8 @@ at::Tensor pooled_forward_cuda(const at::Tensor& weight, const at::Tensor& ids,
       using Id = decltype(id_tag);
       pooled_forward_kernel<W, Id><<<blocks_for(num_bags), kWarpsPerBlock * kWarp, 0, stream>>>(
           weight.data_ptr<W>(), weight.size(0), dim, ids.data_ptr<Id>(), ids.numel(),
-          offsets.data_ptr<int64_t>(), psw, num_bags, out.data_ptr<W>(), bad.data_ptr<int>());
+          offsets.data_ptr<int64_t>(), psw, num_bags, batch_size, out.data_ptr<W>(),
+          bad.data_ptr<int>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if (ids.scalar_type() == at::kLong) launch(int64_t{}); else launch(int32_t{});
@@ -210,7 +216,8 @@ struct Runs {
   at::Tensor unique, starts, order, grad_rows;
 };
 
-Runs group(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, int64_t num_rows) {
+Runs group(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, int64_t num_rows,
+           int64_t batch_size) {
   at::Tensor keys = ids.to(at::kLong);
   auto [sorted, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
   if (sorted.numel() > 0) {
@@ -224,7 +231,10 @@ Runs group(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, int6
   if (offsets.has_value()) {
     const int64_t num_bags = offsets->numel() - 1;
     at::Tensor lengths = offsets->slice(0, 1) - offsets->slice(0, 0, num_bags);
-    at::Tensor bag_of = at::repeat_interleave(at::arange(num_bags, keys.options()), lengths, 0, ids.numel());
+    at::Tensor rows = at::arange(num_bags, keys.options());
+    if (batch_size > 0)  // bag (k, b) -> pooled row b * keys + k
+      rows = rows.remainder(batch_size) * (num_bags / batch_size) + rows.div(batch_size, "floor");
+    at::Tensor bag_of = at::repeat_interleave(rows, lengths, 0, ids.numel());
     grad_rows = bag_of.index_select(0, order);
   }
   return {unique, starts, order, grad_rows};
@@ -273,14 +283,14 @@ std::optional<at::Tensor> fused_backward_cuda(
     const at::Tensor& weight, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
     const std::optional<at::Tensor>& per_sample_weights, const at::Tensor& grad_out,
     const std::vector<at::Tensor>& state, int64_t rule, double lr, double eps, double weight_decay,
-    double beta1, double beta2, int64_t step, bool grad_per_sample_weights) {
+    double beta1, double beta2, int64_t step, bool grad_per_sample_weights, int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
   TORCH_CHECK(weight.is_contiguous() && grad_out.is_contiguous() && grad_out.scalar_type() == at::kFloat,
               "fused_backward: contiguous weight and fp32 grad_out");
   const double step_size = lr * std::sqrt(1.0 - std::pow(beta2, double(step))) / (1.0 - std::pow(beta1, double(step)));
   Hyper h{float(lr), float(eps), float(weight_decay), float(beta1), float(beta2),
           float(1.0 - beta1), float(1.0 - beta2), float(rule == kAdam ? step_size : 0.0)};
-  Runs runs = group(ids, offsets, weight.size(0));
+  Runs runs = group(ids, offsets, weight.size(0), batch_size);
   std::optional<at::Tensor> grad_weights;
   if (grad_per_sample_weights) grad_weights = at::empty({ids.numel()}, grad_out.options());
   float* gw = grad_weights.has_value() ? grad_weights->data_ptr<float>() : nullptr;
@@ -297,12 +307,12 @@ std::optional<at::Tensor> fused_backward_cuda(
 std::tuple<at::Tensor, std::optional<at::Tensor>> dense_backward_cuda(
     const at::Tensor& weight, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
     const std::optional<at::Tensor>& per_sample_weights, const at::Tensor& grad_out,
-    bool grad_per_sample_weights) {
+    bool grad_per_sample_weights, int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
   TORCH_CHECK(weight.is_contiguous() && grad_out.is_contiguous() && grad_out.scalar_type() == at::kFloat,
               "dense_backward: contiguous weight and fp32 grad_out");
   at::Tensor grad = at::zeros_like(weight);
-  Runs runs = group(ids, offsets, weight.size(0));
+  Runs runs = group(ids, offsets, weight.size(0), batch_size);
   std::optional<at::Tensor> grad_weights;
   if (grad_per_sample_weights) grad_weights = at::empty({ids.numel()}, grad_out.options());
   float* gw = grad_weights.has_value() ? grad_weights->data_ptr<float>() : nullptr;
