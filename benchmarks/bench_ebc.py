@@ -279,6 +279,9 @@ def parse_args() -> argparse.Namespace:
     base = Point()
     parser.add_argument("--sweep", action="store_true", help="run every point of sweep_points()")
     parser.add_argument(
+        "--match", nargs="+", default=[], help="keep sweep points whose repr contains all of these"
+    )
+    parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply rows and batch (smoke runs)"
     )
     parser.add_argument("--tables", type=int, default=base.tables)
@@ -316,7 +319,7 @@ def main() -> None:
     points = [
         replace(p, rows=max(10, int(p.rows * args.scale)), batch=max(1, int(p.batch * args.scale)))
         for p in points
-        if p.optimizer in args.optimizers
+        if p.optimizer in args.optimizers and all(m in repr(p) for m in args.match)
     ]
     bandwidth = copy_bandwidth()
     print(f"single-thread copy bandwidth: {bandwidth:.1f} GB/s", flush=True)
