@@ -10,7 +10,6 @@ order, so a steady stream of batches pays for it once.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,15 +98,19 @@ def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
     offset_per_key = kjt.offset_per_key()
     length_per_key = kjt.length_per_key()[first:last]
     lo, hi = offset_per_key[first], offset_per_key[last]
-    ids = kjt.values()[lo:hi].long()
+    ids = kjt.values()[lo:hi]
     lengths = kjt.lengths()[first * stride : last * stride]
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    bases = torch.tensor(features.row_base_per_key, dtype=torch.int64, device=ids.device)
     if any(features.row_base_per_key):
-        ids = ids + torch.repeat_interleave(
-            bases, torch.tensor(length_per_key), output_size=hi - lo
-        )
+        ids = ids.to(torch.int64, copy=True)  # shifted in place, key by key: one pass, no index
+        start = 0
+        for base, length in zip(features.row_base_per_key, length_per_key):
+            if base:
+                ids[start : start + length] += base
+            start += length
+    else:
+        ids = ids.long()
     weights = kjt.weights_or_none()
     weights = None if weights is None else weights[lo:hi]
     if any(features.mean_per_key):
@@ -132,21 +135,18 @@ def _mean_scale(
 def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
     """Every id of key k must be in ``[0, num_embeddings of k's table)``; name the first that isn't."""
     values = kjt.values()
-    if values.numel() == 0:
-        return
-    limits = torch.tensor(plan.num_embeddings_per_key, device=values.device)
-    length_per_key = torch.tensor(kjt.length_per_key(), device=values.device)
-    limit = torch.repeat_interleave(limits, length_per_key, output_size=values.numel())
-    bad = (values < 0) | (values >= limit)
-    if not bool(bad.any()):
-        return
-    position = int(bad.nonzero()[0, 0])
     offsets = kjt.offset_per_key()
-    key = bisect.bisect_right(offsets, position) - 1
-    raise ValueError(
-        f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
-        f"{int(values[position])} at position {position - offsets[key]} of the feature's values is "
-        f"out of range: ids must satisfy 0 <= id < num_embeddings = "
-        f"{plan.num_embeddings_per_key[key]}. Map ids into range (e.g. id % num_embeddings), or "
-        "pass validate_ids=False to skip this check"
-    )
+    for key, limit in enumerate(plan.num_embeddings_per_key):
+        ids = values[offsets[key] : offsets[key + 1]]
+        if ids.numel() == 0:
+            continue
+        low, high = torch.aminmax(ids)  # one pass per key, no [N] tensor of limits
+        if int(low) >= 0 and int(high) < limit:
+            continue
+        position = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
+        raise ValueError(
+            f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
+            f"{int(ids[position])} at position {position} of the feature's values is "
+            f"out of range: ids must satisfy 0 <= id < num_embeddings = {limit}. Map ids into "
+            "range (e.g. id % num_embeddings), or pass validate_ids=False to skip this check"
+        )
