@@ -112,7 +112,7 @@ def _check_toolchain() -> None:
 
 
 def _cflags() -> list[str]:
-    flags = ["-O3", "-std=c++17", "-fopenmp"]
+    flags = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")  # this machine's vector width; the key records its flags
     return flags

@@ -21,10 +21,14 @@
 namespace shardkit {
 namespace {
 
-// Rows fetched ahead of use. Far enough to hide a DRAM miss behind the work on the rows between,
-// near enough that the lines are still in L1/L2 when used.
-constexpr int64_t kAhead = 8;
+// Rows fetched ahead of use: about 4 KiB in flight, so that short rows (one cache line at dim 16)
+// keep as many misses outstanding as long ones, and far enough to hide a DRAM miss behind the
+// work on the rows between; near enough that the lines are still in L1/L2 when used.
 constexpr int64_t kLine = 64;
+constexpr int64_t kBytesInFlight = 4096;
+inline int64_t rows_ahead(int64_t row_bytes) {
+  return std::min<int64_t>(64, std::max<int64_t>(4, kBytesInFlight / std::max<int64_t>(row_bytes, 1)));
+}
 
 // ---- element types: fp32 math on fp32, fp16 and bf16 storage ------------------------------------
 
@@ -126,6 +130,28 @@ float* scratch_row(int64_t dim) {
   return row.data();
 }
 
+// The pooled output's row (and its gradient's) of each bag, walking the bags in order: bag
+// (k, b) of a key-major batch is row b * num_keys + k when the batch asks for example-major rows
+// (Batch::batch_size > 0), row k * batch_size + b otherwise; no division per bag.
+class PooledRows {
+ public:
+  PooledRows(const Batch& b, int64_t bag)
+      : per_key_(b.batch_size > 0 ? b.batch_size : 0),
+        num_keys_(per_key_ ? b.num_bags / per_key_ : 1),
+        key_(per_key_ ? bag / per_key_ : 0),
+        example_(per_key_ ? bag % per_key_ : bag) {}
+  int64_t row() const { return per_key_ ? example_ * num_keys_ + key_ : example_; }
+  void next() {
+    if (++example_ == per_key_) {
+      example_ = 0;
+      ++key_;
+    }
+  }
+
+ private:
+  int64_t per_key_, num_keys_, key_, example_;
+};
+
 [[noreturn]] void bad_id(int64_t id, int64_t position, int64_t num_rows) {
   throw std::out_of_range("id " + std::to_string(id) + " at position " + std::to_string(position) +
                           " is out of range: ids must satisfy 0 <= id < num_rows = " +
@@ -182,12 +208,13 @@ void forward_bags(const Table& t, const Batch& b, W* out, int64_t bag_lo, int64_
   const Id* ids = static_cast<const Id*>(b.ids);
   float local[kDim > 0 ? kDim : 1];
   float* __restrict acc = kDim > 0 ? local : scratch_row(dim);
-  const int64_t stop = b.offsets[bag_hi];
-  for (int64_t bag = bag_lo; bag < bag_hi; ++bag) {
+  const int64_t stop = b.offsets[bag_hi], ahead_by = rows_ahead(row_bytes);
+  PooledRows rows(b, bag_lo);
+  for (int64_t bag = bag_lo; bag < bag_hi; ++bag, rows.next()) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;
     for (int64_t i = b.offsets[bag]; i < b.offsets[bag + 1]; ++i) {
-      if (i + kAhead < stop) {
-        uint64_t ahead = static_cast<uint64_t>(ids[i + kAhead]);
+      if (i + ahead_by < stop) {
+        uint64_t ahead = static_cast<uint64_t>(ids[i + ahead_by]);
         if (ahead < static_cast<uint64_t>(t.num_rows))
           prefetch_row(weight + ahead * dim, row_bytes, false);
       }
@@ -201,7 +228,7 @@ void forward_bags(const Table& t, const Batch& b, W* out, int64_t bag_lo, int64_
         for (int64_t d = 0; d < dim; ++d) acc[d] += to_float(row[d]);
       }
     }
-    W* __restrict dst = out + pooled_row(b, bag) * dim;
+    W* __restrict dst = out + rows.row() * dim;
     for (int64_t d = 0; d < dim; ++d) dst[d] = to<W>(acc[d]);
   }
 }
@@ -262,9 +289,10 @@ void pack(const Table& t, const Batch& b, bool by_position, int passes, int bits
   uint32_t* counts = g.counts.data();
   const int64_t buckets = int64_t{1} << bits;
   const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids;
-  for (int64_t bag = 0; bag < num_bags; ++bag) {
+  PooledRows rows(b, 0);  // per id (no offsets): batch_size is 0, so row() is the id's position
+  for (int64_t bag = 0; bag < num_bags; ++bag, rows.next()) {
     const int64_t lo = b.offsets ? b.offsets[bag] : bag, hi = b.offsets ? b.offsets[bag + 1] : bag + 1;
-    const int64_t grad_row = b.offsets ? pooled_row(b, bag) : bag;
+    const int64_t grad_row = rows.row();
     for (int64_t i = lo; i < hi; ++i) {
       const uint64_t row = static_cast<uint64_t>(static_cast<int64_t>(ids[i]));
       if (row >= static_cast<uint64_t>(t.num_rows)) bad_id(static_cast<int64_t>(ids[i]), i, t.num_rows);
@@ -320,7 +348,7 @@ struct Context {
 };
 
 template <typename W, Rule kRule, int kDim>
-void apply_rule(const Context& c, int64_t row, float* __restrict g) {
+__attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t row, float* __restrict g) {
   const int64_t dim = kDim > 0 ? kDim : c.table.dim;
   const Update& u = c.update;
   W* __restrict w = static_cast<W*>(c.table.data) + row * dim;
@@ -387,13 +415,14 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
   const W* weight = static_cast<const W*>(c.table.data);
   alignas(64) float local[kDim > 0 ? kDim : 1];
   float* __restrict g = kDim > 0 ? local : scratch_row(dim);
+  const int64_t ahead_by = rows_ahead(dim * int64_t(sizeof(W)));
   int64_t i = lo;
   while (i < hi) {
     const uint64_t row = sorted[i] >> 32;
     const W* __restrict w = weight + row * dim;
     for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
     do {
-      if (i + kAhead < hi) prefetch_occurrence<W>(c, sorted[i + kAhead]);
+      if (i + ahead_by < hi) prefetch_occurrence<W>(c, sorted[i + ahead_by]);
       const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
       const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
       const float* __restrict go = c.grad_out + grad_row * dim;
@@ -470,27 +499,29 @@ template <typename Id, int kDim>
 void sgd_scatter(const Table& t, const Batch& b, const float* grad_out, float lr,
                  float* grad_weights) {
   const int64_t dim = kDim > 0 ? kDim : t.dim, row_bytes = dim * 4;
+  const int64_t ahead_by = rows_ahead(row_bytes);
   float* weight = static_cast<float*>(t.data);
   const Id* ids = static_cast<const Id*>(b.ids);
   const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids, n = b.num_ids;
   auto lo_of = [&](int64_t bag) { return b.offsets ? b.offsets[bag] : bag; };
-  auto grad_row_of = [&](int64_t bag) { return b.offsets ? pooled_row(b, bag) : bag; };
   if (grad_weights) {  // from the rows as they were: before any update
-    for (int64_t bag = 0; bag < num_bags; ++bag)
+    PooledRows rows(b, 0);
+    for (int64_t bag = 0; bag < num_bags; ++bag, rows.next())
       for (int64_t i = lo_of(bag); i < lo_of(bag + 1); ++i)
-        grad_weights[i] = dot(grad_out + grad_row_of(bag) * dim,
+        grad_weights[i] = dot(grad_out + rows.row() * dim,
                               weight + static_cast<int64_t>(ids[i]) * dim, dim);
   }
   alignas(64) float local[kDim > 0 ? kDim : 1];
   float* __restrict step = kDim > 0 ? local : scratch_row(dim);
-  for (int64_t bag = 0; bag < num_bags; ++bag) {
+  PooledRows rows(b, 0);
+  for (int64_t bag = 0; bag < num_bags; ++bag, rows.next()) {
     const int64_t lo = lo_of(bag), hi = lo_of(bag + 1);
     if (lo == hi) continue;
-    const float* __restrict go = grad_out + grad_row_of(bag) * dim;
+    const float* __restrict go = grad_out + rows.row() * dim;
     for (int64_t d = 0; d < dim; ++d) step[d] = go[d] * -lr;
     for (int64_t i = lo; i < hi; ++i) {
-      if (i + kAhead < n)
-        prefetch_row(weight + static_cast<int64_t>(ids[i + kAhead]) * dim, row_bytes, true);
+      if (i + ahead_by < n)
+        prefetch_row(weight + static_cast<int64_t>(ids[i + ahead_by]) * dim, row_bytes, true);
       float* __restrict w = weight + static_cast<int64_t>(ids[i]) * dim;
       if (b.weights) {
         const float scale = b.weights[i];

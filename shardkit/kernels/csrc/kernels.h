@@ -34,11 +34,6 @@ struct Batch {
   int64_t batch_size;
 };
 
-// The row of pooled output (and of its gradient) that holds `bag`.
-inline int64_t pooled_row(const Batch& b, int64_t bag) {
-  if (b.batch_size <= 0) return bag;
-  return (bag % b.batch_size) * (b.num_bags / b.batch_size) + bag / b.batch_size;
-}
 
 struct Update {
   Rule rule;
