@@ -75,15 +75,21 @@ def _load(sources: tuple[str, ...]) -> str:
     library = entry / LIBRARY
     how = f"loaded from the cached build in {entry}"
     if not library.exists():
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(entry.parent / f"{entry.name}.lock"):
-            if not library.exists():
-                seconds = _build(entry, sources, flags)
-                how = f"built in {seconds:.1f} s into {entry}"
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(entry.parent / f"{entry.name}.lock"):
+                if not library.exists():
+                    seconds = _build(entry, sources, flags)
+                    how = f"built in {seconds:.1f} s into {entry}"
+        except OSError as error:
+            raise BuildError(
+                f"cannot build in {entry.parent} ({error}); set SHARDKIT_CACHE_DIR to a writable "
+                "directory"
+            ) from error
     if LIBRARY not in _loaded():
         try:
             torch.ops.load_library(str(library))
-        except OSError as error:
+        except (OSError, RuntimeError) as error:
             raise BuildError(f"could not load {library}: {error}") from error
     return how
 
@@ -193,7 +199,8 @@ def _build(entry: Path, sources: tuple[str, ...], flags: list[str]) -> float:
         os.rename(scratch, entry)
     except Exception as error:
         log = entry.parent / f"{entry.name}.log"
-        log.write_text(str(error))
+        with contextlib.suppress(OSError):
+            log.write_text(str(error))
         shutil.rmtree(scratch, ignore_errors=True)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise BuildError(

@@ -132,3 +132,14 @@ def test_unknown_kernel_names_the_choices(monkeypatch):
         kernel_path()
     with pytest.raises(ValueError, match=r"set_kernel: unknown embedding kernel 'gpu'"):
         set_kernel("gpu")
+
+
+def test_unwritable_cache_falls_back_to_eager(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    out = _train(SHARDKIT_CACHE_DIR=str(blocked))
+    assert f"the compiled kernel is unavailable: cannot build in {blocked}/kernels" in _choice_line(
+        out
+    )
+    assert "set SHARDKIT_CACHE_DIR to a writable directory" in _choice_line(out)
+    assert out.rstrip().endswith("PATH eager")
