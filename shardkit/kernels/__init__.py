@@ -19,8 +19,12 @@ weights, which carry MEAN, applied on the way) into a register-sized buffer and 
 optimizer rule to the row and its state in place. No ``[unique rows, D]`` gradient is written;
 the rows, their state and their gradient sources a few occurrences ahead are prefetched, so the
 loop waits on memory as little as the hardware allows. Forward is one loop over bags that sums
-rows in fp32, prefetching ahead, with per-sample weights fused. fp16 and bf16 tables are read
-and written in their dtype with fp32 math, rounding where the eager rule rounds.
+rows in fp32, prefetching ahead, with per-sample weights fused, writing each bag's row where a
+KeyedTensor wants it (example-major) so that no transpose follows. Plain fp32 SGD on one thread
+skips the sort (see [Note: SGD without a sort] in ``csrc/kernels.cpp``). fp16 and bf16 tables are
+read and written in their dtype with fp32 math, rounding where the eager rule rounds. Tables of
+4 MiB or more are asked onto 2 MiB pages on first use ([Note: huge pages for tables] in
+``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss.
 
 Which one runs is chosen once per process, at the first lookup: ``SHARDKIT_KERNEL`` =
 ``auto`` (the default: compiled if it builds and loads, else eager), ``compiled`` (an error if it

@@ -14,12 +14,21 @@ optimizer rule then updates those rows (see [Note: fused row updates] in `shardk
 Chunks of a few MiB keep the temporaries in cache and out of fresh pages, which on CPU costs more
 than the arithmetic.
 
-That is the eager kernel: pure torch ops, the spec. The compiled kernel (see [Note: compiled
-kernel] in `shardkit.kernels`) does the same in C++ operators without the temporaries: forward
-one loop over bags, backward one radix sort and ONE pass over the unique rows that sums each
-row's gradient and applies the rule in place. `shardkit.kernels.kernel_path` picks one per
-process; the choice is made in forward and kept by that lookup's backward. Lookups the compiled
-operators cannot serve (see `shardkit.kernels.unsupported`) run eager.
+That is the eager kernel: pure torch ops, the spec and the fallback. The compiled kernel (see
+[Note: compiled kernel] in `shardkit.kernels`) does the same in C++ operators without the
+temporaries: forward one loop over the bags, backward one radix sort of the ids and ONE pass over
+the unique rows that sums each row's gradient and applies the rule in place (plain fp32 SGD on
+one thread needs no sort at all). Which one runs is chosen once per process, at the first lookup:
+``SHARDKIT_KERNEL=auto|compiled|eager`` or `shardkit.kernels.set_kernel` (``use_kernel`` for a
+block), one INFO line saying which and why; the choice is made in forward and kept by that
+lookup's backward, and lookups the compiled operators cannot serve (`shardkit.kernels.unsupported`)
+run eager. The first process on a machine builds the operators (10-40 s on 2 cores) and caches
+them in ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR``); later ones load them in
+milliseconds.
+
+Pooled lookups may ask for their output example-major (``batch_size``): ``[B, K * D]``, a
+KeyedTensor's layout, which the compiled kernel writes directly (and reads its gradient so),
+where the eager one transposes.
 """
 
 from __future__ import annotations
