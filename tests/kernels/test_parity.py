@@ -268,3 +268,41 @@ def test_unsupported_tables_run_eager_and_say_so_once(caplog, monkeypatch):
     assert lines == [
         "these embedding lookups run the eager kernel: no compiled kernel for torch.float64 tables"
     ]
+
+
+@pytest.fixture
+def two_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+def test_two_threads_on_a_batch_big_enough_to_split(two_threads, kind):
+    """Forward splits the bags and backward the sorted ids (at row boundaries) between threads
+    from 4096 ids on; hot rows make the split points fall inside runs of one row."""
+    rows, dim, num_bags = 50, 8, 700
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 16, (num_bags,), generator=g)
+    offsets = torch.zeros(num_bags + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    ids = torch.randint(0, rows, (int(offsets[-1]),), generator=g) % 7  # 7 hot rows
+    assert ids.numel() > 4096
+    weights = torch.rand(ids.numel(), generator=g)
+    sides = []
+    for path in ("eager", "compiled"):
+        weight = torch.randn(rows, dim, generator=torch.Generator().manual_seed(5))
+        optimizer = None
+        if kind is not None:
+            config = FusedOptimizerConfig(kind, learning_rate=0.05)
+            optimizer = RowOptimizer(config, rows, dim, torch.device("cpu"))
+        tables = BatchedTables(weight, [0, rows], optimizer)
+        params = [torch.nn.Parameter(v) for v in tables.table_views()]
+        grad_out = torch.randn(num_bags, dim, generator=torch.Generator().manual_seed(6))
+        out = _step(path, tables, params, ids, offsets, weights, grad_out)
+        sides.append((out, tables, params))
+    (expected, *reference), (actual, *mine) = sides
+    torch.testing.assert_close(actual[0], expected[0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(actual[1], expected[1], atol=1e-4, rtol=1e-5)
+    _assert_same_tables(mine, reference, {"atol": 1e-4, "rtol": 1e-5}, "2 threads")
