@@ -19,6 +19,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -52,12 +53,27 @@ def cache_root() -> Path:
     return Path(base) / "shardkit" / "kernels"
 
 
+_lock = threading.Lock()
+_loaded_from: Path | None = None  # this process's library: one per process, never replaced
+
+
 def load_library() -> str:
     """Load the operators (building them first if no cached build fits); says how, for the log.
+
+    Once loaded, later calls return at once: a process keeps the library it loaded, even if the
+    sources change under it (a second library would register the ``shardkit`` ops twice, which
+    torch answers with an abort).
 
     Raises:
         BuildError: no compiler, the build failed, or the library would not load.
     """
+    with _lock:
+        if _loaded_from is not None:
+            return f"already loaded in this process from {_loaded_from}"
+        return _load_first()
+
+
+def _load_first() -> str:
     _check_toolchain()
     if _cuda_wanted():
         try:
@@ -86,16 +102,14 @@ def _load(sources: tuple[str, ...]) -> str:
                 f"cannot build in {entry.parent} ({error}); set SHARDKIT_CACHE_DIR to a writable "
                 "directory"
             ) from error
-    if LIBRARY not in _loaded():
-        try:
+    if not any(os.path.basename(path) == LIBRARY for path in torch.ops.loaded_libraries):
+        try:  # (a build has loaded it already)
             torch.ops.load_library(str(library))
         except (OSError, RuntimeError) as error:
             raise BuildError(f"could not load {library}: {error}") from error
+    global _loaded_from
+    _loaded_from = entry
     return how
-
-
-def _loaded() -> set[str]:
-    return {os.path.basename(path) for path in torch.ops.loaded_libraries}
 
 
 def _cuda_wanted() -> bool:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from shardkit.kernels import KernelPath, _build, use_kernel
+
 # load_library() with the compiler replaced by a slow fake that counts its runs.
 FAKE_BUILD = """
 import sys, time
@@ -47,3 +49,20 @@ def test_ranks_starting_at_once_build_once(tmp_path):
         outputs.append(out.strip())
     assert counter.read_text() == "built\n"
     assert sorted(o.split(" ")[0] for o in outputs) == ["built", "loaded", "loaded"], outputs
+
+
+def test_a_process_keeps_its_library_when_the_cache_has_another(monkeypatch, tmp_path):
+    """Loading a second library would register the ``shardkit`` ops twice, and torch aborts the
+    process for that (seen when a long-lived rank asked for the kernel again after the sources
+    had changed): a process that has its library never builds or loads another."""
+    with use_kernel("compiled"):
+        pass  # loaded now, if it was not yet
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path))  # a cache without this build
+
+    def no_build(*args):
+        raise AssertionError("built a second library in a process that has one")
+
+    monkeypatch.setattr(_build, "_build", no_build)
+    with use_kernel("compiled") as path:
+        assert path is KernelPath.COMPILED
+    assert _build.load_library().startswith("already loaded in this process from ")
