@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shardkit.kernels import KernelPath, _select, kernel_path, set_kernel, use_kernel
+from shardkit.kernels import KernelPath, _build, _select, kernel_path, set_kernel, use_kernel
 from tests.scripts import run_script
 
 # One training step of a fused-SGD collection, then the kernel that ran.
@@ -111,6 +111,7 @@ def test_set_kernel_chooses_for_the_process_and_logs_it(caplog, monkeypatch):
 
 def test_set_kernel_compiled_without_a_compiler_raises_and_keeps_the_choice(monkeypatch, tmp_path):
     monkeypatch.setattr(_select, "_choice", None)
+    monkeypatch.setattr(_build, "_loaded_from", None)  # as in a process without the library
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path))
     with pytest.raises(
