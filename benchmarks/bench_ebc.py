@@ -282,6 +282,12 @@ def parse_args() -> argparse.Namespace:
         "--match", nargs="+", default=[], help="keep sweep points whose repr contains all of these"
     )
     parser.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        help="drop sweep points whose repr contains any of these",
+    )
+    parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply rows and batch (smoke runs)"
     )
     parser.add_argument("--tables", type=int, default=base.tables)
@@ -319,7 +325,9 @@ def main() -> None:
     points = [
         replace(p, rows=max(10, int(p.rows * args.scale)), batch=max(1, int(p.batch * args.scale)))
         for p in points
-        if p.optimizer in args.optimizers and all(m in repr(p) for m in args.match)
+        if p.optimizer in args.optimizers
+        and all(m in repr(p) for m in args.match)
+        and not any(x in repr(p) for x in args.exclude)
     ]
     bandwidth = copy_bandwidth()
     print(f"single-thread copy bandwidth: {bandwidth:.1f} GB/s", flush=True)
