@@ -21,6 +21,7 @@ _RULES: dict[EmbOptimType, tuple[int, tuple[str, ...]]] = {
 }
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_ROWS = 2**31 - 1  # rows and ids are 32-bit inside the kernel
+_MAX_CUDA_DIM = 1024  # a warp per row, at most 32 values per lane (ops_cuda.cu)
 
 
 def unsupported(
@@ -29,6 +30,8 @@ def unsupported(
     """Why the compiled operators cannot serve this lookup, or None when they can."""
     if weight.device.type != "cpu" and not _has_device_build(weight.device):
         return f"no compiled kernel for {weight.device.type} tensors"
+    if weight.device.type == "cuda" and weight.shape[1] > _MAX_CUDA_DIM:
+        return f"dim > {_MAX_CUDA_DIM} on CUDA"
     if weight.dtype not in _DTYPES:
         return f"no compiled kernel for {weight.dtype} tables"
     if ids.dtype not in (torch.int32, torch.int64):
