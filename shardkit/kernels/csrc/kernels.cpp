@@ -391,14 +391,17 @@ __attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t 
   }
 }
 
+// The gradient row of the occurrence `key`; and, when it starts a run (`first`), its table row
+// and state: once per unique row, not once per occurrence (a hot row has thousands).
 template <typename W>
-void prefetch_occurrence(const Context& c, uint64_t key) {
+void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
   const Table& t = c.table;
   const int64_t dim = t.dim, row = static_cast<int64_t>(key >> 32);
   const int64_t source = static_cast<int64_t>(key & 0xffffffffu);
-  prefetch_row(static_cast<const W*>(t.data) + row * dim, dim * int64_t(sizeof(W)), true);
   const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
   prefetch_row(c.grad_out + grad_row * dim, dim * 4, false);
+  if (!first) return;
+  prefetch_row(static_cast<const W*>(t.data) + row * dim, dim * int64_t(sizeof(W)), true);
   const Update& u = c.update;
   if (u.rule == Rule::kRowwiseAdagrad) {
     __builtin_prefetch(u.state1 + row, 1, 3);
@@ -422,7 +425,10 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
     const W* __restrict w = weight + row * dim;
     for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
     do {
-      if (i + ahead_by < hi) prefetch_occurrence<W>(c, sorted[i + ahead_by]);
+      if (i + ahead_by < hi) {
+        const uint64_t ahead = sorted[i + ahead_by];
+        prefetch_occurrence<W>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
+      }
       const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
       const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
       const float* __restrict go = c.grad_out + grad_row * dim;
