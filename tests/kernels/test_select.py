@@ -33,7 +33,8 @@ print("PATH", kernel_path().value)
 
 
 def _train(**env: str) -> str:
-    return run_script(sys.executable, "-c", TRAIN, env=env)
+    """Run TRAIN in a new process; SHARDKIT_KERNEL unset unless ``env`` sets it."""
+    return run_script(sys.executable, "-c", TRAIN, env={"SHARDKIT_KERNEL": "", **env})
 
 
 def _choice_line(out: str) -> str:
