@@ -18,7 +18,7 @@ from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.kernels import KernelPath, use_kernel
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding import ShardedEmbeddingBagCollection
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 LOCAL_BATCH = 3
