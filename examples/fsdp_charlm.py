@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from shardkit import checkpoint
 from shardkit.fsdp import ShardingStrategy, fully_shard
@@ -209,10 +210,19 @@ def validation_loss(model: nn.Module, corpus: Corpus, args: argparse.Namespace) 
 
 
 def shard(model: CharGPT, strategy: ShardingStrategy) -> CharGPT:
-    """Each block is a unit; the root unit holds the embeddings, the last norm and the head."""
+    """Each block is a unit; the root unit holds the embeddings, the last norm and the head.
+    FSDP2 says the strategy with its arguments: SHARD_GRAD_OP keeps the gathered parameters
+    after forward, NO_SHARD is a 2-D mesh of replicas with shards of one rank."""
+    kwargs: dict = {}
+    if strategy is ShardingStrategy.SHARD_GRAD_OP:
+        kwargs["reshard_after_forward"] = False
+    elif strategy is ShardingStrategy.NO_SHARD:
+        kwargs["mesh"] = init_device_mesh("cpu", (dist.get_world_size(), 1))
+    elif strategy is not ShardingStrategy.FULL_SHARD:
+        raise ValueError(f"--strategy {strategy.name} is not offered by this example")
     for block in model.blocks:
-        fully_shard(block, strategy=strategy)
-    fully_shard(model, strategy=strategy)
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
@@ -251,7 +261,7 @@ def run(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         loss = loss_of(model, x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        model.clip_grad_norm_(1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # DTensors: the global norm
         optimizer.step()
         elapsed += time.perf_counter() - began
         tokens += x.numel() * world_size
@@ -304,7 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--dim", type=int, default=192, help="model width")
     add("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
     add("--warmup", type=int, default=50, help="warm-up steps")
-    add("--strategy", choices=[s.name for s in ShardingStrategy], default="FULL_SHARD")
+    add("--strategy", choices=["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"], default="FULL_SHARD")
     add("--seed", type=int, default=0)
     add("--log-every", type=int, default=50)
     add("--eval-every", type=int, default=100, help="steps between validation losses")

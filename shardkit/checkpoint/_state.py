@@ -17,6 +17,7 @@ from torch import nn
 
 from shardkit.fsdp import (
     FSDPModule,
+    FullyShardedDataParallel,
     StateDictType,
     optim_state_dict,
     optim_state_dict_to_load,
@@ -36,7 +37,8 @@ __all__ = [
 
 def has_fsdp(model: nn.Module) -> bool:
     """Whether parts of ``model`` are fully sharded (FSDP wrapper or ``fully_shard``)."""
-    return any(isinstance(m, FSDPModule) for m in model.modules())
+    faces = (FSDPModule, FullyShardedDataParallel)
+    return any(isinstance(m, faces) for m in model.modules())
 
 
 @contextlib.contextmanager

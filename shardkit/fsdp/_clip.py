@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.fsdp._param import local_of
 from shardkit.fsdp._state import FSDPState, get_state
 
 __all__ = ["clip_grad_norm_"]
@@ -33,6 +34,7 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) 
             f"{type(module).__name__}{'' if state is None else f' (unit {state.name!r})'}; call "
             "it on the model you run forward on"
         )
+    state.context.finish_pending_reduce()
     p = float(norm_type)
     grouped, whole = _grads(module, state)
     device = _device(state)
@@ -61,24 +63,25 @@ def _grads(
     for unit in root.context.units:
         for param in unit.group.params:
             managed.add(id(param.sharded))
-            group = param.topology.shard_group
+            grad = None if param.sharded.grad is None else local_of(param.sharded.grad)
+            group = param.mesh_info.shard_group
             if param.whole or group is None:
-                if param.sharded.grad is not None:
-                    whole.append(param.sharded.grad)
+                if grad is not None:
+                    whole.append(grad)
                 continue
             entry = grouped.setdefault(id(group), (group, []))
-            if param.sharded.grad is not None:
-                entry[1].append(param.sharded.grad)
+            if grad is not None:
+                entry[1].append(grad)
     for param in module.parameters():
         if id(param) not in managed and param.grad is not None:
-            whole.append(param.grad)
+            whole.append(local_of(param.grad))
     return list(grouped.values()), whole
 
 
 def _device(root: FSDPState) -> torch.device:
     for unit in root.context.units:
         for param in unit.group.params:
-            return param.topology.device
+            return param.mesh_info.device
     return torch.device("cpu")
 
 

@@ -26,8 +26,8 @@ from torch import nn
 
 from shardkit import comm
 from shardkit.fsdp._memory import BufferPool, advise_huge_pages
+from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam
-from shardkit.fsdp._topology import Topology
 
 __all__ = ["FlatBucket"]
 
@@ -53,28 +53,31 @@ class FlatBucket:
 
     Args:
         params: the parameters, in the unit's order.
-        topology: the unit's groups and compute device.
+        mesh_info: the unit's groups and compute device.
         storage_device: where the flat shard lives (the CPU with offload).
         meta: allocate the shard on the meta device (the module is not materialised yet).
+        pin_memory: pin a CPU shard that a GPU gathers from.
     """
 
     def __init__(
         self,
         params: list[ShardedParam],
-        topology: Topology,
+        mesh_info: MeshInfo,
         storage_device: torch.device,
         *,
         meta: bool,
+        pin_memory: bool = True,
     ) -> None:
         self.params = params
-        self.topology = topology
+        self.pin_memory = pin_memory
+        self.mesh_info = mesh_info
         self.storage_device = storage_device
         self.dtype = params[0].dtype
         self.param_dtype = params[0].param_dtype
-        self.offsets, self.shard_numel = _shard_offsets(params, topology.shard_size)
+        self.offsets, self.shard_numel = _shard_offsets(params, mesh_info.shard_size)
         # parameters whose rows sit at the same place in every rank's shard move in one copy
         self.uniform = [
-            len({p.rows_per_rank[k] for k in range(topology.shard_size)}) == 1
+            len({p.rows_per_rank[k] for k in range(mesh_info.shard_size)}) == 1
             and len({starts[i] for starts in self.offsets}) == 1
             for i, p in enumerate(params)
         ]
@@ -85,20 +88,21 @@ class FlatBucket:
         self.flat_shard = self._new_shard(device)
         self.flat_full: torch.Tensor | None = None
         self._gather: comm.Handle | None = None
+        self._gathered_version = -1
         self._reduce: comm.Handle | None = None
         self._reduce_buffer: torch.Tensor | None = None
         self._reduced: list[bool] = []
 
     def _new_shard(self, device: torch.device) -> torch.Tensor:
         shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=device)
-        if device.type == "cpu" and self.topology.device.type == "cuda":
+        if self.pin_memory and device.type == "cpu" and self.mesh_info.device.type == "cuda":
             shard = shard.pin_memory()
         return shard
 
     def shard_view(self, index: int) -> torch.Tensor:
         """Parameter ``index``'s rows of this rank, a view into the flat shard."""
         param = self.params[index]
-        start = self.offsets[self.topology.shard_rank][index]
+        start = self.offsets[self.mesh_info.shard_rank][index]
         numel = param.local_shape[0] * param.row_numel
         return self.flat_shard[start : start + numel].view(param.local_shape)
 
@@ -113,6 +117,17 @@ class FlatBucket:
                 view.copy_(self.params[index].local_rows(full))
         self.params[index].set_shard(view)
 
+    def adopt(self, index: int, local: torch.Tensor) -> None:
+        """Parameter ``index``'s registered shard was given a new tensor (``module.to_empty``,
+        ``module.to``): copy it into the flat shard and point the shard back at its view."""
+        if self.flat_shard.is_meta and not local.is_meta:
+            self.flat_shard = self._new_shard(self.storage_device)
+        view = self.shard_view(index)
+        if not local.is_meta:
+            with torch.no_grad():
+                view.copy_(local)
+        self.params[index].repoint(view)
+
     # ---- gathering ------------------------------------------------------------------------------
 
     @property
@@ -120,12 +135,25 @@ class FlatBucket:
         storage = None if self.flat_full is None else self.flat_full.untyped_storage()
         return self._gather is not None or (storage is not None and storage.nbytes() > 0)
 
+    def is_stale(self) -> bool:
+        """Gathered before the shard last changed. See [Note: unsharded storage]."""
+        return (
+            self._gather is None
+            and self.is_unsharded
+            and self.flat_shard._version != self._gathered_version
+        )
+
+    def mark_stale(self) -> None:
+        if self._gather is None and self.is_unsharded:
+            self._gathered_version = -2
+
     def start_unshard(self) -> None:
         """Launch the all-gather of the flat shard (asynchronous; no-op if gathered or pending)."""
         if self._gather is not None or self.is_unsharded:
             return
-        local = self.flat_shard.to(self.topology.device, non_blocking=True).to(self.param_dtype)
-        handle = comm.all_gather_into_tensor(local, group=self.topology.shard_group, async_op=True)
+        self._gathered_version = self.flat_shard._version
+        local = self.flat_shard.to(self.mesh_info.device, non_blocking=True).to(self.param_dtype)
+        handle = comm.all_gather_into_tensor(local, group=self.mesh_info.shard_group, async_op=True)
         assert isinstance(handle, comm.Handle)
         self._gather = handle
 
@@ -135,12 +163,12 @@ class FlatBucket:
             return
         self.start_unshard()
         assert self._gather is not None
-        gathered = self._gather.wait().view(self.topology.shard_size, self.shard_numel)
+        gathered = self._gather.wait().view(self.mesh_info.shard_size, self.shard_numel)
         self._gather = None
         first = self.flat_full is None
         if first:
             self.flat_full = torch.empty(
-                self.full_numel, dtype=self.param_dtype, device=self.topology.device
+                self.full_numel, dtype=self.param_dtype, device=self.mesh_info.device
             )
         else:  # the same storage again: tensors saved for backward refer to it
             assert self.flat_full is not None
@@ -196,29 +224,26 @@ class FlatBucket:
     # ---- gradients ------------------------------------------------------------------------------
 
     def has_new_grads(self) -> bool:
-        return any(p.unsharded is not None and p.unsharded.grad is not None for p in self.params)
+        return any(p.has_new_grad() for p in self.params)
 
     def start_reduce(self, reduce_dtype: torch.dtype | None, pool: BufferPool) -> None:
         """Copy the gradients into rank-major order and launch one AVG reduce-scatter."""
-        self._reduced = [
-            p.unsharded is not None and p.unsharded.grad is not None for p in self.params
-        ]
+        self._reduced = [p.has_new_grad() for p in self.params]
         if not any(self._reduced):
             return
-        shape = (self.topology.shard_size, self.shard_numel)
-        buffer = pool.take(shape, reduce_dtype or self.param_dtype, self.topology.device)
+        shape = (self.mesh_info.shard_size, self.shard_numel)
+        buffer = pool.take(shape, reduce_dtype or self.param_dtype, self.mesh_info.device)
         self._reduce_buffer = buffer
         if not all(self._reduced) or self._has_padding():
             buffer.zero_()
         for index, param in enumerate(self.params):
-            if self._reduced[index]:
-                assert param.unsharded is not None and param.unsharded.grad is not None
-                self._copy_rows_in(index, param.unsharded.grad, buffer)
-                param.unsharded.grad = None
+            grad = param.take_grad() if self._reduced[index] else None
+            if grad is not None:
+                self._copy_rows_in(index, grad, buffer)
         handle = comm.reduce_scatter_tensor(
             buffer.view(-1),
             op=AVG,
-            group=self.topology.shard_group,
+            group=self.mesh_info.shard_group,
             async_op=True,
             via_all_to_all=False,  # memory first: no receive buffer of the unit's size on gloo
         )
@@ -228,7 +253,7 @@ class FlatBucket:
     def _has_padding(self) -> bool:
         return any(
             sum(p.rows_per_rank[k] * p.row_numel for p in self.params) != self.shard_numel
-            for k in range(self.topology.shard_size)
+            for k in range(self.mesh_info.shard_size)
         )
 
     def _copy_rows_in(self, index: int, grad: torch.Tensor, buffer: torch.Tensor) -> None:
@@ -255,10 +280,10 @@ class FlatBucket:
         assert self._reduce_buffer is not None
         pool.give_back(self._reduce_buffer)
         self._reduce_buffer = None
-        if self.topology.replicate_group is not None:
-            comm.all_reduce(reduced, op=AVG, group=self.topology.replicate_group, inplace=True)
+        if self.mesh_info.replicate_group is not None:
+            comm.all_reduce(reduced, op=AVG, group=self.mesh_info.replicate_group, inplace=True)
         reduced = reduced.to(device=self.storage_device, dtype=self.dtype)
-        rank = self.topology.shard_rank
+        rank = self.mesh_info.shard_rank
         for index, param in enumerate(self.params):
             if self._reduced[index]:
                 start = self.offsets[rank][index]

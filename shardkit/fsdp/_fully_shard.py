@@ -1,231 +1,162 @@
-"""``fully_shard``: shard a module in place (FSDP2's style), and what a sharded module can do.
+"""``fully_shard``: shard a module in place, with FSDP2's arguments and semantics.
 
 Call it on the layers first, then on the whole model::
 
     for block in model.blocks:
-        fully_shard(block)
+        fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     fully_shard(model)                       # the outermost unit: its forward starts iterations
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters())   # over DTensor shards
 
-The module keeps its class (and gains `FSDPModule`'s methods); its parameters become this rank's
-shards. ``model.state_dict()`` gives DTensor shards (SHARDED_STATE_DICT) by default.
+[Note: class swap]
+``fully_shard`` keeps the module object (the caller's references stay valid) and gives it
+`FSDPModule`'s methods by changing its class in place to ``FSDP<Class>(FSDPModule, Class)``, a
+class made once per original class and cached. Its method resolution order is
+``[FSDP<Class>, FSDPModule, Class, ...]``, so ``cls.__mro__[2]`` is the original class: FSDPModule
+must stay a plain mixin with no base class of its own, or that index moves. Containers build new
+instances of their own class (``Sequential[1:]`` calls ``type(self)(...)``); those are plain
+modules, not units, so ``FSDPModule.__new__`` constructs ``cls.__mro__[2]`` instead.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import Shard
 
-from shardkit.fsdp._api import (
-    CPUOffload,
-    MixedPrecision,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    PrefetchPolicy,
+from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._fsdp_module import FSDPModule
+from shardkit.fsdp._init import UnitSettings, build_unit, is_managed
+from shardkit.fsdp._mesh_info import compute_device, default_mesh, mesh_info_of
+from shardkit.fsdp._module import check_type, require_process_group
+from shardkit.fsdp._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from shardkit.fsdp._state_dict import install_state_dict_hooks
+from shardkit.fsdp.api import (
+    ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
     ShardingStrategy,
     StateDictType,
 )
-from shardkit.fsdp._clip import clip_grad_norm_
-from shardkit.fsdp._init import UnitSettings, build_unit
-from shardkit.fsdp._materialize import materialize
-from shardkit.fsdp._state import FSDPState, get_state
-from shardkit.fsdp._state_dict import install_state_dict_hooks
-from shardkit.fsdp._topology import compute_device, make_topology
 
-__all__ = ["FSDPModule", "check_type", "fully_shard", "require_process_group"]
+__all__ = ["fully_shard"]
 
-
-class FSDPModule:
-    """The methods every fully sharded module has (`fully_shard`'s and FullyShardedDataParallel)."""
-
-    @property
-    def _fsdp_state(self) -> FSDPState:
-        state = get_state(self)  # type: ignore[arg-type]
-        assert state is not None, "FSDPModule without a unit"
-        return state
-
-    def unshard(self) -> None:
-        """Gather this unit's parameters into its modules now; they stay until `reshard` (or,
-        once a backward ran, its end)."""
-        self._fsdp_state.group.unshard()
-
-    def reshard(self) -> None:
-        """Free this unit's gathered parameters (the modules hold the shards again)."""
-        self._fsdp_state.group.reshard()
-
-    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
-        """False: backward keeps full local gradients (no communication) and adds to them until
-        a backward with True, which reduces the sum. Applies to the whole tree."""
-        self._fsdp_state.context.requires_grad_sync = bool(requires_gradient_sync)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Gradient accumulation: backward inside the block skips the reduction (see
-        `set_requires_gradient_sync`); the first backward after it reduces everything."""
-        ctx = self._fsdp_state.context
-        previous = ctx.requires_grad_sync
-        ctx.requires_grad_sync = False
-        try:
-            yield
-        finally:
-            ctx.requires_grad_sync = previous
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip gradients by the unsharded model's total norm; returns that norm."""
-        return clip_grad_norm_(self, max_norm, norm_type)  # type: ignore[arg-type]
-
-    def materialize(
-        self,
-        *,
-        init_fn: Callable[[nn.Module], None] | None = None,
-        sync_module_states: bool = False,
-    ) -> None:
-        """Give meta-device shards and buffers real values, one module at a time: each module is
-        initialised in full by ``init_fn(module)`` (default ``module.reset_parameters()``) and
-        keeps this rank's rows. See [Note: materialising]."""
-        materialize(self, init_fn=init_fn, sync_module_states=sync_module_states)  # type: ignore[arg-type]
-
-
-def require_process_group(what: str) -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            f"{what} needs an initialized process group: start ranks with "
-            "shardkit.launch.spawn(fn, world_size=N), call shardkit.launch.init_from_env() under "
-            "torchrun, or torch.distributed.init_process_group()"
-        )
-
-
-def check_type(name: str, value: Any, expected: type, example: str) -> None:
-    if not isinstance(value, expected):
-        raise TypeError(
-            f"{name} must be a shardkit.fsdp.{expected.__name__}, got {value!r}; use e.g. {example}"
-        )
-
-
-_FULL_PRECISION = MixedPrecision()
-_NO_OFFLOAD = CPUOffload()
-_PREFETCH = PrefetchPolicy()
+_NO_MIXED_PRECISION = MixedPrecisionPolicy()
+_NO_OFFLOAD = OffloadPolicy()
 
 
 def fully_shard(
     module: nn.Module,
     *,
     mesh: Any = None,
-    strategy: ShardingStrategy | None = None,
-    mp_policy: MixedPrecision | MixedPrecisionPolicy = _FULL_PRECISION,
-    offload_policy: CPUOffload | OffloadPolicy = _NO_OFFLOAD,
-    prefetch_policy: PrefetchPolicy = _PREFETCH,
-    ignored_params: Iterable[nn.Parameter] | None = None,
-    sync_module_states: bool = False,
-    device: torch.device | None = None,
     reshard_after_forward: bool | None = None,
+    shard_placement_fn: Callable[[nn.Parameter], Any] | None = None,
+    mp_policy: MixedPrecisionPolicy = _NO_MIXED_PRECISION,
+    offload_policy: OffloadPolicy = _NO_OFFLOAD,
+    ignored_params: Iterable[nn.Parameter] | None = None,
+    dp_mesh_dims: Any = None,
 ) -> nn.Module:
-    """Shard ``module``'s parameters (minus those of units already inside it) over the ranks.
+    """Shard ``module``'s parameters (minus those of units already inside it) over the mesh.
 
     Args:
-        module: sharded in place; returned for convenience.
-        mesh: a 1-D DeviceMesh to shard over (default: all ranks), or a 2-D (replicate, shard)
-            mesh with ``strategy=HYBRID_SHARD``.
-        strategy: see `ShardingStrategy`; default FULL_SHARD, or HYBRID_SHARD with a 2-D mesh.
-        mp_policy: see `MixedPrecision`.
-        offload_policy: see `CPUOffload`.
-        prefetch_policy: see `PrefetchPolicy`.
+        module: sharded in place (it becomes an `FSDPModule`) and returned.
+        mesh: a 1-D DeviceMesh to shard over (default: every rank), or a 2-D (replicate, shard)
+            mesh: hybrid sharding, placements ``(Replicate(), Shard(0))``.
+        reshard_after_forward: True frees the gathered parameters after forward and gathers
+            them again in backward; False keeps them; None (default): True except for the unit
+            whose forward starts the iteration. An int (resharding to a smaller group) is refused.
+        shard_placement_fn: may return None or ``Shard(0)`` for each parameter; other placements
+            are refused.
+        mp_policy: see `MixedPrecisionPolicy`.
+        offload_policy: `OffloadPolicy` (none) or `CPUOffloadPolicy`.
         ignored_params: parameters left alone (not sharded, not reduced).
-        sync_module_states: start from rank 0's parameters and buffers.
-        device: the compute device (default: the rank's device from shardkit.launch).
-        reshard_after_forward: FSDP2's way to say the strategy: True is FULL_SHARD (with a
-            2-D mesh HYBRID_SHARD), False SHARD_GRAD_OP. FSDP2's ``MixedPrecisionPolicy``,
-            ``OffloadPolicy`` and ``CPUOffloadPolicy`` are taken too.
+        dp_mesh_dims: refused (DTensor parameters from tensor parallelism are not sharded).
 
-    A module on the meta device is sharded on the meta device: call `FSDPModule.materialize`.
+    Afterwards the module's parameters are DTensors holding this rank's rows
+    (see [Note: DTensor parameters]). A module on the meta device is sharded on the meta
+    device: ``model.to_empty(device=...)`` and an init, or `FSDPModule.materialize`.
     """
     require_process_group("fully_shard")
-    strategy = _strategy(strategy, reshard_after_forward, mesh)
-    if isinstance(mp_policy, MixedPrecisionPolicy):
-        mp_policy = mp_policy.to_mixed_precision()
-    if isinstance(offload_policy, OffloadPolicy):
-        offload_policy = offload_policy.to_cpu_offload()
-    check_type("mp_policy", mp_policy, MixedPrecision, "MixedPrecision(param_dtype=torch.bfloat16)")
-    check_type("offload_policy", offload_policy, CPUOffload, "CPUOffload(offload_params=True)")
-    check_type("prefetch_policy", prefetch_policy, PrefetchPolicy, "PrefetchPolicy(forward=True)")
-    topology = make_topology(strategy, device_mesh=mesh, device=compute_device(device))
+    _check_arguments(module, reshard_after_forward, dp_mesh_dims)
+    check_type("mp_policy", mp_policy, MixedPrecisionPolicy, "MixedPrecisionPolicy(torch.bfloat16)")
+    check_type("offload_policy", offload_policy, OffloadPolicy, "CPUOffloadPolicy()")
+    _check_placements(module, shard_placement_fn)
+    mesh_info = mesh_info_of(mesh if mesh is not None else default_mesh(compute_device().type))
+    if mesh_info.replicate_group is not None:
+        strategy = ShardingStrategy.HYBRID_SHARD
+    elif reshard_after_forward is False:
+        strategy = ShardingStrategy.SHARD_GRAD_OP
+    else:
+        strategy = ShardingStrategy.FULL_SHARD
     settings = UnitSettings(
-        topology=topology,
+        mesh_info=mesh_info,
         strategy=strategy,
-        mp=mp_policy,
-        offload=offload_policy,
-        prefetch=prefetch_policy,
+        precision=Precision.of(mp_policy),
+        prefetch=Prefetch(),
+        reshard_after_forward=reshard_after_forward,
+        offload=isinstance(offload_policy, CPUOffloadPolicy),
+        pin_memory=isinstance(offload_policy, CPUOffloadPolicy) and offload_policy.pin_memory,
+        dtensor=True,
         ignored_params=frozenset(ignored_params or ()),
-        sync_module_states=sync_module_states,
     )
     state = build_unit(module, module, settings, name=type(module).__name__)
-    state.context.state_dict_type = StateDictType.SHARDED_STATE_DICT
-    state.context.state_dict_config = ShardedStateDictConfig()
-    state.context.optim_state_dict_config = ShardedStateDictConfig()
+    ctx = state.context
+    ctx.state_dict_type = StateDictType.SHARDED_STATE_DICT
+    ctx.state_dict_config = ShardedStateDictConfig()
+    ctx.optim_state_dict_config = ShardedOptimStateDictConfig()
     install_state_dict_hooks(module, state, inner_prefix="")
     _swap_class(module)
     return module
 
 
-def _strategy(
-    strategy: ShardingStrategy | None, reshard_after_forward: bool | None, mesh: Any
-) -> ShardingStrategy:
-    """The strategy from ``strategy`` and FSDP2's ``reshard_after_forward`` and mesh shape."""
+def _check_arguments(module: Any, reshard_after_forward: Any, dp_mesh_dims: Any) -> None:
+    if isinstance(module, (list, tuple)):
+        raise ValueError(
+            f"fully_shard got a list of {len(module)} modules; shardkit shards one module per "
+            "call: give the modules a common parent and shard that, or shard each one"
+        )
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"fully_shard shards an nn.Module, got {type(module).__name__}")
     if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
         raise ValueError(
-            f"reshard_after_forward={reshard_after_forward!r}: shardkit takes True (FULL_SHARD) "
-            "or False (SHARD_GRAD_OP); resharding to a smaller group after forward is not offered"
+            f"reshard_after_forward={reshard_after_forward!r}: shardkit takes True, False or "
+            "None; resharding to a smaller group after forward (an int) is not offered"
         )
-    hybrid = getattr(mesh, "ndim", 1) == 2
-    if strategy is None:
-        if hybrid and reshard_after_forward is False:
-            raise ValueError(
-                "reshard_after_forward=False on a 2-D mesh (hybrid sharding that keeps the "
-                "parameters gathered between forward and backward) is not offered; use "
-                "reshard_after_forward=True, or a 1-D mesh with False"
-            )
-        if hybrid:
-            return ShardingStrategy.HYBRID_SHARD
-        return (
-            ShardingStrategy.SHARD_GRAD_OP
-            if reshard_after_forward is False
-            else ShardingStrategy.FULL_SHARD
-        )
-    if reshard_after_forward is None:
-        return strategy
-    resharding = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
-    if (strategy in resharding) != reshard_after_forward or strategy is ShardingStrategy.NO_SHARD:
+    if dp_mesh_dims is not None:
         raise ValueError(
-            f"reshard_after_forward={reshard_after_forward} and strategy={strategy.name} disagree "
-            "(FULL_SHARD and HYBRID_SHARD reshard after forward, SHARD_GRAD_OP does not); give "
-            "one of them"
+            f"dp_mesh_dims={dp_mesh_dims!r}: shardkit's fully_shard shards plain parameters on "
+            "a data-parallel mesh; pass that mesh (1-D, or 2-D replicate x shard) as mesh="
         )
-    return strategy
+
+
+def _check_placements(module: nn.Module, placement_fn: Callable | None) -> None:
+    if placement_fn is None:
+        return
+    for name, param in module.named_parameters():
+        if is_managed(param):
+            continue
+        placement = placement_fn(param)
+        if placement is None:
+            continue
+        dim = getattr(placement, "dim", None)
+        if not isinstance(placement, Shard) or dim not in (0, -param.dim() or 0):
+            raise ValueError(
+                f"shard_placement_fn gave {placement!r} for parameter {name!r}; shardkit shards "
+                "every parameter along dim 0: return None or Shard(0)"
+            )
 
 
 _CLASSES: dict[type, type] = {}
 
 
 def _swap_class(module: nn.Module) -> None:
-    """Make ``module`` an instance of ``FSDP<Class>(FSDPModule, Class)``, keeping its state."""
+    """Make ``module`` an instance of ``FSDP<Class>(FSDPModule, Class)``. See
+    [Note: class swap]."""
     cls = type(module)
     if issubclass(cls, FSDPModule):
         return
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__new__": _new_original})
+        swapped = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+        assert swapped.__mro__[FSDPModule._orig_cls_mro_index] is cls
+        _CLASSES[cls] = swapped
     module.__class__ = _CLASSES[cls]
-
-
-def _new_original(cls: type, *args: Any, **kwargs: Any) -> Any:
-    """Containers build new instances of their own class (``Sequential[1:]``); those are plain
-    modules, not units: construct the original class."""
-    original = cls.__mro__[2]
-    instance = original.__new__(original)
-    instance.__init__(*args, **kwargs)
-    return instance

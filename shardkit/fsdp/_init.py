@@ -18,14 +18,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shardkit import comm
-from shardkit.fsdp._api import CPUOffload, MixedPrecision, PrefetchPolicy, ShardingStrategy
+from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, Slot
 from shardkit.fsdp._param_group import BufferInfo, ParamGroup
 from shardkit.fsdp._stale import REPLACED_ATTR, mark_replaced
 from shardkit.fsdp._state import FSDPState, UnitConfig, get_state
-from shardkit.fsdp._topology import Topology
+from shardkit.fsdp.api import ShardingStrategy
 
 __all__ = ["UnitSettings", "build_unit", "is_managed"]
 
@@ -34,20 +36,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UnitSettings:
-    """Everything a unit is built from (one per wrapping call; auto-wrap shares it)."""
+    """Everything a unit is built from (one per wrapping call; auto-wrap shares it).
 
-    topology: Topology
+    ``strategy`` names the layout in logs and cross-rank checks; ``reshard_after_forward`` (see
+    `UnitConfig`) says what happens after forward; ``dtensor``: shards are DTensors (FSDP2).
+    """
+
+    mesh_info: MeshInfo
     strategy: ShardingStrategy
-    mp: MixedPrecision
-    offload: CPUOffload
-    prefetch: PrefetchPolicy
+    precision: Precision
+    prefetch: Prefetch
+    reshard_after_forward: bool | None
+    offload: bool = False
+    pin_memory: bool = True
+    dtensor: bool = False
     ignored_params: frozenset[nn.Parameter] = frozenset()
     ignored_modules: frozenset[nn.Module] = frozenset()
     sync_module_states: bool = False
 
     @property
     def storage_device(self) -> torch.device:
-        return torch.device("cpu") if self.offload.offload_params else self.topology.device
+        return torch.device("cpu") if self.offload else self.mesh_info.device
 
 
 def is_managed(param: torch.Tensor) -> bool:
@@ -74,21 +83,21 @@ def build_unit(
     if existing is not None:
         found.problems.insert(0, _already_wrapped(module, existing))
     found.problems.extend(_device_problems(found.params, label))
-    _agree(settings.topology.world_group, found, label, settings.strategy)
+    _agree(settings.mesh_info.world_group, found, label, settings.strategy)
     params = [_describe(param, slots, settings) for param, slots in found.params]
     group = ParamGroup(
         params,
         _prepare_buffers(found.buffers, settings),
-        settings.mp,
-        topology=settings.topology,
+        settings.precision,
+        mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
         meta=any(param.is_meta for param, _ in found.params),
+        pin_memory=settings.pin_memory,
     )
     _shard_params(found, group, settings, label)
     config = UnitConfig(
-        reshard_after_forward=settings.strategy
-        in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD),
-        mp=settings.mp,
+        reshard_after_forward=settings.reshard_after_forward,
+        precision=settings.precision,
         prefetch=settings.prefetch,
     )
     state = FSDPState(trigger, group, config, name=label)
@@ -111,6 +120,9 @@ def _collect(module: nn.Module, settings: UnitSettings, label: str) -> _Found:
                 continue
             if getattr(param, REPLACED_ATTR, None) is not None or is_managed(param):
                 found.problems.append(_shared_with_nested(label, slot.fqn, param))
+                continue
+            if isinstance(param, DTensor):
+                found.problems.append(_already_dtensor(label, slot.fqn, param))
                 continue
             by_id[id(param)] = [slot]
             found.params.append((param, by_id[id(param)]))
@@ -156,6 +168,15 @@ def _shared_with_nested(label: str, fqn: str, param: torch.Tensor) -> str:
         f"parameter {fqn!r} of unit {label!r} (shape {list(param.shape)}) is also registered in "
         "another unit, which already sharded it; wrap the modules that share a parameter in "
         "one unit"
+    )
+
+
+def _already_dtensor(label: str, fqn: str, param: torch.Tensor) -> str:
+    placements = tuple(param.placements)  # type: ignore[attr-defined]
+    return (
+        f"parameter {fqn!r} of unit {label!r} is already a DTensor (placements {placements}, "
+        "e.g. from tensor parallelism); shardkit.fsdp shards plain parameters only: apply it to "
+        "a model without DTensor parameters"
     )
 
 
@@ -238,23 +259,24 @@ def _describe(param: nn.Parameter, slots: list[Slot], settings: UnitSettings) ->
         param.shape,
         param.dtype,
         requires_grad=param.requires_grad,
-        topology=settings.topology,
+        mesh_info=settings.mesh_info,
         storage_device=settings.storage_device,
-        param_dtype=settings.mp.param_dtype,
+        param_dtype=settings.precision.param_dtype,
+        dtensor=settings.dtensor,
     )
 
 
 def _shard_params(found: _Found, group: ParamGroup, settings: UnitSettings, label: str) -> None:
     """Replace each parameter by its shard, one at a time, so that the full parameter can be
     freed before the next one is sharded."""
-    topology = settings.topology
+    mesh_info = settings.mesh_info
     for sharded in group.params:
         param, _ = found.params.pop(0)
         full = param.detach()
         if not full.is_meta:
-            full = full.to(topology.device)
+            full = full.to(mesh_info.device)
             if settings.sync_module_states:
-                full = _broadcast_from_first(full, topology.world_group)
+                full = _broadcast_from_first(full, mesh_info.world_group)
         group.load(sharded, full)
         mark_replaced(param, f"'{sharded.fqn}' {list(sharded.shape)} of unit {label!r}")
         del param, full
@@ -276,10 +298,10 @@ def _prepare_buffers(
 
 def prepare_buffer(buffer: torch.Tensor, settings: UnitSettings) -> torch.Tensor:
     """Move a buffer to the compute device, take rank 0's values if asked, cast it."""
-    buffer = buffer.to(settings.topology.device)
+    buffer = buffer.to(settings.mesh_info.device)
     if settings.sync_module_states:
-        buffer = _broadcast_from_first(buffer, settings.topology.world_group)
-    dtype = settings.mp.buffer_dtype
+        buffer = _broadcast_from_first(buffer, settings.mesh_info.world_group)
+    dtype = settings.precision.buffer_dtype
     if dtype is not None and buffer.is_floating_point():
         buffer = buffer.to(dtype)
     return buffer
@@ -298,7 +320,7 @@ def _log_unit(state: FSDPState, settings: UnitSettings) -> None:
     numel = sum(p.shape.numel() for p in params)
     local = sum(torch.Size(p.local_shape).numel() for p in params)
     size = params[0].dtype.itemsize if params else 4
-    topology = settings.topology
+    mesh_info = settings.mesh_info
     logger.info(
         "unit %r: %d parameter(s), %.2f M elements (%.1f MB); %s over %d rank(s) x %d "
         "replica(s): %.1f MB of parameters per rank; %d nested unit(s)",
@@ -307,8 +329,8 @@ def _log_unit(state: FSDPState, settings: UnitSettings) -> None:
         numel / 1e6,
         numel * size / 1e6,
         settings.strategy.name,
-        topology.shard_size,
-        topology.replicate_size,
+        mesh_info.shard_size,
+        mesh_info.replicate_size,
         local * size / 1e6,
         len(state.context.units) - 1,
     )

@@ -36,7 +36,7 @@ def _units(module: nn.Module) -> list[FSDPState]:
 def has_meta(module: nn.Module) -> bool:
     """Whether any unit under ``module`` still has a shard or buffer on the meta device."""
     for state in _units(module):
-        if any(p.sharded.is_meta for p in state.group.params):
+        if any(p.local.is_meta for p in state.group.params):
             return True
         if any(b.module._buffers[b.name].is_meta for b in state.group.buffers):  # type: ignore[union-attr]
             return True
@@ -59,11 +59,11 @@ def materialize(
     owner = {(id(s.module), s.attr): p for u in units for p in u.group.params for s in p.slots}
     groups = {id(p): u.group for u in units for p in u.group.params}
     buffer_dtype = {(id(b.module), b.name): u for u in units for b in u.group.buffers}
-    device = units[0].group.params[0].topology.device if units[0].group.params else None
+    device = units[0].group.params[0].mesh_info.device if units[0].group.params else None
     count = 0
     for current in module.modules():
         own = [(attr, owner.get((id(current), attr))) for attr in current._parameters]
-        own = [(attr, p) for attr, p in own if p is not None and p.sharded.is_meta]
+        own = [(attr, p) for attr, p in own if p is not None and p.local.is_meta]
         meta_buffers = [a for a, b in current._buffers.items() if b is not None and b.is_meta]
         if not own and not meta_buffers:
             continue
@@ -72,7 +72,7 @@ def materialize(
         _materialize_one(current, loads, meta_buffers, device, init_fn, sync_module_states)
         for attr in meta_buffers:
             unit = buffer_dtype.get((id(current), attr))
-            dtype = unit.config.mp.buffer_dtype if unit is not None else None
+            dtype = unit.config.precision.buffer_dtype if unit is not None else None
             buffer = current._buffers[attr]
             if dtype is not None and buffer is not None and buffer.is_floating_point():
                 current._buffers[attr] = buffer.to(dtype)
@@ -119,6 +119,6 @@ def _materialize_one(
 
 
 def _broadcast(full: torch.Tensor, param: ShardedParam) -> None:
-    group = param.topology.world_group
+    group = param.mesh_info.world_group
     if dist.get_world_size(group) > 1:
         comm.broadcast(full, src=dist.get_global_rank(group, 0), group=group, inplace=True)

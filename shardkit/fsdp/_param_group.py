@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from shardkit.fsdp._api import MixedPrecision
+from shardkit.fsdp._config import Precision
 from shardkit.fsdp._flat import FlatBucket
 from shardkit.fsdp._memory import BufferPool
-from shardkit.fsdp._param import ShardedParam, set_param
-from shardkit.fsdp._topology import Topology
+from shardkit.fsdp._mesh_info import MeshInfo
+from shardkit.fsdp._param import ShardedParam, local_of, set_param
 
 __all__ = ["BufferInfo", "ParamGroup"]
 
@@ -39,36 +39,58 @@ class ParamGroup:
     Args:
         params: the unit's parameters, in registration order (shards not yet set).
         buffers: the buffers of the unit's own modules (not sharded; kept on the compute device).
-        mp: mixed precision policy (dtype of the gradient reduction).
-        topology: the unit's groups; storage_device: where shards live.
+        precision: the unit's dtypes (that of the gradient reduction).
+        mesh_info: the unit's groups; storage_device: where shards live.
         meta: the parameters are on the meta device.
+        pin_memory: pin CPU shards that a GPU gathers from.
     """
 
     def __init__(
         self,
         params: list[ShardedParam],
         buffers: list[BufferInfo],
-        mp: MixedPrecision,
+        precision: Precision,
         *,
-        topology: Topology,
+        mesh_info: MeshInfo,
         storage_device: torch.device,
         meta: bool,
+        pin_memory: bool = True,
     ) -> None:
         self.params = params
         self.buffers = buffers
-        self.on_cpu = topology.device.type == "cpu"
-        self.reduce_dtype = mp.effective_reduce_dtype
+        self.on_cpu = mesh_info.device.type == "cpu"
+        self.reduce_dtype = precision.reduce_dtype
         self.whole = [p for p in params if p.whole]
         by_dtype: dict[torch.dtype, list[ShardedParam]] = {}
         for param in params:
             if not param.whole:
                 by_dtype.setdefault(param.dtype, []).append(param)
         self.buckets = [
-            FlatBucket(group, topology, storage_device, meta=meta) for group in by_dtype.values()
+            FlatBucket(group, mesh_info, storage_device, meta=meta, pin_memory=pin_memory)
+            for group in by_dtype.values()
         ]
         self._place = {
             id(p): (bucket, i) for bucket in self.buckets for i, p in enumerate(bucket.params)
         }
+
+    def adopt_applied(self) -> None:
+        """After ``module._apply`` (``to_empty``, ``to``) gave the registered shards new tensors:
+        keep the shards in their buckets, with the new values, and the same Parameters."""
+        for param in self.params:
+            slot = param.slots[0]
+            current = slot.module._parameters[slot.attr]
+            if current is not param.sharded:  # a new Parameter: take its values, keep ours
+                assert current is not None
+                param.repoint(local_of(current).detach())
+                for other in param.slots:
+                    set_param(other.module, other.attr, param.sharded)
+            if param.whole:
+                continue
+            bucket, index = self._place[id(param)]
+            local, flat = param.local, bucket.flat_shard
+            moved = local.device != flat.device or local.is_meta != flat.is_meta
+            if moved or local.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
+                bucket.adopt(index, local)
 
     def load(self, param: ShardedParam, full: torch.Tensor) -> None:
         """Set ``param``'s shard from its full value (meta allowed): this rank's rows go into its
@@ -84,17 +106,24 @@ class ParamGroup:
         """Whether any gathered (non-aliased) parameter holds memory or is being gathered."""
         if any(bucket.is_unsharded for bucket in self.buckets):
             return True
-        return any(not p.aliased and (p.is_unsharded or p._gather is not None) for p in self.whole)
+        return any(
+            not p.shares_storage and (p.is_unsharded or p._gather is not None) for p in self.whole
+        )
 
     @property
     def num_grad_params(self) -> int:
         return sum(1 for p in self.params if p.sharded.requires_grad)
 
     def start_unshard(self) -> None:
-        """Launch the all-gathers (asynchronous)."""
+        """Launch the all-gathers (asynchronous), gathering again what the optimizer changed
+        since the last gather (see [Note: unsharded storage])."""
         for bucket in self.buckets:
+            if bucket.is_stale():
+                bucket.free()
             bucket.start_unshard()
         for param in self.whole:
+            if param.is_stale():
+                param.free_whole()
             if not param.aliased:
                 param.start_unshard_whole()
 
@@ -138,6 +167,19 @@ class ParamGroup:
             for p in self.params
             if not p.aliased and p.unsharded is not None and p.unsharded.grad is not None
         )
+
+    def mark_stale(self) -> None:
+        """The shards may have changed (an optimizer step): what is gathered now is gathered
+        again at its next use. See [Note: unsharded storage]."""
+        for bucket in self.buckets:
+            bucket.mark_stale()
+        for param in self.whole:
+            param.mark_stale()
+
+    def stash_grads(self) -> None:
+        """Keep unreduced gradients for a later reduction (gradient accumulation)."""
+        for param in self.params:
+            param.stash_grad(self.reduce_dtype)
 
     def start_reduce(self, pool: BufferPool) -> None:
         for bucket in self.buckets:

@@ -2,16 +2,23 @@
 
 [Note: one iteration]
 Forward: a unit's pre-forward hook gathers its parameters (waiting for a prefetch if one was
-started) and, with forward prefetch, starts gathering the unit that came next in the previous
-iteration. Its post-forward hook frees them again (FULL_SHARD; not the outermost unit, whose
-backward comes first) and registers a hook on the output's gradient.
+started) and starts gathering the units it prefetches: those ``set_modules_to_forward_prefetch``
+named, else (forward prefetch) the unit that came next in the previous iteration. Its post-forward
+hook frees them again when it reshards after forward (FSDP2's default: every unit but the one
+whose forward started the iteration, whose backward comes first) and registers a hook on the
+output's gradient.
 Backward: that hook (pre-backward) gathers the parameters again and, with BACKWARD_PRE, starts
-gathering the unit whose backward comes next. When the last parameter of the unit has its
-gradient accumulated (post-backward), the gradients are reduce-scattered asynchronously (at
-most one unit's reduction in flight, waited for when the next starts) and the parameters freed.
+gathering the units whose backward comes next (``set_modules_to_backward_prefetch``'s, else the
+previous one in forward order). When the last parameter of the unit has its gradient accumulated
+(post-backward), the gradients are reduce-scattered asynchronously (at most one unit's reduction
+in flight, waited for when the next starts) and the parameters freed (unless the unit keeps them:
+``set_reshard_after_backward(False)``). Without gradient sync the gradients stay on the gathered
+parameters, summed in the reduce dtype, until a backward with sync reduces them all.
 A callback queued at the first pre-backward runs when autograd finishes: it reduces what is left
 (parameters that got no gradient trigger no post-backward), waits for every reduction and frees
 every gathered parameter, so that after ``backward()`` each shard holds its averaged gradient.
+After a backward that ``set_is_last_backward(False)`` announced, the last reduction is left in
+flight: the next forward, backward, optimizer step, state dict or clipping waits for it.
 Every decision depends only on the program, never on one rank's data, so all ranks issue the same
 collectives in the same order.
 """
@@ -20,25 +27,31 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd import Variable
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
-from shardkit.fsdp._api import (
+from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._memory import BufferPool, FreedMemory
+from shardkit.fsdp._nested import cast_floats, tensors_in
+from shardkit.fsdp._param_group import ParamGroup
+from shardkit.fsdp.api import (
     BackwardPrefetch,
+    FullOptimStateDictConfig,
     FullStateDictConfig,
-    MixedPrecision,
-    PrefetchPolicy,
-    ShardedStateDictConfig,
+    OptimStateDictConfig,
+    StateDictConfig,
     StateDictType,
 )
-from shardkit.fsdp._memory import BufferPool, FreedMemory
-from shardkit.fsdp._param_group import ParamGroup
 
-__all__ = ["FSDPState", "TreeContext", "UnitConfig", "get_state"]
+__all__ = ["FSDPState", "TreeContext", "UnitConfig", "finish_lingering", "get_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +60,50 @@ STATE_ATTR = "_shardkit_fsdp_state"
 
 @dataclasses.dataclass(frozen=True)
 class UnitConfig:
-    """How one unit behaves (derived from the strategy and policies)."""
+    """How one unit behaves. ``reshard_after_forward=None``: every unit but the one whose
+    forward started the iteration (FSDP2's default for the root)."""
 
-    reshard_after_forward: bool
-    mp: MixedPrecision
-    prefetch: PrefetchPolicy
+    reshard_after_forward: bool | None
+    precision: Precision
+    prefetch: Prefetch
 
 
 def get_state(module: nn.Module) -> FSDPState | None:
     """The unit whose hooks live on ``module``, if any."""
     return module.__dict__.get(STATE_ATTR)
+
+
+# Every tree, and those whose last reduction is still in flight (see [Note: one iteration]):
+# an optimizer step waits for those first, and afterwards marks what is gathered outside an
+# iteration as stale (see [Note: unsharded storage]).
+_TREES: weakref.WeakSet[TreeContext] = weakref.WeakSet()
+_LINGERING: weakref.WeakSet[TreeContext] = weakref.WeakSet()
+_step_hooks_installed = False
+
+
+def finish_lingering() -> None:
+    """Wait for every reduction left in flight after a backward that was not the last."""
+    for ctx in list(_LINGERING):
+        ctx.finish_pending_reduce()
+
+
+def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    finish_lingering()
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for ctx in list(_TREES):
+        if ctx.active_root is None and not ctx.in_backward:
+            for unit in ctx.units:
+                unit.group.mark_stale()
+
+
+def _install_step_hooks() -> None:
+    global _step_hooks_installed
+    if not _step_hooks_installed:
+        register_optimizer_step_pre_hook(_before_step)
+        register_optimizer_step_post_hook(_after_step)
+        _step_hooks_installed = True
 
 
 class TreeContext:
@@ -68,22 +115,23 @@ class TreeContext:
         self._recording: list[FSDPState] = []
         self.active_root: FSDPState | None = None
         self.in_backward = False
-        self.requires_grad_sync = True
+        self.is_last_backward = True
         self._pending_reduce: list[FSDPState] = []
         self.reduce_buffers = BufferPool()
         self.freed = FreedMemory()
         self.state_dict_type = StateDictType.FULL_STATE_DICT
-        self.state_dict_config: FullStateDictConfig | ShardedStateDictConfig = FullStateDictConfig()
-        self.optim_state_dict_config: FullStateDictConfig | ShardedStateDictConfig = (
-            FullStateDictConfig()
-        )
+        self.state_dict_config: StateDictConfig = FullStateDictConfig()
+        self.optim_state_dict_config: OptimStateDictConfig = FullOptimStateDictConfig()
+        _TREES.add(self)
+        _install_step_hooks()
 
     # ---- order --------------------------------------------------------------------------------
 
     def begin_forward(self, root: FSDPState) -> None:
         if self.in_backward and _graph_task_id() == -1:
             logger.warning("the previous backward did not finish (it raised); resetting units")
-            self._reset_after_backward()
+            self.reset()
+        self.finish_pending_reduce()
         self.active_root = root
         self._recording = []
 
@@ -114,9 +162,7 @@ class TreeContext:
             return None
         pos = order.index(unit)
         target = order[-1] if pos == 0 else order[pos - 1]
-        if target is unit or target._post_backward_done:
-            return None
-        return target
+        return None if target is unit else target
 
     # ---- backward -----------------------------------------------------------------------------
 
@@ -134,6 +180,9 @@ class TreeContext:
     def finish_pending_reduce(self) -> None:
         while self._pending_reduce:
             self._pending_reduce.pop(0).group.finish_reduce(self.reduce_buffers)
+        _LINGERING.discard(self)
+        if not self.in_backward:
+            self.reduce_buffers.clear()  # hold reduction buffers only while reducing
 
     def finish_backward(self) -> None:
         """Runs once autograd is done. See [Note: one iteration]."""
@@ -142,17 +191,33 @@ class TreeContext:
                 unit.post_backward(prefetch=False)
             else:
                 unit.reduce_grads()  # gradients that arrived after the unit's post-backward
-        self.finish_pending_reduce()
-        self._reset_after_backward()
+        if self.is_last_backward:
+            self.finish_pending_reduce()
+        elif self._pending_reduce:
+            _linger(self)
+        for unit in self.units:
+            if unit.reshard_after_backward:
+                unit.group.reshard()
+            unit.reset_iteration()
+        self.in_backward = False
+        if not self._pending_reduce:
+            self.reduce_buffers.clear()
         self.freed.flush()
 
-    def _reset_after_backward(self) -> None:
+    def reset(self) -> None:
+        """Forget a forward or backward that raised: free everything, drop its reductions."""
         for unit in self.units:
             unit.group.reshard()
             unit.reset_iteration()
         self._pending_reduce.clear()
+        _LINGERING.discard(self)
         self.reduce_buffers.clear()
+        self.active_root = None
         self.in_backward = False
+
+
+def _linger(ctx: TreeContext) -> None:
+    _LINGERING.add(ctx)
 
 
 def _graph_task_id() -> int:
@@ -163,7 +228,8 @@ def _graph_task_id() -> int:
 class FSDPState:
     """One unit: its parameters and the hooks on the module whose forward uses them.
 
-    See [Note: one iteration]. ``name`` is the module's path for messages and logs.
+    See [Note: one iteration]. ``name`` is the module's path for messages and logs. The
+    attributes after ``config`` are FSDP2's run-time controls (``FSDPModule.set_*``).
     """
 
     def __init__(
@@ -172,6 +238,10 @@ class FSDPState:
         self.module = module
         self.group = group
         self.config = config
+        self.reduce_grads_enabled = True
+        self.reshard_after_backward = True
+        self.forward_prefetch: list[FSDPState] | None = None
+        self.backward_prefetch: list[FSDPState] | None = None
         self.name = name
         self.parent: FSDPState | None = None
         self.context = TreeContext(self)
@@ -205,13 +275,14 @@ class FSDPState:
         ctx = self.context
         if ctx.active_root is None:
             ctx.begin_forward(self)
-        mp = self.config.mp
-        if mp.param_dtype is not None and (
-            mp.cast_forward_inputs or (mp.cast_root_forward_inputs and ctx.active_root is self)
+        precision = self.config.precision
+        if precision.param_dtype is not None and (
+            precision.cast_forward_inputs
+            or (precision.cast_root_forward_inputs and ctx.active_root is self)
         ):
-            args, kwargs = _cast_floats((args, kwargs), mp.param_dtype)
+            args, kwargs = cast_floats((args, kwargs), precision.param_dtype)
         first = ctx.record(self)
-        if any(p.sharded.is_meta for p in self.group.params):
+        if any(p.local.is_meta for p in self.group.params):
             raise ValueError(
                 f"unit {self.name!r} still has parameters on the meta device; initialise them "
                 "first: model.materialize() after fully_shard, or param_init_fn= when wrapping "
@@ -219,28 +290,36 @@ class FSDPState:
             )
         self._num_expected = self.group.num_grad_params
         self.group.start_unshard()
-        if first and self.config.prefetch.forward and not ctx.in_backward:
-            upcoming = ctx.next_in_forward(self)
-            if upcoming is not None:
-                upcoming.group.start_unshard()
+        if first and not ctx.in_backward:
+            for unit in self._forward_targets():
+                unit.group.start_unshard()
         self.group.unshard()
         return args, kwargs
+
+    def _forward_targets(self) -> list[FSDPState]:
+        if self.forward_prefetch is not None:
+            return self.forward_prefetch
+        upcoming = self.context.next_in_forward(self) if self.config.prefetch.forward else None
+        return [upcoming] if upcoming is not None else []
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
         ctx = self.context
         grad_enabled = torch.is_grad_enabled()
+        if self.config.precision.output_dtype is not None:
+            output = cast_floats(output, self.config.precision.output_dtype)
         if grad_enabled and not ctx.in_backward:
-            for tensor in _tensors(output):
+            for tensor in tensors_in(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._pre_backward_hook)
-        reshard = not grad_enabled or (
-            self.config.reshard_after_forward and ctx.active_root is not self
-        )
-        if reshard and not ctx.in_backward:
+        if (not grad_enabled or self._reshards_after_forward()) and not ctx.in_backward:
             self.group.reshard()
         if ctx.active_root is self:
             ctx.end_forward()
         return output
+
+    def _reshards_after_forward(self) -> bool:
+        flag = self.config.reshard_after_forward
+        return self.context.active_root is not self if flag is None else flag
 
     # ---- backward -----------------------------------------------------------------------------
 
@@ -259,9 +338,14 @@ class FSDPState:
         self.group.unshard()
 
     def _prefetch_backward(self) -> None:
-        upcoming = self.context.next_in_backward(self)
-        if upcoming is not None:
-            upcoming.group.start_unshard()
+        if self.backward_prefetch is not None:
+            targets = self.backward_prefetch
+        else:
+            upcoming = self.context.next_in_backward(self)
+            targets = [upcoming] if upcoming is not None else []
+        for unit in targets:
+            if not unit._post_backward_done:
+                unit.group.start_unshard()
 
     def _on_grad_ready(self, _param: Any) -> None:
         self.context.begin_backward()
@@ -270,21 +354,25 @@ class FSDPState:
             self.post_backward(prefetch=True)
 
     def post_backward(self, *, prefetch: bool) -> None:
-        """Reduce this unit's gradients (unless in no_sync) and free its gathered parameters."""
+        """Reduce this unit's gradients (unless gradient sync is off) and free its gathered
+        parameters (unless it keeps them after backward)."""
         if self._post_backward_done:
             return
         self._post_backward_done = True
         if prefetch and self.config.prefetch.backward is BackwardPrefetch.BACKWARD_POST:
             self._prefetch_backward()
-        freed = self.group.new_grad_bytes() if self.context.requires_grad_sync else 0
+        freed = self.group.new_grad_bytes() if self.reduce_grads_enabled else 0
         self.reduce_grads()
-        self.group.reshard()
+        if self.reshard_after_backward:
+            self.group.reshard()
         if self.group.on_cpu:
             self.context.freed.add(freed)  # See [Note: returning memory]
 
     def reduce_grads(self) -> None:
         ctx = self.context
-        if ctx.requires_grad_sync and self.group.has_grads():
+        if not self.reduce_grads_enabled:
+            self.group.stash_grads()
+        elif self.group.has_grads():
             ctx.add_pending_reduce(self)
             self.group.start_reduce(ctx.reduce_buffers)
 
@@ -292,29 +380,3 @@ class FSDPState:
         self._pre_backward_done = False
         self._post_backward_done = False
         self._num_ready = 0
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists, dicts and dataclasses."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
-    return []
-
-
-def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
-    cast: Callable[[Any], Any] = lambda item: _cast_floats(item, dtype)  # noqa: E731
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*map(cast, obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(map(cast, obj))
-    if isinstance(obj, dict):
-        return {key: cast(value) for key, value in obj.items()}
-    return obj

@@ -1,4 +1,4 @@
-"""Model state dicts: full tensors of the unsharded model, or DTensor shards for DCP.
+"""Model state dicts: full tensors of the unsharded model, DTensor shards for DCP, or local rows.
 
 [Note: state dict hooks]
 ``module.state_dict()`` first collects what the modules hold (shards), then each unit's
@@ -6,10 +6,12 @@ post-hook replaces its parameters' entries: FULL_STATE_DICT gathers them one at 
 each to the CPU right away with ``offload_to_cpu``); SHARDED_STATE_DICT wraps each shard in a
 DTensor with the parameter's global shape (``Shard(0)`` over the shard group, ``Replicate`` over
 replicas: see [Note: shard layout]), so ``torch.distributed.checkpoint`` writes each rank's rows
-with their offsets and can load them into any number of ranks. Buffers go back to the dtype they
-had before mixed precision. ``load_state_dict`` runs each unit's pre-hook first, which turns a
-full tensor or a DTensor into this rank's rows, so the ordinary copy into the shard follows.
-The keys are those of the unsharded module in both forms.
+with their offsets and can load them into any number of ranks; LOCAL_STATE_DICT gives the rows as
+plain tensors. Buffers go back to the dtype they had before mixed precision. ``load_state_dict``
+runs each unit's pre-hook first, which turns a full tensor, a DTensor of any layout or local rows
+into this rank's rows (as a DTensor for ``fully_shard``'s DTensor parameters), so the ordinary
+copy into the shard follows. The keys are those of the unsharded module in every form
+(``checkpoint_wrapper``'s ``_checkpoint_wrapped_module.`` left out, as torch does).
 """
 
 from __future__ import annotations
@@ -21,14 +23,44 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from shardkit.fsdp._api import FullStateDictConfig, ShardedStateDictConfig, StateDictType
 from shardkit.fsdp._param import ShardedParam
 from shardkit.fsdp._state import FSDPState, TreeContext, get_state
+from shardkit.fsdp.api import (
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    LocalOptimStateDictConfig,
+    LocalStateDictConfig,
+    OptimStateDictConfig,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    StateDictConfig,
+    StateDictSettings,
+    StateDictType,
+)
 
-__all__ = ["install_state_dict_hooks", "state_dict_type", "to_dtensor", "to_local"]
+__all__ = [
+    "get_state_dict_type",
+    "install_state_dict_hooks",
+    "key_forms",
+    "set_state_dict_type",
+    "state_dict_type",
+    "to_local",
+]
 
-Config = FullStateDictConfig | ShardedStateDictConfig
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+
+_CONFIGS: dict[StateDictType, tuple[type, type]] = {
+    StateDictType.FULL_STATE_DICT: (FullStateDictConfig, FullOptimStateDictConfig),
+    StateDictType.LOCAL_STATE_DICT: (LocalStateDictConfig, LocalOptimStateDictConfig),
+    StateDictType.SHARDED_STATE_DICT: (ShardedStateDictConfig, ShardedOptimStateDictConfig),
+}
+
+
+def key_forms(key: str) -> tuple[str, ...]:
+    """``key`` and, inside ``checkpoint_wrapper``, the key its state-dict hooks turn it into."""
+    return (key, key.replace(CHECKPOINT_PREFIX, "")) if CHECKPOINT_PREFIX in key else (key,)
 
 
 def install_state_dict_hooks(module: nn.Module, state: FSDPState, inner_prefix: str) -> None:
@@ -57,87 +89,82 @@ def _rank0_only(ctx: TreeContext) -> bool:
 
 def _save_unit(state: FSDPState, sd: dict[str, Any], prefix: str) -> None:
     ctx = state.context
+    ctx.finish_pending_reduce()
     offload = ctx.state_dict_config.offload_to_cpu
     drop = _rank0_only(ctx) and dist.get_rank() != 0
     for param in state.group.params:
-        if ctx.state_dict_type is StateDictType.FULL_STATE_DICT:
-            value = param.full_value()
-            value = value.cpu() if offload else value
-        else:
-            value = to_dtensor(param, param.sharded.detach(), offload=offload)
-        for slot in param.slots:
-            key = prefix + slot.fqn
+        keys = [k for slot in param.slots for k in key_forms(prefix + slot.fqn) if k in sd]
+        if not keys:
+            continue
+        value = _saved_value(param, ctx.state_dict_type)  # a collective: on every rank
+        for key in keys:
             if drop:
-                sd.pop(key, None)
-            elif key in sd:
-                sd[key] = value
+                del sd[key]
+            else:
+                sd[key] = value.cpu() if offload else value
     for info in state.group.buffers:
-        key = prefix + info.fqn
-        if key not in sd:
-            continue
-        if drop:
-            del sd[key]
-            continue
-        buffer = sd[key].to(info.dtype)
-        sd[key] = buffer.cpu() if offload else buffer
+        for key in key_forms(prefix + info.fqn):
+            if key not in sd:
+                continue
+            if drop:
+                del sd[key]
+                continue
+            buffer = sd[key].to(info.dtype)
+            sd[key] = buffer.cpu() if offload else buffer
 
 
-def to_dtensor(param: ShardedParam, local: torch.Tensor, *, offload: bool = False) -> Any:
-    """``local`` (laid out like the shard) as a DTensor with the parameter's global shape."""
-    from torch.distributed.tensor import DTensor, Replicate
-
-    mesh, placements = param.topology.mesh_and_placements
-    if param.whole:  # every rank holds all of it (see [Note: shard layout])
-        placements = tuple(Replicate() for _ in placements)
-    local = local.cpu() if offload else local
-    return DTensor.from_local(
-        local,
-        mesh,
-        placements,
-        run_check=False,
-        shape=param.shape,
-        stride=_contiguous_stride(param.shape),
-    )
-
-
-def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
-    stride, out = 1, []
-    for size in reversed(shape):
-        out.append(stride)
-        stride *= size
-    return tuple(reversed(out))
+def _saved_value(param: ShardedParam, kind: StateDictType) -> torch.Tensor:
+    if kind is StateDictType.FULL_STATE_DICT:
+        return param.full_value()
+    if kind is StateDictType.LOCAL_STATE_DICT:
+        return param.local.detach()
+    return param.wrap(param.local.detach())
 
 
 def _load_unit(state: FSDPState, sd: dict[str, Any], prefix: str) -> None:
+    state.context.finish_pending_reduce()
     state.group.reshard()
+    local_form = state.context.state_dict_type is StateDictType.LOCAL_STATE_DICT
     for param in state.group.params:
         for slot in param.slots:
             key = prefix + slot.fqn
             if key in sd:
-                sd[key] = to_local(param, sd[key], key)
+                rows = to_local(param, sd[key], key, local_form=local_form)
+                sd[key] = param.wrap(rows) if param.dtensor else rows
 
 
-def to_local(param: ShardedParam, value: Any, key: str) -> torch.Tensor:
-    """This rank's rows of ``value``: a full tensor or a DTensor of the parameter's shape."""
-    from torch.distributed.tensor import DTensor
-
+def to_local(
+    param: ShardedParam, value: Any, key: str, *, local_form: bool = False
+) -> torch.Tensor:
+    """This rank's rows of ``value``: a full tensor, a DTensor of the parameter's shape (any
+    placements), or (``local_form``) this rank's rows already."""
     if isinstance(value, DTensor):
         if tuple(value.shape) != tuple(param.shape):
             raise ValueError(_shape_message(key, value.shape, param.shape))
         local = value.to_local()
-        mesh, placements = param.topology.mesh_and_placements
+        mesh, placements = param.mesh_info.mesh_and_placements
         same = value.device_mesh == mesh and tuple(value.placements) == tuple(placements)
-        if same and tuple(local.shape) == param.local_shape:
+        if (same or param.whole) and tuple(local.shape) == param.local_shape:
             return local
         value = value.full_tensor()
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"state dict entry {key!r} must be a tensor, got {type(value).__name__}")
+    if local_form:
+        if tuple(value.shape) != param.local_shape:
+            raise ValueError(_shape_message(key, value.shape, param.local_shape, local=True))
+        return value
     if tuple(value.shape) != tuple(param.shape):
         raise ValueError(_shape_message(key, value.shape, param.shape))
     return param.local_rows(value)
 
 
-def _shape_message(key: str, got: Any, want: Any) -> str:
+def _shape_message(key: str, got: Any, want: Any, *, local: bool = False) -> str:
+    if local:
+        return (
+            f"state dict entry {key!r} has shape {list(got)} but this rank's shard has shape "
+            f"{list(want)}; a LOCAL_STATE_DICT loads only into the same world size and sharding: "
+            "save a SHARDED_STATE_DICT to load it elsewhere"
+        )
     return (
         f"state dict entry {key!r} has shape {list(got)} but the parameter has shape "
         f"{list(want)}; load a state dict of the unsharded model (FULL_STATE_DICT) or one saved "
@@ -145,21 +172,74 @@ def _shape_message(key: str, got: Any, want: Any) -> str:
     )
 
 
-def _contexts(module: nn.Module) -> list[TreeContext]:
+def _contexts(module: nn.Module, what: str) -> list[TreeContext]:
     found: list[TreeContext] = []
     for sub in module.modules():
         state = get_state(sub)
         if state is not None and state.context not in found:
             found.append(state.context)
+    if not found:
+        raise ValueError(
+            f"{type(module).__name__} contains no fully sharded units; {what} applies to a "
+            "module wrapped with fully_shard or FullyShardedDataParallel"
+        )
     return found
+
+
+def _settings(
+    kind: StateDictType,
+    config: StateDictConfig | None,
+    optim_config: OptimStateDictConfig | None,
+) -> StateDictSettings:
+    if not isinstance(kind, StateDictType):
+        raise TypeError(
+            f"state_dict_type must be a shardkit.fsdp.StateDictType, got {kind!r}; use "
+            "StateDictType.FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT"
+        )
+    config_cls, optim_cls = _CONFIGS[kind]
+    config = config_cls() if config is None else config
+    optim_config = optim_cls() if optim_config is None else optim_config
+    for given, wanted in ((config, config_cls), (optim_config, optim_cls)):
+        if type(given) is not wanted:
+            raise ValueError(
+                f"{type(given).__name__} does not go with {kind.name}; use {config_cls.__name__} "
+                f"and {optim_cls.__name__} with {kind.name}"
+            )
+    return StateDictSettings(kind, config, optim_config)
+
+
+def set_state_dict_type(
+    module: nn.Module,
+    state_dict_type: StateDictType,
+    state_dict_config: StateDictConfig | None = None,
+    optim_state_dict_config: OptimStateDictConfig | None = None,
+) -> StateDictSettings:
+    """Make ``module.state_dict()`` and `optim_state_dict` give ``state_dict_type`` from now on;
+    returns the previous settings."""
+    settings = _settings(state_dict_type, state_dict_config, optim_state_dict_config)
+    contexts = _contexts(module, "set_state_dict_type")
+    previous = get_state_dict_type(module)
+    for ctx in contexts:
+        ctx.state_dict_type = settings.state_dict_type
+        ctx.state_dict_config = settings.state_dict_config
+        ctx.optim_state_dict_config = settings.optim_state_dict_config
+    return previous
+
+
+def get_state_dict_type(module: nn.Module) -> StateDictSettings:
+    """The state-dict type and configs ``module``'s units use now."""
+    ctx = _contexts(module, "get_state_dict_type")[0]
+    return StateDictSettings(
+        ctx.state_dict_type, ctx.state_dict_config, ctx.optim_state_dict_config
+    )
 
 
 @contextlib.contextmanager
 def state_dict_type(
     module: nn.Module,
     state_dict_type: StateDictType,
-    state_dict_config: Config | None = None,
-    optim_state_dict_config: Config | None = None,
+    state_dict_config: StateDictConfig | None = None,
+    optim_state_dict_config: OptimStateDictConfig | None = None,
 ) -> Iterator[None]:
     """Within the block, ``module.state_dict()`` and `optim_state_dict` give ``state_dict_type``.
 
@@ -169,37 +249,13 @@ def state_dict_type(
                                   FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
             states = model.state_dict()   # full tensors on rank 0, {} elsewhere
     """
-    if not isinstance(state_dict_type, StateDictType):
-        raise TypeError(
-            f"state_dict_type must be a shardkit.fsdp.StateDictType, got {state_dict_type!r}; "
-            "use StateDictType.FULL_STATE_DICT or StateDictType.SHARDED_STATE_DICT"
-        )
-    default: Config = (
-        FullStateDictConfig()
-        if state_dict_type is StateDictType.FULL_STATE_DICT
-        else ShardedStateDictConfig()
-    )
-    config = state_dict_config or default
-    optim_config = optim_state_dict_config or config
-    for given in (config, optim_config):
-        if isinstance(given, FullStateDictConfig) != (
-            state_dict_type is StateDictType.FULL_STATE_DICT
-        ):
-            raise ValueError(
-                f"{type(given).__name__} does not go with {state_dict_type.name}; use "
-                "FullStateDictConfig with FULL_STATE_DICT, ShardedStateDictConfig with "
-                "SHARDED_STATE_DICT"
-            )
-    contexts = _contexts(module)
-    if not contexts:
-        raise ValueError(
-            f"{type(module).__name__} contains no fully sharded units; state_dict_type applies "
-            "to a module wrapped with fully_shard or FullyShardedDataParallel"
-        )
+    settings = _settings(state_dict_type, state_dict_config, optim_state_dict_config)
+    contexts = _contexts(module, "state_dict_type")
     saved = [(c.state_dict_type, c.state_dict_config, c.optim_state_dict_config) for c in contexts]
     for ctx in contexts:
-        ctx.state_dict_type = state_dict_type
-        ctx.state_dict_config, ctx.optim_state_dict_config = config, optim_config
+        ctx.state_dict_type = settings.state_dict_type
+        ctx.state_dict_config = settings.state_dict_config
+        ctx.optim_state_dict_config = settings.optim_state_dict_config
     try:
         yield
     finally:

@@ -65,6 +65,7 @@ def summon_full_params(
                 f"summon_full_params called on unit {unit.name!r} during forward or backward; "
                 "call it between iterations"
             )
+    units[0].context.finish_pending_reduce()
     show = not rank0_only or dist.get_rank() == 0
     gathered = _gather(units, show=show, offload=offload_to_cpu, with_grads=with_grads)
     try:
@@ -74,7 +75,7 @@ def summon_full_params(
             if writeback:
                 with torch.no_grad():
                     rows = param.local_rows(full.detach())
-                    param.sharded.copy_(rows.to(param.sharded.device))
+                    param.local.copy_(rows.to(param.local.device))
             for slot in param.slots:
                 set_param(slot.module, slot.attr, param.sharded)
 
@@ -90,9 +91,10 @@ def _gather(
                 continue
             value = param.full_value().clone()
             full = nn.Parameter(value.cpu() if offload else value, param.sharded.requires_grad)
-            if with_grads and param.sharded.grad is not None:
-                grad = param.full_value(param.sharded.grad)
-                full.grad = grad.cpu() if offload else grad
+            grad = param.sharded.grad
+            if with_grads and grad is not None:
+                full_grad = param.full_value(grad)
+                full.grad = full_grad.cpu() if offload else full_grad
             if show:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, full)

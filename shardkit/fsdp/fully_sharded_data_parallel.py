@@ -12,55 +12,72 @@ Example (seed 004, on CPUs with gloo)::
 
 The wrapper holds the module as ``_fsdp_wrapped_module``; state dict keys are those of the
 unwrapped module. ``use_orig_params`` and ``limit_all_gathers`` are accepted for compatibility:
-shardkit always keeps the original parameters (as shards) and always bounds the number of
-gathered units (see `PrefetchPolicy`).
+shardkit always keeps the original parameters (as shards of their rows, plain tensors as in
+FSDP1, not DTensors) and always bounds the number of gathered units.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from shardkit.fsdp._api import (
-    BackwardPrefetch,
-    CPUOffload,
-    FullStateDictConfig,
-    MixedPrecision,
-    PrefetchPolicy,
-    ShardedStateDictConfig,
-    ShardingStrategy,
-    StateDictType,
-)
-from shardkit.fsdp._fully_shard import FSDPModule, check_type, require_process_group
+from shardkit.fsdp._clip import clip_grad_norm_
+from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._init import UnitSettings, build_unit
 from shardkit.fsdp._materialize import has_meta, materialize
-from shardkit.fsdp._optim_state_dict import optim_state_dict, optim_state_dict_to_load
-from shardkit.fsdp._state_dict import install_state_dict_hooks, state_dict_type
+from shardkit.fsdp._mesh_info import compute_device, make_mesh_info
+from shardkit.fsdp._module import (
+    apply_keeping_shards,
+    check_type,
+    require_process_group,
+    unit_of,
+)
+from shardkit.fsdp._optim_state_dict import (
+    OptimStateKeyType,
+    optim_state_dict,
+    optim_state_dict_to_load,
+    rekey_optim_state_dict,
+)
+from shardkit.fsdp._refused import refuse
+from shardkit.fsdp._state_dict import (
+    get_state_dict_type,
+    install_state_dict_hooks,
+    set_state_dict_type,
+    state_dict_type,
+)
 from shardkit.fsdp._summon import summon_full_params
-from shardkit.fsdp._topology import compute_device, make_topology
-from shardkit.fsdp.wrap import recursive_wrap
+from shardkit.fsdp.api import (  # noqa: F401 (torch's module offers these names here too)
+    BackwardPrefetch,
+    CPUOffload,
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    LocalOptimStateDictConfig,
+    LocalStateDictConfig,
+    MixedPrecision,
+    OptimStateDictConfig,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
+    ShardingStrategy,
+    StateDictConfig,
+    StateDictSettings,
+    StateDictType,
+)
+from shardkit.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, recursive_wrap  # noqa: F401
 
-__all__ = [
-    "BackwardPrefetch",
-    "CPUOffload",
-    "FullStateDictConfig",
-    "FullyShardedDataParallel",
-    "MixedPrecision",
-    "ShardedStateDictConfig",
-    "ShardingStrategy",
-    "StateDictType",
-]
+__all__ = ["FullyShardedDataParallel", "OptimStateKeyType"]
 
 logger = logging.getLogger(__name__)
 
 WRAPPED = "_fsdp_wrapped_module"
 
 
-class FullyShardedDataParallel(FSDPModule, nn.Module):
+class FullyShardedDataParallel(nn.Module):
     """Shard ``module``'s parameters over the ranks; gather them for each forward and backward.
 
     Args (all but ``module`` keyword-only; names and defaults of torch's FSDP1):
@@ -112,19 +129,22 @@ class FullyShardedDataParallel(FSDPModule, nn.Module):
         offload = CPUOffload() if cpu_offload is None else cpu_offload
         check_type("mixed_precision", mp, MixedPrecision, "MixedPrecision(torch.bfloat16)")
         check_type("cpu_offload", offload, CPUOffload, "CPUOffload(offload_params=True)")
-        topology = make_topology(
+        prefetch = Prefetch(forward=forward_prefetch, backward=backward_prefetch)
+        mesh_info = make_mesh_info(
             strategy,
             process_group=process_group,
             device_mesh=device_mesh,
             device=compute_device(device_id),
         )
         ignored_mods, ignored_params = _ignored(ignored_modules, ignored_states)
+        resharding = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         settings = UnitSettings(
-            topology=topology,
+            mesh_info=mesh_info,
             strategy=strategy,
-            mp=mp,
-            offload=offload,
-            prefetch=PrefetchPolicy(forward=forward_prefetch, backward=backward_prefetch),
+            precision=Precision.of(mp),
+            prefetch=prefetch,
+            reshard_after_forward=None if strategy in resharding else False,
+            offload=offload.offload_params,
             ignored_params=ignored_params,
             ignored_modules=ignored_mods,
             sync_module_states=sync_module_states,
@@ -184,11 +204,52 @@ class FullyShardedDataParallel(FSDPModule, nn.Module):
     def __getitem__(self, key: Any) -> Any:
         return self._fsdp_wrapped_module.__getitem__(key)  # type: ignore[operator]
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: backward inside the block keeps full local gradients (no
+        communication); the first backward after it reduces their sum. For every unit of the
+        tree."""
+        units = unit_of(self).context.units
+        previous = [unit.reduce_grads_enabled for unit in units]
+        for unit in units:
+            unit.reduce_grads_enabled = False
+        try:
+            yield
+        finally:
+            for unit, enabled in zip(units, previous):
+                unit.reduce_grads_enabled = enabled
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients by the unsharded model's total norm; returns that norm (call it on the
+        outermost wrapper, on every rank: torch's ``clip_grad_norm_`` sees only this rank's
+        plain shards, as with torch's FSDP1)."""
+        return clip_grad_norm_(self, max_norm, norm_type)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        return apply_keeping_shards(
+            self, fn, lambda: super(FullyShardedDataParallel, self)._apply(fn, recurse)
+        )
+
+    @staticmethod
+    def fsdp_modules(module: nn.Module, root_only: bool = False) -> list[FullyShardedDataParallel]:
+        """The wrappers in ``module`` (only the outermost ones with ``root_only``)."""
+        found = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
+        if root_only:
+            found = [m for m in found if unit_of(m).is_root]
+        return found
+
     # FSDP1's static methods, usable on any module with fully sharded units.
     state_dict_type = staticmethod(state_dict_type)
+    set_state_dict_type = staticmethod(set_state_dict_type)
+    get_state_dict_type = staticmethod(get_state_dict_type)
     summon_full_params = staticmethod(summon_full_params)
     optim_state_dict = staticmethod(optim_state_dict)
     optim_state_dict_to_load = staticmethod(optim_state_dict_to_load)
+    rekey_optim_state_dict = staticmethod(rekey_optim_state_dict)
+
+
+def __getattr__(name: str) -> Any:
+    raise refuse(__name__, name)
 
 
 def _one_policy(
@@ -231,7 +292,9 @@ def _auto_wrap(
 
     def wrap_fn(child: nn.Module, path: str) -> nn.Module:
         units.append(path)
-        return FullyShardedDataParallel._child(child, settings, path, init)
+        overrides = policy.overrides(child) if isinstance(policy, CustomPolicy) else None
+        own = _overridden(settings, overrides or {})
+        return FullyShardedDataParallel._child(child, own, path, init)
 
     recursive_wrap(
         module,
@@ -248,6 +311,34 @@ def _auto_wrap(
         type(module).__name__,
         ", ".join(units) or "none",
     )
+
+
+_OVERRIDABLE = ("mixed_precision", "cpu_offload", "backward_prefetch", "forward_prefetch")
+
+
+def _overridden(settings: UnitSettings, overrides: dict[str, Any]) -> UnitSettings:
+    """``settings`` with a `CustomPolicy`'s per-unit arguments."""
+    unknown = sorted(set(overrides) - set(_OVERRIDABLE))
+    if unknown:
+        raise ValueError(
+            f"CustomPolicy overrides {unknown} for a unit; shardkit takes per-unit "
+            f"{', '.join(_OVERRIDABLE)} (one process group and strategy for the whole tree)"
+        )
+    changes: dict[str, Any] = {}
+    if "mixed_precision" in overrides:
+        mp = overrides["mixed_precision"] or MixedPrecision()
+        check_type("mixed_precision", mp, MixedPrecision, "MixedPrecision(torch.bfloat16)")
+        changes["precision"] = Precision.of(mp)
+    if "cpu_offload" in overrides:
+        offload = overrides["cpu_offload"] or CPUOffload()
+        check_type("cpu_offload", offload, CPUOffload, "CPUOffload(offload_params=True)")
+        changes["offload"] = offload.offload_params
+    if "backward_prefetch" in overrides or "forward_prefetch" in overrides:
+        changes["prefetch"] = Prefetch(
+            forward=overrides.get("forward_prefetch", settings.prefetch.forward),
+            backward=overrides.get("backward_prefetch", settings.prefetch.backward),
+        )
+    return dataclasses.replace(settings, **changes)
 
 
 def _strip_prefix(module: nn.Module, sd: dict[str, Any], prefix: str, _meta: Any) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from shardkit.fsdp._init import is_managed
 
 __all__ = [
+    "CustomPolicy",
     "ModuleWrapPolicy",
     "always_wrap_policy",
     "enable_wrap",
@@ -109,6 +110,38 @@ class ModuleWrapPolicy:
     def __repr__(self) -> str:
         names = ", ".join(cls.__name__ for cls in self._module_classes)
         return f"ModuleWrapPolicy({{{names}}})"
+
+
+class CustomPolicy:
+    """``lambda_fn(module)`` says whether ``module`` becomes a unit: False (or ``{}``) no, True
+    with the outermost wrapper's arguments, a dict with those arguments overridden for this unit
+    (``mixed_precision``, ``cpu_offload``, ``backward_prefetch``, ``forward_prefetch``).
+
+    Example::
+
+        def lambda_fn(module):
+            if module is model.head:
+                return {"mixed_precision": MixedPrecision(param_dtype=torch.float32)}
+            return isinstance(module, Block)
+
+        FullyShardedDataParallel(model, auto_wrap_policy=CustomPolicy(lambda_fn))
+    """
+
+    def __init__(self, lambda_fn: Callable[[nn.Module], bool | dict[str, Any]]) -> None:
+        self._lambda_fn = lambda_fn
+
+    def overrides(self, module: nn.Module) -> dict[str, Any] | None:
+        """None: not a unit; else the arguments this unit overrides."""
+        result = self._lambda_fn(module)
+        if not isinstance(result, (bool, dict)):
+            raise ValueError(
+                f"CustomPolicy's lambda_fn must return True, False or a dict of arguments, got "
+                f"{result!r} for {type(module).__name__}"
+            )
+        return (result if isinstance(result, dict) else {}) if result else None
+
+    def __call__(self, module: nn.Module, recurse: bool, *args: Any, **kwargs: Any) -> bool:
+        return True if recurse else self.overrides(module) is not None
 
 
 def recursive_wrap(

@@ -123,3 +123,50 @@ def meta_reference(seed: int = 0) -> dict[str, torch.Tensor]:
         if list(module.parameters(recurse=False)) or list(module.buffers(recurse=False)):
             init_module(module)
     return model.state_dict()
+
+
+_MESHES: dict[tuple[int, ...], Any] = {}
+
+
+def mesh_of(shape: tuple[int, ...]) -> Any:
+    """A CPU DeviceMesh of ``shape`` (``(replicate, shard)`` names when 2-D), one per rank
+    process: creating one creates process groups, a collective."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (id(dist.group.WORLD), *shape)
+    if key not in _MESHES:
+        names = ("replicate", "shard") if len(shape) == 2 else None
+        _MESHES[key] = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    return _MESHES[key]
+
+
+def fsdp2_kwargs(
+    strategy: str, world_size: int, *, offload: bool = False, per_host: int | None = None
+) -> dict[str, Any]:
+    """``fully_shard``'s arguments (FSDP2's) for an FSDP1 strategy name: FULL_SHARD is the
+    default, SHARD_GRAD_OP keeps parameters after forward, NO_SHARD and HYBRID_SHARD are 2-D
+    meshes (replicas x shards) with shards of 1 and ``per_host`` ranks."""
+    from shardkit.fsdp import CPUOffloadPolicy
+
+    kwargs: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    if strategy == "SHARD_GRAD_OP":
+        kwargs["reshard_after_forward"] = False
+    elif strategy == "NO_SHARD":
+        kwargs["mesh"] = mesh_of((world_size, 1))
+    elif strategy == "HYBRID_SHARD":
+        per_host = per_host or world_size
+        kwargs["mesh"] = mesh_of((world_size // per_host, per_host))
+    else:
+        assert strategy == "FULL_SHARD", strategy
+    return kwargs
+
+
+def shard_blocks(model: nn.Module, **kwargs: Any) -> nn.Module:
+    """FSDP2's usual layout: every block a unit, then the model (the root unit)."""
+    from shardkit.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

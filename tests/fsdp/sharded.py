@@ -10,11 +10,10 @@ from shardkit.fsdp import (
     FullyShardedDataParallel,
     ShardingStrategy,
     StateDictType,
-    fully_shard,
     state_dict_type,
 )
 from shardkit.fsdp.wrap import ModuleWrapPolicy
-from tests.fsdp.models import OPTIMIZERS, Block, make_model
+from tests.fsdp.models import OPTIMIZERS, Block, fsdp2_kwargs, make_model, shard_blocks
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -34,12 +33,11 @@ def wrapped(strategy: str = "FULL_SHARD", seed: int = 0) -> FullyShardedDataPara
 
 def model_and_optimizer(face: str, strategy: str = "FULL_SHARD", seed: int = 0):
     """The model under the wrapper (``face="wrapper"``) or ``fully_shard`` per block and at the
-    root, with Adam over its parameters."""
+    root (FSDP2's keywords for ``strategy``), with Adam over its parameters."""
     if face == "wrapper":
         model = wrapped(strategy, seed)
     else:
-        model = make_model(seed)
-        for block in model.blocks:
-            fully_shard(block, strategy=ShardingStrategy[strategy])
-        fully_shard(model, strategy=ShardingStrategy[strategy])
+        import torch.distributed as dist
+
+        model = shard_blocks(make_model(seed), **fsdp2_kwargs(strategy, dist.get_world_size()))
     return model, OPTIMIZERS["adam"](model.parameters())

@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from shardkit.fsdp import (
+    DataParallelMeshDims,
+    FSDPModule,
     FullyShardedDataParallel,
     MixedPrecision,
-    PrefetchPolicy,
+    MixedPrecisionPolicy,
     ShardedStateDictConfig,
     ShardingStrategy,
     StateDictType,
@@ -24,6 +26,7 @@ from shardkit.fsdp import (
     state_dict_type,
     summon_full_params,
 )
+from shardkit.fsdp._config import Prefetch
 from shardkit.fsdp.wrap import ModuleWrapPolicy, lambda_auto_wrap_policy
 from shardkit.launch import spawn
 from tests.fsdp.models import Block, batches, local, loss_fn, make_model
@@ -62,9 +65,21 @@ def test_policy_dataclasses_check_themselves():
     ):
         MixedPrecision(reduce_dtype="bf16")
     with pytest.raises(
-        TypeError, match=r"PrefetchPolicy\.backward must be a BackwardPrefetch or None, got 'pre'"
+        TypeError, match=r"backward_prefetch must be a BackwardPrefetch or None, got 'pre'"
     ):
-        PrefetchPolicy(backward="pre")
+        Prefetch(backward="pre")
+    with pytest.raises(
+        ValueError,
+        match=r"MixedPrecisionPolicy\.output_dtype must be a floating torch\.dtype or None, got "
+        r"torch\.int8; use e\.g\. torch\.bfloat16",
+    ):
+        MixedPrecisionPolicy(output_dtype=torch.int8)
+    with pytest.raises(
+        ValueError, match=r"MixedPrecision\(keep_low_precision_grads=True\) is not offered"
+    ):
+        MixedPrecision(keep_low_precision_grads=True)
+    with pytest.raises(ValueError, match=r"DataParallelMeshDims needs shard or replicate"):
+        DataParallelMeshDims()
     with pytest.raises(
         TypeError, match=r"ModuleWrapPolicy takes nn\.Module subclasses, got <class 'int'>"
     ):
@@ -195,11 +210,8 @@ def _argument_errors(rank, ws):
             process_group=torch.distributed.group.WORLD,
         ),
         "mesh_2d": lambda: FSDP(nn.Linear(2, 2), device_mesh=init_device_mesh("cpu", (1, ws))),
-        "mesh_1d_hybrid": lambda: fully_shard(
-            nn.Linear(2, 2),
-            strategy=ShardingStrategy.HYBRID_SHARD,
-            mesh=init_device_mesh("cpu", (ws,)),
-        ),
+        "mesh_3d": lambda: fully_shard(nn.Linear(2, 2), mesh=init_device_mesh("cpu", (1, 1, ws))),
+        "mesh_type": lambda: fully_shard(nn.Linear(2, 2), mesh="cpu"),
         "mp_type": lambda: FSDP(nn.Linear(2, 2), mixed_precision=torch.bfloat16),
         "offload_type": lambda: fully_shard(nn.Linear(2, 2), offload_policy=True),
         "ignored_type": lambda: FSDP(nn.Linear(2, 2), ignored_states=["weight"]),
@@ -228,9 +240,10 @@ EXPECTED = {
     "tuple_group": r"process_group is a tuple \(intra-host, inter-host\) but sharding_strategy is FULL_SHARD; a tuple is for HYBRID_SHARD only, pass one ProcessGroup",
     "single_group_hybrid": r"HYBRID_SHARD with a single process_group is ambiguous: pass process_group=\(intra_host_group, inter_host_group\), a 2-D device_mesh, or neither",
     "mesh_2d": r"device_mesh has 2 dimensions but FULL_SHARD needs a 1-D mesh; a 2-D \(replicate, shard\) mesh is for HYBRID_SHARD",
-    "mesh_1d_hybrid": r"HYBRID_SHARD needs a 2-D device_mesh \(replicate, shard\), got 1 dimension\(s\)",
+    "mesh_3d": r"fully_shard's mesh must be a 1-D DeviceMesh \(shard\) or a 2-D one \(replicate, shard\), got a 3-D DeviceMesh; e\.g\. init_device_mesh\('cpu', \(world_size,\)\)",
+    "mesh_type": r"fully_shard's mesh must be a 1-D DeviceMesh \(shard\) or a 2-D one \(replicate, shard\), got 'cpu'",
     "mp_type": r"mixed_precision must be a shardkit\.fsdp\.MixedPrecision, got torch\.bfloat16",
-    "offload_type": r"offload_policy must be a shardkit\.fsdp\.CPUOffload, got True; use e\.g\. CPUOffload\(offload_params=True\)",
+    "offload_type": r"offload_policy must be a shardkit\.fsdp\.OffloadPolicy, got True; use e\.g\. CPUOffloadPolicy\(\)",
     "ignored_type": r"ignored_states takes parameters or modules, got str",
     "not_a_module": r"FullyShardedDataParallel wraps an nn\.Module, got <class 'str'>",
     "meta_no_reset": r"MetaNoReset has parameters or buffers \['w'\] on the meta device and no reset_parameters\(\) to initialise them; pass param_init_fn=",
@@ -282,7 +295,7 @@ def _usage_errors(rank, ws):
         meta = nn.Sequential(nn.Linear(2, 2))
     fully_shard(meta)
     out["meta_forward"] = _message(lambda: meta(torch.zeros(1, 2)))
-    out["materialize"] = _message(lambda: FSDP.__mro__[1].materialize(nn.Linear(2, 2)))
+    out["materialize"] = _message(lambda: FSDPModule.materialize(nn.Linear(2, 2)))
     return out
 
 

@@ -420,16 +420,71 @@ def test_structural_decisions_are_logged(run_ranks):
     ), lines
 
 
-def _unshard_reshard(rank, ws):
+def _checkpoint_wrapped(rank, ws, face):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    from shardkit.fsdp import optim_state_dict
+
     model = make_model()
-    fully_shard(model)
-    model.unshard()
-    gathered = tuple(model.head.weight.shape)
-    model.reshard()
-    return gathered, tuple(model.head.weight.shape)
+    if face == "fully_shard":  # torchtitan's order: checkpointing first, then fully_shard
+        model.blocks = nn.Sequential(*[checkpoint_wrapper(block) for block in model.blocks])
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    else:  # FSDP1's order: wrap, then checkpoint the wrapped blocks
+        model = _wrapped()
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
+    optimizer = OPTIMIZERS["sgd"](model.parameters())
+    recomputed = []
+    model.blocks[0].up.register_forward_hook(lambda *_: recomputed.append(1))
+    for batch in batches(ws):
+        optimizer.zero_grad()
+        loss_fn(model, *local(batch, rank, ws)).backward()
+        optimizer.step()
+    names = sorted(optim_state_dict(model, optimizer)["state"])
+    return len(recomputed), list(model.state_dict()), names, full_state(model)
 
 
-def test_unshard_and_reshard_by_hand(run_ranks):
-    for rank, (gathered, sharded) in enumerate(run_ranks(_unshard_reshard, 2)):
-        assert gathered == (3, 7)
-        assert sharded == ((2, 7) if rank == 0 else (1, 7))
+@pytest.mark.parametrize("face", ["fully_shard", "wrapper"])
+def test_checkpoint_wrapper_per_block(run_ranks, face):
+    """Activation checkpointing per block (torch's checkpoint_wrapper): the forward of each block
+    runs again in backward, training equals the unsharded model, and state dict keys and
+    optimizer state names are the unsharded model's."""
+    want = reference(2, "sgd")
+    for recomputed, keys, names, state in run_ranks(_checkpoint_wrapped, 2, face):
+        assert recomputed == 2 * 3  # forward and recomputation, 3 steps
+        assert keys == list(want)
+        assert names == sorted(n for n, p in make_model().named_parameters() if p.requires_grad)
+        assert_state_equal(state, want)
+
+
+def _custom_policy(rank, ws):
+    from shardkit.fsdp import MixedPrecision
+    from shardkit.fsdp.wrap import CustomPolicy
+
+    low = MixedPrecision(param_dtype=torch.bfloat16)
+
+    def per_unit(module):
+        if module is model.blocks[1]:
+            return {"mixed_precision": low}
+        return isinstance(module, Block)
+
+    model = make_model()
+    wrapped = FSDP(model, auto_wrap_policy=CustomPolicy(per_unit))
+    dtypes = [get_state(b).config.precision.param_dtype for b in wrapped.blocks]
+    try:
+        FSDP(make_model(), auto_wrap_policy=CustomPolicy(lambda m: {"sharding_strategy": None}))
+    except ValueError as exc:
+        return dtypes, str(exc)
+
+
+def test_custom_policy_overrides_per_unit(run_ranks):
+    dtypes, message = run_ranks(_custom_policy, 2)[0]
+    assert dtypes == [None, torch.bfloat16]
+    assert message.startswith(
+        "CustomPolicy overrides ['sharding_strategy'] for a unit; shardkit takes per-unit "
+        "mixed_precision, cpu_offload, backward_prefetch, forward_prefetch"
+    )

@@ -191,3 +191,112 @@ def test_full_optimizer_state_dict_round_trip(run_ranks):
     assert optim_states["param_groups"][0]["params"] == names
     for got in run_ranks(_load_full_optim, 3, states, optim_states):
         assert_state_equal(got, _continued_reference(2, 3))
+
+
+# ---- local state dicts, settings, re-keying ------------------------------------------------------
+
+
+def _local_round_trip(rank, ws):
+    from shardkit.fsdp import (
+        LocalOptimStateDictConfig,
+        LocalStateDictConfig,
+        OptimStateKeyType,
+        StateDictSettings,
+    )
+
+    model, optimizer = model_and_optimizer("wrapper")
+    train(model, optimizer, batches(ws), rank, ws)
+    previous = FSDP.set_state_dict_type(model, StateDictType.LOCAL_STATE_DICT)
+    settings = FSDP.get_state_dict_type(model)
+    states = {k: v.clone() for k, v in model.state_dict().items()}
+    optim_states = optim_state_dict(model, optimizer)
+    fresh, fresh_optimizer = model_and_optimizer("wrapper", seed=7)
+    train(fresh, fresh_optimizer, batches(ws, steps=1), rank, ws)
+    FSDP.set_state_dict_type(fresh, StateDictType.LOCAL_STATE_DICT)
+    fresh.load_state_dict(states)
+    fresh_optimizer.load_state_dict(optim_state_dict_to_load(fresh, fresh_optimizer, optim_states))
+    FSDP.set_state_dict_type(fresh, StateDictType.FULL_STATE_DICT)
+    train(fresh, fresh_optimizer, batches(ws, steps=2, seed=5), rank, ws)
+    by_id = FSDP.rekey_optim_state_dict(
+        optim_states, OptimStateKeyType.PARAM_ID, model, optim=optimizer
+    )
+    by_name = FSDP.rekey_optim_state_dict(by_id, OptimStateKeyType.PARAM_NAME, model)
+    return {
+        "previous": previous.state_dict_type,
+        "settings": settings
+        == StateDictSettings(
+            StateDictType.LOCAL_STATE_DICT, LocalStateDictConfig(), LocalOptimStateDictConfig()
+        ),
+        "shapes": {k: tuple(v.shape) for k, v in states.items()},
+        "rekeyed": by_id["state"].keys() == optimizer.state_dict()["state"].keys()
+        and by_id["param_groups"][0]["params"]
+        == optimizer.state_dict()["param_groups"][0]["params"]
+        and by_name["state"].keys() == optim_states["state"].keys(),
+        "trained": full_state(fresh),
+    }
+
+
+def test_local_state_dict_round_trip_and_settings(run_ranks):
+    for rank, out in enumerate(run_ranks(_local_round_trip, 3)):
+        assert out["previous"] is StateDictType.FULL_STATE_DICT and out["settings"]
+        # this rank's rows, as plain tensors: 11 rows over 3 ranks are 4, 4, 3
+        assert out["shapes"]["blocks.0.up.weight"] == ((4, 7) if rank < 2 else (3, 7))
+        assert out["rekeyed"]
+        assert_state_equal(out["trained"], _continued_reference(3, 3))
+
+
+def test_state_dict_config_must_match_the_type():
+    from shardkit.fsdp import LocalStateDictConfig
+
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"LocalStateDictConfig does not go with SHARDED_STATE_DICT; use "
+            r"ShardedStateDictConfig and ShardedOptimStateDictConfig with SHARDED_STATE_DICT",
+        ),
+        state_dict_type(torch.nn.Linear(2, 2), SHARDED, LocalStateDictConfig()),
+    ):
+        pass
+
+
+# ---- FSDP2: torch's own state dicts -------------------------------------------------------------
+
+
+def _plain_dcp(rank, ws, path, save):
+    """``model.state_dict()`` and ``optimizer.state_dict()`` as they are (DTensors), through DCP."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor
+
+    model, optimizer = model_and_optimizer("fully_shard", seed=0 if save else 7)
+    if save:
+        train(model, optimizer, batches(ws), rank, ws)
+        osd = optimizer.state_dict()
+        index = [name for name, _ in model.named_parameters()].index("embed.bias")
+        entry = osd["state"][index]
+        layout = (
+            type(entry["exp_avg"]) is DTensor,
+            tuple(entry["exp_avg"].shape),
+            type(entry["step"]),
+        )
+        dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=path)
+        return layout, full_state(model)
+    train(model, optimizer, batches(ws, steps=1), rank, ws)  # state exists, then is replaced
+    states = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    dcp.load(states, checkpoint_id=path)
+    model.load_state_dict(states["model"])
+    optimizer.load_state_dict(states["optim"])
+    steps = {float(entry["step"]) for entry in optimizer.state.values()}
+    loaded = full_state(model)
+    train(model, optimizer, batches(ws, steps=2, seed=5), rank, ws)
+    return steps, loaded, full_state(model)
+
+
+def test_fsdp2_plain_state_dicts_through_dcp_on_another_world_size(run_ranks, tmp_path):
+    path = str(tmp_path / "checkpoint")
+    (layout, saved), *_ = run_ranks(_plain_dcp, 2, path, True)
+    assert layout == (True, (7,), torch.Tensor)  # embed.bias's Adam moment: a global DTensor
+    assert_state_equal(saved, reference(2, "adam"))
+    for steps, loaded, trained in run_ranks(_plain_dcp, 3, path, False):
+        assert steps == {3.0}  # the step counters came back
+        assert_state_equal(loaded, saved)
+        assert_state_equal(trained, _continued_reference(2, 3))

@@ -4,7 +4,9 @@ Each rank builds the same model from a seed, wraps it, trains ``STEPS`` steps on
 global batch (mean loss, so the average of the ranks' gradients is the global gradient) and returns
 the full state dict; the parent trains the unsharded model on the global batches in one process
 and compares parameters and buffers (float32, atol 1e-5, rtol 1e-4; see `models.TOL`). Sizes do
-not divide by the world size, the root unit mixes frozen, 0-dim and trainable parameters.
+not divide by the world size, the root unit mixes frozen, 0-dim and trainable parameters. Every
+strategy runs with SGD, whose update is proportional to the gradient (Adam's is not: a gradient
+summed instead of averaged over ranks would go unnoticed), and with Adam.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from shardkit.fsdp import (
     CPUOffload,
     FullyShardedDataParallel,
     MixedPrecision,
+    MixedPrecisionPolicy,
     ShardingStrategy,
     fully_shard,
 )
@@ -29,9 +32,12 @@ from tests.fsdp.models import (
     Block,
     assert_state_equal,
     batches,
+    fsdp2_kwargs,
+    local,
     loss_fn,
     make_model,
     reference,
+    shard_blocks,
     train,
 )
 from tests.fsdp.sharded import full_state
@@ -55,20 +61,15 @@ def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
     return full_state(model)
 
 
-def _train_fully_shard(rank, ws, strategy, optimizer, offload=False):
-    model = make_model()
-    kwargs = {
-        "strategy": ShardingStrategy[strategy],
-        "offload_policy": CPUOffload(offload_params=offload),
-    }
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+def _train_fully_shard(rank, ws, strategy, optimizer, offload=False, per_host=None):
+    model = shard_blocks(
+        make_model(), **fsdp2_kwargs(strategy, ws, offload=offload, per_host=per_host)
+    )
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
     return full_state(model)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adadelta"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("wrap", ["none", "size"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
@@ -79,16 +80,36 @@ def test_wrapper_matches_single_process(run_ranks, ws, strategy, wrap, optimizer
         assert_state_equal(got, want)
 
 
+def test_seed_optimizer_adadelta_matches_single_process(run_ranks):
+    for got in run_ranks(_train_wrapper, 3, "FULL_SHARD", "size", "adadelta"):
+        assert_state_equal(got, reference(3, "adadelta"))
+    for got in run_ranks(_train_fully_shard, 2, "FULL_SHARD", "adadelta"):
+        assert_state_equal(got, reference(2, "adadelta"))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("wrap", ["none", "blocks"])
 @pytest.mark.parametrize(("ws", "per_host"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
-def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap):
-    results = run_ranks(_train_wrapper, ws, "HYBRID_SHARD", wrap, "adam", local_world_size=per_host)
-    want = reference(ws, "adam")
+def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap, optimizer):
+    results = run_ranks(
+        _train_wrapper, ws, "HYBRID_SHARD", wrap, optimizer, local_world_size=per_host
+    )
+    want = reference(ws, optimizer)
     for got in results:
         assert_state_equal(got, want)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adadelta"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_hybrid_shard_zero2_matches_single_process(run_ranks, optimizer):
+    results = run_ranks(
+        _train_wrapper, 4, "_HYBRID_SHARD_ZERO2", "blocks", optimizer, local_world_size=2
+    )
+    want = reference(4, optimizer)
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
 def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer):
@@ -98,12 +119,22 @@ def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer):
         assert_state_equal(got, want)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize(("ws", "per_host"), [(2, 1), (2, 2), (4, 2)])
+def test_fully_shard_hybrid_mesh_matches_single_process(run_ranks, ws, per_host, optimizer):
+    """A 2-D (replicate, shard) mesh: FSDP2's HSDP."""
+    results = run_ranks(_train_fully_shard, ws, "HYBRID_SHARD", optimizer, False, per_host)
+    want = reference(ws, optimizer)
+    for got in results:
+        assert_state_equal(got, want)
+
+
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
 def test_cpu_offload_matches_single_process(run_ranks, ws, strategy):
     results = run_ranks(_train_wrapper, ws, strategy, "blocks", "adam", True)
-    results += run_ranks(_train_fully_shard, ws, strategy, "adadelta", True)
-    for got, optimizer in zip(results, ["adam"] * ws + ["adadelta"] * ws):
+    results += run_ranks(_train_fully_shard, ws, strategy, "sgd", True)
+    for got, optimizer in zip(results, ["adam"] * ws + ["sgd"] * ws):
         assert_state_equal(got, reference(ws, optimizer))
 
 
@@ -187,10 +218,7 @@ def test_buffer_dtype_is_used_in_forward_and_saved_in_the_original_dtype(run_ran
 def _train_fsdp2_style(rank, ws, kwargs, optimizer, reshards=None):
     from shardkit.fsdp._state import get_state
 
-    model = make_model()
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    model = shard_blocks(make_model(), **kwargs)
     if reshards is not None:
         assert get_state(model.blocks[0]).config.reshard_after_forward is reshards
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
@@ -208,8 +236,6 @@ def test_fsdp2_keywords_train_like_single_process(run_ranks, reshard):
 
 
 def test_fsdp2_mixed_precision_policy_matches_emulation(run_ranks):
-    from shardkit.fsdp import MixedPrecisionPolicy
-
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     results = run_ranks(_train_fsdp2_style, 2, {"mp_policy": policy}, "sgd")
     want = _mixed_reference(
@@ -220,17 +246,19 @@ def test_fsdp2_mixed_precision_policy_matches_emulation(run_ranks):
 
 
 def _fsdp2_errors(rank, ws):
-    from shardkit.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import Shard
+
+    from shardkit.fsdp import DataParallelMeshDims
 
     found = []
-    for kwargs in (
-        {"reshard_after_forward": 2},
-        {"reshard_after_forward": True, "strategy": ShardingStrategy.NO_SHARD},
-        {"reshard_after_forward": False, "strategy": ShardingStrategy.FULL_SHARD},
-        {"mp_policy": MixedPrecisionPolicy(output_dtype=torch.bfloat16)},
+    for module, kwargs in (
+        (make_model(), {"reshard_after_forward": 2}),
+        ([make_model(), make_model()], {}),
+        (make_model(), {"dp_mesh_dims": DataParallelMeshDims(shard="dp")}),
+        (make_model(), {"shard_placement_fn": lambda param: Shard(1) if param.dim() > 1 else None}),
     ):
         try:
-            fully_shard(make_model(), **kwargs)
+            fully_shard(module, **kwargs)
         except ValueError as exc:
             found.append(str(exc))
     return found
@@ -238,26 +266,59 @@ def _fsdp2_errors(rank, ws):
 
 def test_fsdp2_arguments_shardkit_lacks_are_refused(run_ranks):
     messages = run_ranks(_fsdp2_errors, 1)[0]
-    assert len(messages) == 4
-    assert "reshard_after_forward=2" in messages[0] and "True (FULL_SHARD)" in messages[0]
-    assert "disagree" in messages[1] and "disagree" in messages[2]
-    assert "output_dtype" in messages[3]
+    assert messages == [
+        "reshard_after_forward=2: shardkit takes True, False or None; resharding to a smaller "
+        "group after forward (an int) is not offered",
+        "fully_shard got a list of 2 modules; shardkit shards one module per call: give the "
+        "modules a common parent and shard that, or shard each one",
+        "dp_mesh_dims=DataParallelMeshDims(shard='dp', replicate=None): shardkit's fully_shard "
+        "shards plain parameters on a data-parallel mesh; pass that mesh (1-D, or 2-D replicate "
+        "x shard) as mesh=",
+        "shard_placement_fn gave Shard(dim=1) for parameter 'embed.weight'; shardkit shards "
+        "every parameter along dim 0: return None or Shard(0)",
+    ]
 
 
-def _train_on_2d_mesh(rank, ws):
-    from torch.distributed.device_mesh import init_device_mesh
+def _dtensor_layout(rank, ws, strategy, per_host):
+    model = shard_blocks(make_model(), **fsdp2_kwargs(strategy, ws, per_host=per_host))
+    loss_fn(model, *local(batches(ws)[0], rank, ws)).backward()
+    out = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        out[name] = (
+            type(param).__name__,
+            tuple(param.shape),
+            [str(p) for p in param.placements],
+            tuple(param.to_local().shape),
+            None if grad is None else (type(grad).__name__, [str(p) for p in grad.placements]),
+        )
+    return out
 
-    mesh = init_device_mesh("cpu", (2, ws // 2), mesh_dim_names=("replicate", "shard"))
-    model = make_model()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)  # FSDP2's HSDP: the strategy follows the mesh
-    fully_shard(model, mesh=mesh)
-    rows = model.blocks[0].up.weight.shape[0]  # 11 rows split 2 ways (hybrid), not 4 ways
-    assert rows in (5, 6), rows
-    train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
-    return full_state(model)
 
-
-def test_fsdp2_two_dimensional_mesh_is_hybrid_sharding(run_ranks):
-    for got in run_ranks(_train_on_2d_mesh, 4, local_world_size=2):
-        assert_state_equal(got, reference(4, "adam"))
+@pytest.mark.parametrize(
+    ("strategy", "ws", "per_host", "placements", "rows"),
+    [
+        ("FULL_SHARD", 3, None, ["S(0)"], (4, 4, 3)),
+        ("HYBRID_SHARD", 4, 2, ["R", "S(0)"], (6, 5, 6, 5)),
+        ("NO_SHARD", 2, None, ["R", "R"], (11, 11)),
+    ],
+)
+def test_fully_shard_parameters_and_gradients_are_dtensors(
+    run_ranks, strategy, ws, per_host, placements, rows
+):
+    """FSDP2's layout: global shapes, Shard(0) (Replicate, Shard(0) on a 2-D mesh), this rank's
+    rows locally; 0-dim parameters replicated; the gradient is a DTensor laid out alike."""
+    results = run_ranks(_dtensor_layout, ws, strategy, per_host, local_world_size=per_host)
+    full = make_model().state_dict()
+    for rank, layout in enumerate(results):
+        kind, shape, kinds, local_shape, grad = layout["blocks.0.up.weight"]
+        assert (kind, shape, kinds) == ("DTensor", (11, 7), placements)
+        assert local_shape == (rows[rank], 7)
+        assert grad == ("DTensor", placements)
+        kind, shape, kinds, local_shape, grad = layout["scale"]
+        assert (shape, local_shape, set(kinds)) == ((), (), {"R"})
+        assert grad is not None and grad[0] == "DTensor"
+        assert layout["frozen"][4] is None  # frozen: no gradient
+        assert {name: entry[1] for name, entry in layout.items()} == {
+            name: tuple(value.shape) for name, value in full.items() if name != "offset"
+        }

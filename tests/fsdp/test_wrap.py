@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch.nn.functional as F
 from torch import nn
 
@@ -133,4 +134,23 @@ def test_seed_import_paths():
         "SHARD_GRAD_OP",
         "NO_SHARD",
         "HYBRID_SHARD",
+        "_HYBRID_SHARD_ZERO2",
     }
+
+
+def test_custom_policy():
+    from shardkit.fsdp.wrap import CustomPolicy
+
+    def model():
+        return nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Sequential(nn.Linear(2, 2)))
+
+    policy = CustomPolicy(lambda m: {"forward_prefetch": True} if isinstance(m, nn.ReLU) else False)
+    assert _units(model(), policy) == ["1"]
+    assert policy.overrides(nn.ReLU()) == {"forward_prefetch": True}
+    assert _units(model(), CustomPolicy(lambda m: isinstance(m, nn.Linear))) == ["0", "2.0"]
+    bad = CustomPolicy(lambda m: "yes")
+    with pytest.raises(
+        ValueError,
+        match=r"CustomPolicy's lambda_fn must return True, False or a dict of arguments, got 'yes' for Linear",
+    ):
+        _units(model(), bad)

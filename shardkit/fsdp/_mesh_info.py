@@ -15,6 +15,11 @@ HYBRID_SHARD   the ranks of one host       same local rank, all hosts
 
 Gradients are averaged over the shard group (reduce-scatter) and then over the replicate group
 (all-reduce), which is the average over all ranks because the groups are equal in size.
+
+``fully_shard`` takes FSDP2's DeviceMesh instead: a 1-D mesh is the shard group (FULL_SHARD, or
+SHARD_GRAD_OP with ``reshard_after_forward=False``); a 2-D mesh ``(replicate, shard)`` gives the
+replicate group (dim 0) and the shard group (dim 1), HYBRID_SHARD. Its parameters are DTensors on
+that mesh with placements ``(Shard(0),)`` or ``(Replicate(), Shard(0))``.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm, launch
-from shardkit.fsdp._api import ShardingStrategy
+from shardkit.fsdp.api import ShardingStrategy
 
-__all__ = ["Topology", "compute_device", "make_topology"]
+__all__ = ["MeshInfo", "compute_device", "default_mesh", "make_mesh_info", "mesh_info_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +47,24 @@ _HOST_GROUPS: dict[tuple[int, int, int], tuple[Group, Group]] = {}
 
 
 @dataclass(frozen=True, eq=False)
-class Topology:
-    """The groups of one unit, and the device it computes on. See [Note: strategies as groups].
+class MeshInfo:
+    """A unit's groups, mesh and compute device (FSDP2 calls it FSDPMeshInfo; not the planner's
+    Topology). See [Note: strategies as groups].
 
     Args:
         world_group: every rank of the job (for agreement checks).
         shard_group: ranks that split each parameter; None when each rank holds whole ones.
         replicate_group: ranks that hold the same shard; None when there are no copies.
         device: where gathered parameters and the computation live.
+        mesh: the DeviceMesh of the unit's DTensors (given to ``fully_shard``; the wrapper's is
+            built from the groups when a sharded state dict first needs it).
     """
 
     world_group: Group
     shard_group: Group | None
     replicate_group: Group | None
     device: torch.device
+    mesh: Any = None
 
     @property
     def shard_size(self) -> int:
@@ -76,6 +85,10 @@ class Topology:
         from torch.distributed.tensor import Replicate, Shard
 
         device_type = self.device.type
+        if self.mesh is not None:
+            if self.mesh.ndim == 2:
+                return self.mesh, (Replicate(), Shard(0))
+            return self.mesh, (Shard(0),)
         if self.shard_group is not None and self.replicate_group is not None:
             layout = _hybrid_layout(self)
             mesh = DeviceMesh.from_group(
@@ -91,23 +104,27 @@ class Topology:
         return DeviceMesh.from_group(group, device_type), (Replicate(),)
 
 
-def _hybrid_layout(topology: Topology) -> torch.Tensor:
+def _hybrid_layout(mesh_info: MeshInfo) -> torch.Tensor:
     """``[replicas, shards]`` global ranks: entry ``[i, j]`` holds shard ``j`` of replica ``i``."""
-    mine = (dist.get_rank(topology.replicate_group), topology.shard_rank, dist.get_rank())
-    everyone = comm.all_gather_object(mine, group=topology.world_group)
-    layout = torch.empty(topology.replicate_size, topology.shard_size, dtype=torch.int)
+    mine = (dist.get_rank(mesh_info.replicate_group), mesh_info.shard_rank, dist.get_rank())
+    everyone = comm.all_gather_object(mine, group=mesh_info.world_group)
+    layout = torch.empty(mesh_info.replicate_size, mesh_info.shard_size, dtype=torch.int)
     for replica, shard, rank in everyone:
         layout[replica, shard] = rank
     return layout
 
 
-def compute_device(device_id: int | torch.device | None = None) -> torch.device:
-    """The device units compute on: ``device_id``, else the rank's device from shardkit.launch,
-    else the current GPU under NCCL, else the CPU."""
+def compute_device(device_id: int | str | torch.device | None = None) -> torch.device:
+    """The device units compute on: ``device_id`` (an index is a GPU; a device type such as a
+    mesh's ``"cuda"`` means the current one), else the rank's device from shardkit.launch, else
+    the current GPU under NCCL, else the CPU."""
+    if isinstance(device_id, int):
+        return torch.device("cuda", device_id)
     if device_id is not None:
-        if isinstance(device_id, int):
-            return torch.device("cuda", device_id)
-        return torch.device(device_id)
+        device = torch.device(device_id)
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
     if launch.is_initialized():
         return launch.current().device
     if dist.get_backend() == "nccl":
@@ -115,13 +132,45 @@ def compute_device(device_id: int | torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def make_topology(
+_DEFAULT_MESHES: dict[tuple[int, str], Any] = {}
+
+
+def default_mesh(device_type: str) -> Any:
+    """A 1-D mesh of every rank (FSDP2's default), one per process group and device type."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    key = (id(dist.group.WORLD), device_type)
+    if key not in _DEFAULT_MESHES:
+        _DEFAULT_MESHES[key] = DeviceMesh.from_group(dist.group.WORLD, device_type)
+    return _DEFAULT_MESHES[key]
+
+
+def mesh_info_of(mesh: Any) -> MeshInfo:
+    """The groups of FSDP2's mesh: 1-D shards, 2-D (replicate, shard) shards and replicates."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
+        what = f"a {mesh.ndim}-D DeviceMesh" if isinstance(mesh, DeviceMesh) else repr(mesh)
+        raise ValueError(
+            f"fully_shard's mesh must be a 1-D DeviceMesh (shard) or a 2-D one (replicate, "
+            f"shard), got {what}; e.g. init_device_mesh('cpu', (world_size,))"
+        )
+    device = compute_device(mesh.device_type)
+    if mesh.ndim == 1:
+        group = mesh.get_group()
+        return MeshInfo(group, group, None, device, mesh)
+    whole = mesh.size() == dist.get_world_size()
+    world = dist.group.WORLD if whole else mesh._flatten().get_group()
+    return MeshInfo(world, mesh.get_group(1), mesh.get_group(0), device, mesh)
+
+
+def make_mesh_info(
     strategy: ShardingStrategy,
     *,
     process_group: Group | tuple[Group, Group] | None = None,
     device_mesh: Any = None,
     device: torch.device,
-) -> Topology:
+) -> MeshInfo:
     """Groups for ``strategy`` from an explicit group, a DeviceMesh, or the default group."""
     if not isinstance(strategy, ShardingStrategy):
         raise TypeError(
@@ -129,14 +178,14 @@ def make_topology(
             "use e.g. ShardingStrategy.FULL_SHARD"
         )
     world = dist.group.WORLD
-    if strategy is ShardingStrategy.HYBRID_SHARD:
+    if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         shard, replicate = _hybrid_groups(process_group, device_mesh)
-        return Topology(world, shard, replicate, device)
+        return MeshInfo(world, shard, replicate, device)
     group = _flat_group(strategy, process_group, device_mesh)
     if strategy is ShardingStrategy.NO_SHARD:
         replicate = group if dist.get_world_size(group) > 1 else None
-        return Topology(group, None, replicate, device)
-    return Topology(group, group, None, device)
+        return MeshInfo(group, None, replicate, device)
+    return MeshInfo(group, group, None, device)
 
 
 def _flat_group(strategy: ShardingStrategy, process_group: Any, device_mesh: Any) -> Group:
