@@ -114,7 +114,8 @@ def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
     weights = kjt.weights_or_none()
     weights = None if weights is None else weights[lo:hi]
     if any(features.mean_per_key):
-        mean = torch.tensor(features.mean_per_key, device=lengths.device).repeat_interleave(stride)
+        mean = _to_device(features.mean_per_key, torch.bool, lengths.device)
+        mean = mean.repeat_interleave(stride)
         weights = mean_as_weights(lengths, weights, num_ids=hi - lo, mean=mean)
     return GroupInput(ids, offsets, lengths, weights, length_per_key)
 
@@ -138,12 +139,23 @@ def kernel_input(
         ``ids`` ``[N]`` shifted to rows of the stack, and bag boundaries ``[num_bags + 1]``.
     """
     if any(row_bases):
-        bases = torch.tensor(row_bases, dtype=torch.int64, device=ids.device)
-        counts = torch.as_tensor(ids_per_segment, device=ids.device)
+        bases = _to_device(row_bases, torch.int64, ids.device)
+        counts = (
+            ids_per_segment
+            if isinstance(ids_per_segment, torch.Tensor)
+            else _to_device(ids_per_segment, torch.int64, ids.device)
+        )
         ids = ids + torch.repeat_interleave(bases, counts, output_size=ids.numel())
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return ids, offsets
+
+
+def _to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on ``device``. ``non_blocking``: from host memory a GPU copy need not
+    wait for the kernels already queued (a blocking one would), and the list is staged before
+    the call returns, so it is safe."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def mean_as_weights(
@@ -177,8 +189,8 @@ def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
     values = kjt.values()
     if values.numel() == 0:
         return
-    limits = torch.tensor(plan.num_embeddings_per_key, device=values.device)
-    length_per_key = torch.tensor(kjt.length_per_key(), device=values.device)
+    limits = _to_device(plan.num_embeddings_per_key, torch.int64, values.device)
+    length_per_key = _to_device(kjt.length_per_key(), torch.int64, values.device)
     limit = torch.repeat_interleave(limits, length_per_key, output_size=values.numel())
     bad = (values < 0) | (values >= limit)
     if not bool(bad.any()):

@@ -20,6 +20,7 @@ from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
+from tests.devices import DEVICE_TIER
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 KINDS = [
@@ -35,14 +36,16 @@ LOCAL_BATCH = 3
 STEPS = 3
 
 
-def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size):
+def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, device=None):
+    """The sharded module on ``device`` (default CPU), the unsharded reference on the CPU."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1, "eps": 1e-8}
     ebc = EmbeddingBagCollection(tables=configs(pooling), is_weighted=weighted, fused_params=fused)
     reference = copy.deepcopy(ebc)
     plan = make_plan(ebc, kind, world_size, local_size)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    sharded = ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=local_size)
+    sharded = ShardedEmbeddingBagCollection(ebc, plan, env, device, local_world_size=local_size)
     dense = [
         p
         for name, p in sharded.named_parameters()
@@ -54,11 +57,11 @@ def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size):
         size = LOCAL_BATCH * world_size
         kjt = global_batch(step, size, weighted)
         scale = torch.rand(size, 23, generator=torch.Generator().manual_seed(100 + step))
-        out = sharded(local_part(kjt, rank, world_size))
+        out = sharded(local_part(kjt, rank, world_size).to(device))
         if step == 0:
             expected = reference(kjt).values()[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
-            worst = max(worst, (out.values() - expected).abs().max().item())
-        mine = scale[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
+            worst = max(worst, (out.values().cpu() - expected).abs().max().item())
+        mine = scale[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH].to(device)
         (out.values() * mine).sum(1).mean().backward()
         for p in dense:
             if p.grad is not None:
@@ -81,10 +84,11 @@ def _max_table_diff(sharded, reference) -> float:
                     shard.col_start : shard.col_start + shard.cols,
                 ]
                 worst = max(
-                    worst, (param.detach() - block).abs().max().item() if block.numel() else 0.0
+                    worst,
+                    (param.detach().cpu() - block).abs().max().item() if block.numel() else 0.0,
                 )
         else:
-            worst = max(worst, (table.weight.detach() - full).abs().max().item())
+            worst = max(worst, (table.weight.detach().cpu() - full).abs().max().item())
     return worst
 
 
@@ -117,6 +121,18 @@ def test_every_sharding_type_matches_unsharded(run_ranks, kind, world_size, pool
     optimizer = _optimizer_for(kind)
     local = world_size
     _check(run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local))
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("kind", [*KINDS[:-1], "grid_shard"])
+def test_every_sharding_type_on_a_device(run_ranks, kind, device):
+    """Forward, backward and the fused update of every sharding type, with the shards on a
+    device that is not the CPU (see tests/devices.py), against the unsharded module on the CPU."""
+    optimizer = _optimizer_for(kind)
+    results = run_ranks(
+        _train, 4, kind, PoolingType.MEAN, True, optimizer, 2, local_world_size=2, device=device
+    )
+    _check(results)
 
 
 @pytest.mark.parametrize("optimizer", list(EmbOptimType))

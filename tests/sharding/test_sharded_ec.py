@@ -13,6 +13,7 @@ from shardkit import EmbeddingCollection, EmbeddingConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingCollection
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import global_batch, local_part, make_plan
 
 B = 3
@@ -37,23 +38,30 @@ def _configs():
     ]
 
 
-def _train(rank, world_size, kind, optimizer, local_size):
+def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
     """Loss = mean over the global batch's examples of sum(rows * coefficients), the
     coefficients fixed per global id position; each rank computes its part over its B
-    examples (the tables' gradient division makes the sum over ranks the global mean)."""
+    examples (the tables' gradient division makes the sum over ranks the global mean).
+    The sharded module on ``device`` (default CPU), the unsharded reference on the CPU."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
     ec = EmbeddingCollection(tables=_configs(), fused_params=fused)
     reference = copy.deepcopy(ec)
     plan = make_plan(ec, kind, world_size, local_size)
     sharded = ShardedEmbeddingCollection(
-        ec, plan, ShardingEnv.from_process_group(dist.group.WORLD), local_world_size=local_size
+        ec,
+        plan,
+        ShardingEnv.from_process_group(dist.group.WORLD),
+        device,
+        local_world_size=local_size,
     )
     replicas = [p for n, p in sharded.named_parameters() if n.endswith(".weight")]
     worst_forward = 0.0
     for step in range(3):
         kjt = global_batch(step, B * world_size, False)
-        out, expected = sharded(local_part(kjt, rank, world_size)), reference(kjt)
+        out = sharded(local_part(kjt, rank, world_size).to(device))
+        expected = reference(kjt)
         loss, ref_loss = 0.0, 0.0
         for feature, jt in out.items():
             full = expected[feature].values()
@@ -61,10 +69,12 @@ def _train(rank, world_size, kind, optimizer, local_size):
             coef = torch.rand(full.shape, generator=g)
             lo = int(kjt[feature].offsets()[rank * B])
             mine = slice(lo, lo + jt.values().shape[0])
-            assert torch.equal(jt.lengths(), local_part(kjt, rank, world_size)[feature].lengths())
+            lengths = jt.lengths().cpu()
+            assert torch.equal(lengths, local_part(kjt, rank, world_size)[feature].lengths())
             if jt.values().numel():
-                worst_forward = max(worst_forward, (jt.values() - full[mine]).abs().max().item())
-            loss = loss + (jt.values() * coef[mine]).sum() / B
+                difference = (jt.values().cpu() - full[mine]).abs().max().item()
+                worst_forward = max(worst_forward, difference)
+            loss = loss + (jt.values() * coef[mine].to(device)).sum() / B
             ref_loss = ref_loss + (full * coef).sum() / (B * world_size)
         loss.backward()
         ref_loss.backward()
@@ -83,24 +93,46 @@ def _table_diff(sharded, reference) -> float:
             for shard, param in zip(table.shard_slices, table.shards):
                 rows = slice(shard.row_start, shard.row_start + shard.rows)
                 cols = slice(shard.col_start, shard.col_start + shard.cols)
-                worst = max(worst, (param.detach() - full[rows, cols]).abs().max().item())
+                worst = max(worst, (param.detach().cpu() - full[rows, cols]).abs().max().item())
         else:
-            worst = max(worst, (table.weight.detach() - full).abs().max().item())
+            worst = max(worst, (table.weight.detach().cpu() - full).abs().max().item())
     return worst
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size):
-    results = run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size)
+def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size, device):
+    results = run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size, device=device)
     for rank, (forward, tables) in enumerate(results):
         assert forward < 1e-6, f"rank {rank}: rows differ by {forward}"
         assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
 
 
-def test_sequence_two_hosts(run_ranks):
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_sequence_two_hosts(run_ranks, device):
     results = run_ranks(
-        _train, 4, "table_row_wise", EmbOptimType.EXACT_ADAGRAD, 2, local_world_size=2
+        _train,
+        4,
+        "table_row_wise",
+        EmbOptimType.EXACT_ADAGRAD,
+        2,
+        local_world_size=2,
+        device=device,
     )
     for forward, tables in results:
         assert forward < 1e-6 and tables < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("kind", KINDS[:-1])
+def test_every_sharding_type_on_a_device(run_ranks, kind, device):
+    """Forward, backward and the fused update of every sharding type, with the shards on a
+    device that is not the CPU (see tests/devices.py), against the unsharded module on the CPU.
+    Adagrad keeps state on the device; data-parallel replicas step by SGD (see `_train`)."""
+    sgd = kind == "data_parallel"
+    optimizer = EmbOptimType.EXACT_SGD if sgd else EmbOptimType.EXACT_ADAGRAD
+    results = run_ranks(_train, 4, kind, optimizer, 2, local_world_size=2, device=device)
+    for rank, (forward, tables) in enumerate(results):
+        assert forward < 1e-6, f"rank {rank}: rows differ by {forward}"
+        assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
