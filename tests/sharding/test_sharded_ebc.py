@@ -20,7 +20,7 @@ from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
-from tests.devices import DEVICE_TIER
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 KINDS = [
@@ -112,15 +112,18 @@ def _check(results):
         assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize(
     ("pooling", "weighted"), [(PoolingType.SUM, False), (PoolingType.MEAN, True)]
 )
-def test_every_sharding_type_matches_unsharded(run_ranks, kind, world_size, pooling, weighted):
+def test_every_sharding_type_matches_unsharded(
+    run_ranks, kind, world_size, pooling, weighted, device
+):
     optimizer = _optimizer_for(kind)
     local = world_size
-    _check(run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local))
+    _check(run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICE_TIER)
@@ -135,16 +138,19 @@ def test_every_sharding_type_on_a_device(run_ranks, kind, device):
     _check(results)
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", list(EmbOptimType))
 @pytest.mark.parametrize("kind", ["row_wise", "table_wise", "table_row_wise"])
-def test_every_fused_optimizer(run_ranks, optimizer, kind):
-    _check(run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2))
+def test_every_fused_optimizer(run_ranks, optimizer, kind, device):
+    _check(run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2, device=device))
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard", "mixed", "row_wise"])
-def test_two_hosts_of_two(run_ranks, kind):
+def test_two_hosts_of_two(run_ranks, kind, device):
+    optimizer = _optimizer_for(kind)
     results = run_ranks(
-        _train, 4, kind, PoolingType.SUM, False, _optimizer_for(kind), 2, local_world_size=2
+        _train, 4, kind, PoolingType.SUM, False, optimizer, 2, local_world_size=2, device=device
     )
     _check(results)
 
