@@ -100,7 +100,20 @@ class PendingInput:
             # is this span shrinking (benchmarks/bench_dmp.py measures it).
             with label("shardkit::input_dist.wait"):
                 self._result = self._finish()
+            _used_here(self._result, self.orders)
         return self._result
+
+
+def _used_here(received: Received, orders: dict[int, torch.Tensor]) -> None:
+    """On a GPU, mark the tensors made by an input dist that ran on another stream (the train
+    pipeline's, [Note: pipeline streams]) as used by the current one, the stream that computes
+    with them, so that the caching allocator keeps their memory until it is done."""
+    if not received.values.is_cuda:
+        return
+    stream = torch.cuda.current_stream(received.values.device)
+    for tensor in (received.lengths, received.values, received.weights, *orders.values()):
+        if tensor is not None:
+            tensor.record_stream(stream)
 
 
 def exchange_start(

@@ -14,6 +14,7 @@ from shardkit.models import DLRM
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, InputError
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import (
     configs,
     dlrm,
@@ -26,7 +27,9 @@ from tests.sharding.common import (
 LOCAL_BATCH = 4
 
 
-def _train_dlrm(rank: int, world_size: int, kind: str | None):
+def _train_dlrm(rank: int, world_size: int, kind: str | None, *, device=None):
+    """DMP on ``device`` (default CPU) against the unsharded model on the CPU."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     model = dlrm()
     reference = copy.deepcopy(model)
@@ -37,7 +40,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None):
         plan = ShardingPlan(
             {"sparse_arch.embedding_bag_collection": _plan_of(model, kind, world_size)}
         )
-    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     dense_params = [p for n, p in dmp.named_parameters() if ".shards." not in n]
     optimizer = torch.optim.Adam(dense_params, lr=0.01)
     ref_ebc = reference.sparse_arch.embedding_bag_collection
@@ -50,9 +53,8 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None):
     for step in range(20):
         dense, sparse, labels = dlrm_batch(step, LOCAL_BATCH * world_size)
         mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-        loss = loss_fn(
-            dmp(dense[mine], local_part(sparse, rank, world_size)).squeeze(1), labels[mine]
-        )
+        features = local_part(sparse, rank, world_size).to(device)
+        loss = loss_fn(dmp(dense[mine].to(device), features).squeeze(1), labels[mine].to(device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -62,7 +64,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None):
         ref_optimizer.step()
         losses.append(ref_loss.item())
     dense_diff = max(
-        (a - b).abs().max().item()
+        (a.cpu() - b).abs().max().item()
         for (n, a), (_, b) in zip(
             ((n, p) for n, p in dmp.named_parameters() if "embedding_bags" not in n),
             ((n, p) for n, p in reference.named_parameters() if "embedding_bags" not in n),
@@ -77,7 +79,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None):
                 shard.row_start : shard.row_start + shard.rows,
                 shard.col_start : shard.col_start + shard.cols,
             ]
-            table_diff = max(table_diff, (param.detach() - block).abs().max().item())
+            table_diff = max(table_diff, (param.detach().cpu() - block).abs().max().item())
     return dense_diff, table_diff, sum(losses[:5]), sum(losses[-5:])
 
 
@@ -104,9 +106,24 @@ def _plan_of(model: DLRM, kind: str, world_size: int):
     )
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize(("world_size", "kind"), [(2, None), (2, "row_wise"), (3, "table_wise")])
-def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind):
-    for rank, (dense, tables, first, last) in enumerate(run_ranks(_train_dlrm, world_size, kind)):
+def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, device):
+    results = run_ranks(_train_dlrm, world_size, kind, device=device)
+    for rank, (dense, tables, first, last) in enumerate(results):
+        assert dense < 1e-4, f"rank {rank}: dense parameters differ by {dense}"
+        assert tables < 1e-4, f"rank {rank}: tables differ by {tables}"
+        assert last < first, "training lowers the loss"
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("kind", ["row_wise", "table_wise"])
+def test_dlrm_under_dmp_on_a_device(run_ranks, kind, device):
+    """DMP with its dense part under DDP, both on a device that is not the CPU (see
+    tests/devices.py), against the unsharded model on the CPU."""
+    for rank, (dense, tables, first, last) in enumerate(
+        run_ranks(_train_dlrm, 2, kind, device=device)
+    ):
         assert dense < 1e-4, f"rank {rank}: dense parameters differ by {dense}"
         assert tables < 1e-4, f"rank {rank}: tables differ by {tables}"
         assert last < first, "training lowers the loss"
