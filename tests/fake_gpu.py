@@ -74,7 +74,7 @@ def install() -> None:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        _setup_privateuseone_for_python_backend(DEVICE_TYPE)
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Module())
         _library = torch.library.Library("_", "IMPL")
         _library.fallback(_fallback, "PrivateUse1")
         # torch looks up a kernel by op name, not the fallback, when an argument is a Python
@@ -85,6 +85,68 @@ def install() -> None:
             aten_impl.impl(name, _kernel(op), "PrivateUse1")
         _libraries.extend([_library, aten_impl])
         _installed = True
+
+
+class _Stream:
+    """The fake GPU runs everything in order on the CPU: its one stream is always done."""
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _Module:
+    """``torch.fakegpu``: what torch's libraries ask a device module (e.g. the checkpoint
+    writer, for the stream it copies to the host on)."""
+
+    _stream = _Stream()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def set_device(self, device: Any) -> None:
+        pass
+
+    def manual_seed_all(self, seed: int) -> None:
+        pass
+
+    def synchronize(self, device: Any = None) -> None:
+        pass
+
+    def current_stream(self, device: Any = None) -> _Stream:
+        return self._stream
+
+    def Stream(self, *args: Any, **kwargs: Any) -> _Stream:
+        return self._stream
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
 
 def _kernel(op):

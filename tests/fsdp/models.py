@@ -77,10 +77,17 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def train(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data, rank: int = 0, world_size: int = 1
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
 ) -> None:
+    """Steps on this rank's chunk of each global batch, moved to ``device`` (default: left on
+    the CPU)."""
     for batch in data:
-        x, y = local(batch, rank, world_size)
+        x, y = (t.to(device) if device is not None else t for t in local(batch, rank, world_size))
         optimizer.zero_grad()
         loss_fn(model, x, y).backward()
         optimizer.step()

@@ -23,23 +23,29 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {key: value.clone() for key, value in model.state_dict().items()}
 
 
-def wrapped(strategy: str = "FULL_SHARD", seed: int = 0) -> FullyShardedDataParallel:
-    """The model under the FSDP wrapper, one unit per block."""
+def wrapped(
+    strategy: str = "FULL_SHARD", seed: int = 0, device: torch.device | None = None
+) -> FullyShardedDataParallel:
+    """The model under the FSDP wrapper, one unit per block, computing on ``device`` (default:
+    the rank's)."""
     return FullyShardedDataParallel(
         make_model(seed),
         sharding_strategy=ShardingStrategy[strategy],
         auto_wrap_policy=ModuleWrapPolicy({Block}),
+        device_id=device,
     )
 
 
-def model_and_optimizer(face: str, strategy: str = "FULL_SHARD", seed: int = 0):
+def model_and_optimizer(
+    face: str, strategy: str = "FULL_SHARD", seed: int = 0, device: torch.device | None = None
+):
     """The model under the wrapper (``face="wrapper"``) or ``fully_shard`` per block and at the
-    root, with Adam over its parameters."""
+    root, with Adam over its parameters, computing on ``device`` (default: the rank's)."""
     if face == "wrapper":
-        model = wrapped(strategy, seed)
+        model = wrapped(strategy, seed, device)
     else:
         model = make_model(seed)
         for block in model.blocks:
-            fully_shard(block, strategy=ShardingStrategy[strategy])
-        fully_shard(model, strategy=ShardingStrategy[strategy])
+            fully_shard(block, strategy=ShardingStrategy[strategy], device=device)
+        fully_shard(model, strategy=ShardingStrategy[strategy], device=device)
     return model, OPTIMIZERS["adam"](model.parameters())
