@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from shardkit.kernels import kernel_path
 from shardkit.launch import RankPool
 from tests.devices import GPU_SKIP_REASON, OnDevice, backend_of, cuda_ready
 
@@ -22,6 +23,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """The GPU tier skips here, from one place, so that all its tests share one summary line."""
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip(GPU_SKIP_REASON)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _embedding_kernel() -> None:
+    """Choose the embedding kernel before any test starts ranks: on a machine without a cached
+    build this builds the compiled kernel (20-40 s on 2 cores), which no rank should wait for
+    inside a collective."""
+    kernel_path()
 
 
 @pytest.fixture(scope="session")
