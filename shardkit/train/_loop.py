@@ -124,10 +124,7 @@ def _train_epoch(
         progress.update(step, losses[-1], speed)
         if step % config.log_every == 0:  # every rank: the loss is averaged over them
             recent = losses[-min(config.log_every, len(losses)) :]
-            mean = comm.all_reduce(
-                torch.tensor([sum(recent) / len(recent)], dtype=torch.float64),
-                op=torch.distributed.ReduceOp.AVG,
-            )
+            mean = _mean_over_ranks(sum(recent) / len(recent), dmp.device)
             if metrics is not None:
                 metrics.write(
                     {"kind": "train", "epoch": epoch, "step": step, "loss": float(mean),
@@ -138,9 +135,16 @@ def _train_epoch(
         for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
     # the epoch's mean loss over all ranks' examples (each rank's batch is the same size)
-    mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64)
-    mean = comm.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
-    return step, float(mean), meter.compute().get("samples_per_s", float("nan"))
+    mean = _mean_over_ranks(sum(losses) / max(len(losses), 1), dmp.device)
+    return step, mean, meter.compute().get("samples_per_s", float("nan"))
+
+
+def _mean_over_ranks(value: float, device: torch.device) -> float:
+    """``value`` averaged over the ranks, through the DMP's device (NCCL carries no CPU tensor)."""
+    local = torch.tensor([value], dtype=torch.float64, device=device)
+    mean = comm.all_reduce(local, op=torch.distributed.ReduceOp.AVG)
+    assert isinstance(mean, torch.Tensor)
+    return float(mean.item())
 
 
 @torch.no_grad()
