@@ -19,8 +19,10 @@ RANK_TIMEOUT_S = 60.0
 PoolKey = tuple[int, int, str]  # world size, local world size, device kind
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """The GPU tier skips here, from one place, so that all its tests share one summary line."""
+    """The GPU tier skips here, from one place, so that all its tests share one summary line
+    (first, before a test's own ``skipif(not torch.cuda.is_available())`` says it again)."""
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip(GPU_SKIP_REASON)
 
