@@ -106,6 +106,8 @@ def _train_epoch(
     if config.max_steps_per_epoch is not None:
         total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
     batches = iter(data.train)
+    if dmp.device.type == "cuda":  # the pipeline's copy stream overlaps only pinned copies
+        batches = (batch.pin_memory() for batch in batches)
     progress = Progress(total, epoch, enabled=config.progress and rank == 0)
     meter = ThroughputMeter(warmup_steps=2 if total is None else min(2, max(total - 1, 0)))
     global_batch = config.batch_size * torch.distributed.get_world_size()
