@@ -35,8 +35,11 @@ __all__ = ["train_rank"]
 logger = logging.getLogger(__name__)
 
 
-def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
-    """Train on this rank; returns the last validation metrics (and plan text) on every rank."""
+def train_rank(
+    rank: int, world_size: int, config: TrainConfig, *, device: torch.device | None = None
+) -> dict[str, Any]:
+    """Train on this rank; returns the last validation metrics (and plan text) on every rank.
+    ``device``: where the model trains (default: the process group's, see `DistributedModelParallel`)."""
     torch.manual_seed(config.seed)
     say = logger.info if rank == 0 else (lambda *a, **k: None)  # the CLI shows shardkit.train
     data = build_data(config, rank, world_size)
@@ -49,7 +52,7 @@ def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any
         say(str(planner.stats))
     if config.plan_only:
         return {"plan": str(plan)}
-    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
+    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=device)
     optimizer = dense_optimizer(config, dmp)
     start_epoch, step = _maybe_resume(config, dmp, optimizer, data, say)
     history = []
@@ -101,7 +104,7 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
 def _train_epoch(
     config, dmp, optimizer, data, epoch, step, rank, metrics
 ) -> tuple[int, float, float]:
-    pipeline = TrainPipelineSparseDist(dmp, optimizer)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, dmp.device)  # batches go to its device
     total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
     if config.max_steps_per_epoch is not None:
         total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
@@ -154,7 +157,7 @@ def _validate(dmp, data) -> dict[str, float]:
     dmp.eval()
     metrics = BinaryMetrics()
     for batch in data.validation:
-        _, (_, logits, labels) = dmp(batch)
+        _, (_, logits, labels) = dmp(batch.to(dmp.device))
         metrics.update(logits, labels, batch.weights)
     dmp.train()
     return {k: float(v) for k, v in metrics.compute().items()}

@@ -59,6 +59,19 @@ def test_resume_continues_bit_identically(run_ranks, tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
+def test_training_on_a_device_gives_the_cpu_losses(run_ranks, tmp_path):
+    """The whole job (pipeline, loss averaging, validation metrics, checkpoint) with the model
+    on a device that is not the CPU (the fake GPU, see tests/devices.py): the same losses and
+    metrics as on the CPU."""
+    cpu = _config(tmp_path / "cpu", epochs=1, max_steps_per_epoch=6, log_every=3)
+    on_device = _config(tmp_path / "device", epochs=1, max_steps_per_epoch=6, log_every=3)
+    expected = run_ranks(train_rank, 2, cpu, device="cpu")[0]["history"]
+    got = run_ranks(train_rank, 2, on_device, device="fakegpu")[0]["history"]
+    assert got[0]["step"] == expected[0]["step"] == 6
+    for key in ("train_loss", "auc", "log_loss", "accuracy"):
+        assert got[0][key] == pytest.approx(expected[0][key], rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize("kind", [ShardingType.ROW_WISE, ShardingType.COLUMN_WISE])
 def test_plan_only_with_a_forced_sharding_type(run_ranks, tmp_path, kind):
     # column-wise needs columns to split: shards of >= 32 columns (min_partition) on 2 ranks
