@@ -6,7 +6,8 @@ ones. So the default follows the group: ``cuda:<current device>`` under NCCL (th
 `shardkit.launch` or torchrun with `init_from_env`, has already called ``torch.cuda.set_device
 (LOCAL_RANK)``), the CPU otherwise, even on a machine with GPUs. A bare ``"cuda"`` means the
 current GPU, as in torch, and is resolved to its index so that the shards' metadata (saved in
-checkpoints) names the GPU they are on.
+checkpoints) names the GPU they are on. TorchRec 1.8's DMP defaults to the CPU whatever the
+backend, which cannot work under NCCL; ours differs from it only there.
 """
 
 from __future__ import annotations
