@@ -108,9 +108,10 @@ def _train_epoch(
     total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
     if config.max_steps_per_epoch is not None:
         total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
-    batches = iter(data.train)
+    source = iter(data.train)
+    batches = source
     if dmp.device.type == "cuda":  # the pipeline's copy stream overlaps only pinned copies
-        batches = (batch.pin_memory() for batch in batches)
+        batches = (batch.pin_memory() for batch in source)
     progress = Progress(total, epoch, enabled=config.progress and rank == 0)
     meter = ThroughputMeter(warmup_steps=2 if total is None else min(2, max(total - 1, 0)))
     global_batch = config.batch_size * torch.distributed.get_world_size()
@@ -137,7 +138,7 @@ def _train_epoch(
                 )  # fmt: skip
     progress.close()
     if config.max_steps_per_epoch is not None:
-        for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
+        for _ in source:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
     # the epoch's mean loss over all ranks' examples (each rank's batch is the same size)
     mean = _mean_over_ranks(sum(losses) / max(len(losses), 1), dmp.device)
