@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.shardkit-installed
 
-.PHONY: demo test lint typecheck bench-comm clean
+.PHONY: demo test test-gpu bench-gpu lint typecheck bench-comm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,18 @@ demo: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest
+
+# The GPU tier (tests marked gpu: the sharded-vs-unsharded, FSDP and checkpoint bodies on CUDA
+# with NCCL). Without CUDA every one of them skips, with one summary line.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu
+
+# GPU benchmarks, one command each part; TorchRec's side needs its CUDA build in this venv.
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/bench_ebc.py --device cuda --sweep --out benchmarks/results/ebc_cuda.md
+	$(PY) benchmarks/bench_dmp.py --device cuda --out benchmarks/results/dmp_cuda.md
+	$(PY) benchmarks/bench_fsdp.py --device cuda --json benchmarks/results/fsdp_cuda.json \
+		--markdown benchmarks/results/fsdp_cuda.md
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

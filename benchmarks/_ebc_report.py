@@ -13,6 +13,16 @@ SHORT = {
 }
 
 
+def _where(args: dict[str, Any], report: dict[str, Any]) -> str:
+    if args.get("device") == "cuda":
+        return f"on one GPU ({report.get('gpu')}, CUDA {report['machine'].get('cuda')})"
+    return f"{report['threads']} thread(s)"
+
+
+def _copy_kind(args: dict[str, Any]) -> str:
+    return "GPU device-to-device copy" if args.get("device") == "cuda" else "Single-thread copy"
+
+
 def render(report: dict[str, Any]) -> str:
     """Markdown: the setup, then one row per point with each contender's median ms (25th-75th
     percentile), ratios to FBGEMM and the fraction of the bandwidth floor."""
@@ -21,10 +31,10 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "# Embedding lookup + fused optimizer step (bench_ebc.py)",
         "",
-        f"{report['threads']} thread(s); ~{args['ids_per_bag']} ids per bag; "
+        f"{_where(args, report)}; ~{args['ids_per_bag']} ids per bag; "
         f"{args['rounds']} rounds x {args['iters']} timed steps per contender after "
         f"{args['warmup']} warm-up, contenders taking turns within each round; ids range check "
-        f"{'off' if args['no_validate'] else 'on'} for shardkit. Single-thread copy bandwidth "
+        f"{'off' if args['no_validate'] else 'on'} for shardkit. {_copy_kind(args)} bandwidth "
         f"{report['copy_gb_per_s']:.1f} GB/s.",
         f"Machine: {json.dumps(report['machine'])}",
         "",

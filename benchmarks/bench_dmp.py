@@ -2,6 +2,7 @@
 
     ~/.cache/shardkit-peers/venv/bin/python benchmarks/bench_dmp.py --out benchmarks/results/dmp.md
     python benchmarks/bench_dmp.py          # shardkit only, when torchrec is not installed
+    python benchmarks/bench_dmp.py --device cuda --out benchmarks/results/dmp_cuda.md  # GPUs, NCCL
 
 2 ranks on gloo (CPU), 8 tables x 100,000 rows x dim 64, batch 1,024 per rank, ~20 ids per bag,
 a dense MLP (512 -> 256 -> 1) over the pooled embeddings, BCE loss, fused row-wise Adagrad for the
@@ -10,6 +11,10 @@ for the MLP. Each (library, sharding type) runs in fresh processes so that the p
 memory per rank (ru_maxrss) is its own. Reported: median step time after warm-up, global
 samples/s, peak RSS per rank. shardkit runs twice: with TrainPipelineSparseDist (the next batch's
 ids in flight during the step) and with a plain loop, to show what the overlap buys.
+
+``--device cuda``: one GPU per rank on NCCL (TorchRec then needs its CUDA build and FBGEMM's CUDA
+kernels), both planners told the device, the batches resident on the GPU before timing (the
+pipeline's copy is then a no-op, as for data already there), steps timed after a synchronize.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ import torch
 import torch.distributed as dist
 
 from shardkit.bench import machine_info
-from shardkit.launch import RankFailedError, spawn
+from shardkit.launch import RankFailedError, current, spawn
 
 TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 
 
 def make_batches(rank: int, args) -> list[dict]:
+    """Distinct batches of this rank, made on the CPU from its seed, then put on its device."""
     g = torch.Generator().manual_seed(1000 + rank)
     batches = []
     for _ in range(args.distinct_batches):
@@ -40,7 +46,8 @@ def make_batches(rank: int, args) -> list[dict]:
         values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
         labels = torch.randint(0, 2, (args.batch,), generator=g).float()
         batches.append({"values": values, "lengths": lengths, "labels": labels})
-    return batches
+    device = current().device
+    return [{k: v.to(device) for k, v in batch.items()} for batch in batches]
 
 
 class Head(torch.nn.Module):
@@ -74,7 +81,10 @@ class Batch:
         self.labels = labels
 
     def to(self, device, non_blocking=False):
-        return self
+        return Batch(
+            self.sparse_features.to(device, non_blocking=non_blocking),
+            self.labels.to(device, non_blocking=non_blocking),
+        )
 
 
 def _optimizers(dmp, fused_marker) -> list[torch.optim.Optimizer]:
@@ -116,7 +126,9 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
     constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world_size, compute_device="cpu", local_world_size=world_size),
+        topology=Topology(
+            world_size=world_size, compute_device=args.device, local_world_size=world_size
+        ),
         constraints=constraints,
     )
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
@@ -184,11 +196,13 @@ def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
     sharders = [AllTypesSharder(fused_params=fused)]
     constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world_size, compute_device="cpu", local_world_size=world_size),
+        topology=Topology(
+            world_size=world_size, compute_device=args.device, local_world_size=world_size
+        ),
         constraints=constraints,
     )
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
-    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
+    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=current().device)
     fused = kind != "data_parallel"  # torchrec's sharded tables step inside backward
     optimizers = _optimizers(dmp, lambda name, p: fused and "head" not in name)
     keys = [f"f{t}" for t in range(args.tables)]
@@ -222,18 +236,24 @@ def _input_wait_ms(step, steps: int = 6) -> float:
 
 
 def _time(step, args, input_wait: bool = False) -> dict:
+    device = current().device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         step()
     times = []
     for _ in range(args.iters):
+        sync()
         dist.barrier()
         start = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times, dtype=torch.float64)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result = {"ms": statistics.median(slowest.tolist()) * 1e3, "peak_bytes": peak}
+    if device.type == "cuda":
+        result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
     if input_wait:
         result["input_wait_ms"] = _input_wait_ms(step)
     return result
@@ -252,6 +272,8 @@ def main() -> None:
     parser.add_argument("--distinct-batches", type=int, default=4)
     parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
     parser.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, NCCL")  # fmt: skip
     parser.add_argument("--out", help="write the markdown report here (and .json beside it)")
     args = parser.parse_args()
     try:
@@ -266,6 +288,7 @@ def main() -> None:
     peaks: dict[tuple[str, str], float] = {}
     failed: dict[tuple[str, str], str] = {}
     waits: dict[tuple[str, str], list[float]] = {}
+    gpu_peaks: dict[tuple[str, str], int] = {}
     for round_ in range(args.rounds):
         for kind in args.types:
             runs = [
@@ -281,7 +304,7 @@ def main() -> None:
                     results = spawn(
                         fn,
                         world_size=args.world_size,
-                        backend="gloo",
+                        backend="nccl" if args.device == "cuda" else "gloo",
                         timeout=900,
                         threads_per_rank=1,
                     )
@@ -296,6 +319,9 @@ def main() -> None:
                     wait = max(r["input_wait_ms"] for r in results)
                     waits.setdefault((kind, name), []).append(wait)
                 peaks[(kind, name)] = max(peaks.get((kind, name), 0), peak)
+                if "peak_gpu_bytes" in results[0]:
+                    gpu = max(r["peak_gpu_bytes"] for r in results)
+                    gpu_peaks[(kind, name)] = max(gpu_peaks.get((kind, name), 0), gpu)
                 print(
                     f"round {round_ + 1}: {kind:16} {name:24} {ms:8.1f} ms/step  "
                     f"{peak / 1e9:5.2f} GB",
@@ -316,6 +342,9 @@ def main() -> None:
                         "ms_rounds": times[(kind, name)],
                         "samples_per_s": args.batch * args.world_size / (ms / 1e3),
                         "peak_rss_gb": peaks[(kind, name)] / 1e9,
+                        "peak_gpu_gb": gpu_peaks[(kind, name)] / 1e9
+                        if (kind, name) in gpu_peaks
+                        else None,
                         "input_wait_ms": statistics.median(waits[(kind, name)])
                         if (kind, name) in waits
                         else None,
@@ -336,7 +365,7 @@ def render(rows, args) -> str:
     lines = [
         "# DistributedModelParallel training step (bench_dmp.py)",
         "",
-        f"{args.world_size} ranks on gloo, {args.tables} tables x {args.rows:,} x {args.dim}, batch {args.batch} per rank, "
+        f"{args.world_size} ranks on {'NCCL, one GPU each' if args.device == 'cuda' else 'gloo'}, {args.tables} tables x {args.rows:,} x {args.dim}, batch {args.batch} per rank, "
         f"~{args.ids_per_bag} ids per bag, MLP 512-256-1, BCE, fused row-wise Adagrad; median of {args.iters} steps "
         f"after {args.warmup} warm-up, 1 thread per rank; contenders take turns in {args.rounds} "
         "rounds: the median over rounds, and the rounds' range. *Waiting for ids*: the slower rank's time per step in shardkit's input-dist wait, from a short profiled run after the timed one (what the pipeline hides).",

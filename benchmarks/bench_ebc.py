@@ -3,6 +3,8 @@
     python benchmarks/bench_ebc.py                      # one point, one thread, no TorchRec
     ~/.cache/shardkit-peers/venv/bin/python benchmarks/bench_ebc.py --sweep \\
         --out benchmarks/results/ebc_sweep.md           # the issue-11 sweep, TorchRec side by side
+    python benchmarks/bench_ebc.py --device cuda --sweep --out benchmarks/results/ebc_cuda.md
+                                                        # on a GPU: FBGEMM's CUDA kernels
 
 One training step = forward of all tables for a batch, loss = sum(pooled * fixed random weights),
 backward, optimizer step. Contenders, built with the same tables and fed the same batches, take
@@ -20,6 +22,11 @@ step must move / single-thread copy bandwidth measured here) / step time. Bytes 
 the ids (read in forward and backward), the unique rows (read in forward; read and written in
 backward), their optimizer state (read and written), the pooled output (written) and its
 gradient (read). Caches can make a step beat this floor only when the tables fit in them.
+
+``--device cuda`` runs every contender on the current GPU (TorchRec with FBGEMM's CUDA kernels,
+shardkit's compiled contender on its CUDA kernel where nvcc built it, else eager), with batches
+resident there and a synchronize around each timed step; the floor is then the GPU's own
+device-to-device copy bandwidth.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ def sweep_points() -> list[Point]:
 
 
 def make_batches(point: Point, args: argparse.Namespace) -> list[KeyedJaggedTensor]:
+    """Distinct batches, made on the CPU from the seed (the same ids on every device)."""
     g = torch.Generator().manual_seed(args.seed)
     keys = [f"f{t}" for t in range(point.tables)]
     batches = []
@@ -113,6 +121,7 @@ def shardkit_step(point: Point, args, path: str) -> Callable:
         tables=configs(point),
         fused_params={"optimizer": kind, "learning_rate": 0.01},
         validate_ids=not args.no_validate,
+        device=torch.device(args.device),
     )
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
@@ -133,6 +142,7 @@ def naive_step(point: Point, args) -> Callable | str:
             for t in range(point.tables)
         }
     )
+    bags.to(args.device)
     opt = optimizer_class(bags.parameters(), lr=0.01)
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
@@ -161,7 +171,7 @@ def torchrec_step(point: Point, args) -> Callable | str:
         tables=tables,
         optimizer_type=optimizer_class[point.optimizer],
         optimizer_kwargs={"lr": 0.01},
-        device=torch.device("cpu"),
+        device=torch.device(args.device),
     )
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
@@ -186,6 +196,7 @@ def build(point: Point, args) -> dict[str, Callable | str]:
 
 def measure(steps: dict[str, Callable], batches, weights, args) -> dict[str, list[list[float]]]:
     """Step times (ms) per contender and round; contenders take turns within every round."""
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for step in steps.values():
         for i in range(args.warmup):
             step(batches[i % len(batches)], weights)
@@ -194,8 +205,10 @@ def measure(steps: dict[str, Callable], batches, weights, args) -> dict[str, lis
         for name, step in steps.items():
             round_times = []
             for i in range(args.iters):
+                sync()
                 start = time.perf_counter()
                 step(batches[i % len(batches)], weights)
+                sync()
                 round_times.append((time.perf_counter() - start) * 1e3)
             times[name].append(round_times)
     return times
@@ -221,9 +234,11 @@ def floor_bytes(point: Point, num_ids: float, unique: float) -> float:
     return 2 * 8 * num_ids + 3 * unique * row + 2 * unique * state + 2 * bags * row
 
 
-def copy_bandwidth() -> float:
+def copy_bandwidth(device: str = "cpu") -> float:
     """Single-thread copy bandwidth in GB/s (bytes read + written): the median of 5 memcpy's
-    (NumPy's copy) of 256 MB, far beyond any cache."""
+    (NumPy's copy) of 256 MB, far beyond any cache; on a GPU, 5 device-to-device copies."""
+    if device == "cuda":
+        return _gpu_copy_bandwidth()
     src = numpy.ones(64 << 20, dtype=numpy.float32)
     dst = numpy.empty_like(src)
     numpy.copyto(dst, src)
@@ -233,6 +248,20 @@ def copy_bandwidth() -> float:
         numpy.copyto(dst, src)
         seconds.append(time.perf_counter() - start)
     return 2 * src.nbytes / statistics.median(seconds) / 1e9
+
+
+def _gpu_copy_bandwidth() -> float:
+    src = torch.ones(256 << 20, dtype=torch.float32, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(seconds) / 1e9
 
 
 def summarize(times: list[list[float]]) -> dict:
@@ -253,6 +282,8 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
         point.batch, point.tables * point.dim, generator=torch.Generator().manual_seed(1)
     )
     num_ids, unique = batch_stats(point, batches)
+    batches = [kjt.to(torch.device(args.device)) for kjt in batches]
+    weights = weights.to(args.device)
     contenders = build(point, args)
     steps = {name: step for name, step in contenders.items() if callable(step)}
     times = measure(steps, batches, weights, args)
@@ -301,6 +332,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     parser.add_argument("--ids-per-bag", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every contender on the current GPU")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5, help="timed steps per contender per round")
     parser.add_argument(
@@ -329,9 +362,10 @@ def main() -> None:
         and all(m in repr(p) for m in args.match)
         and not any(x in repr(p) for x in args.exclude)
     ]
-    bandwidth = copy_bandwidth()
-    print(f"single-thread copy bandwidth: {bandwidth:.1f} GB/s", flush=True)
-    report = {"args": vars(args), "machine": machine_info(), "threads": torch.get_num_threads(),
+    bandwidth = copy_bandwidth(args.device)
+    print(f"{args.device} copy bandwidth: {bandwidth:.1f} GB/s", flush=True)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+    report = {"args": vars(args), "machine": machine_info(), "threads": torch.get_num_threads(), "gpu": gpu,
               "copy_gb_per_s": bandwidth, "points": [run_point(p, args, bandwidth) for p in points]}  # fmt: skip
     markdown = render(report)
     print(markdown)

@@ -3,10 +3,15 @@
     python benchmarks/bench_fsdp.py                                   # both models, all contenders
     python benchmarks/bench_fsdp.py --model ffn --contenders shardkit-full,torch-fsdp1 --steps 3
     python benchmarks/bench_fsdp.py --json benchmarks/results/fsdp.json --markdown benchmarks/results/fsdp.md
+    python benchmarks/bench_fsdp.py --device cuda --json benchmarks/results/fsdp_cuda.json \
+        --markdown benchmarks/results/fsdp_cuda.md                   # 2 GPUs, NCCL
 
 Models (issue 6): ``cnn`` is seed 004's CNN (1.2 M parameters), batch 64 images per rank;
 ``ffn`` is a stack of 12 feed-forward blocks (LayerNorm, 1024 -> 4096 -> 1024, residual) and a
-1024 x 1024 head, 101.8 M parameters, batch 2 x 16 tokens per rank. 2 ranks on gloo, Adam, fp32.
+1024 x 1024 head, 101.8 M parameters, batch 2 x 16 tokens per rank. 2 ranks on gloo, Adam, fp32;
+with ``--device cuda``, 2 ranks on NCCL, one GPU each (every contender told its GPU: DDP's
+``device_ids``, FSDP1's and shardkit's ``device_id``, fully_shard's model moved there first), the
+steps timed after ``torch.cuda.synchronize`` and the peak GPU memory reported beside the RSS.
 
 Every contender runs in fresh rank processes (peak RSS is a high-water mark of the process), all
 from the same full-size model built on the CPU from the same seed. Per rank it reports the median
@@ -33,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from shardkit.launch import spawn
+from shardkit.launch import current, spawn
 
 CONTENDERS = (
     "shardkit-full",
@@ -98,19 +103,23 @@ def loss_of(model_name: str, output: torch.Tensor, target: torch.Tensor) -> torc
     return F.nll_loss(output, target)
 
 
-def wrap(model: nn.Module, unit_cls: type[nn.Module] | None, contender: str) -> nn.Module:
+def wrap(
+    model: nn.Module, unit_cls: type[nn.Module] | None, contender: str, device: torch.device
+) -> nn.Module:
     if contender == "torch-ddp":
-        return nn.parallel.DistributedDataParallel(model)
+        ids = [device] if device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model.to(device), device_ids=ids)
     if contender == "torch-fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         return FullyShardedDataParallel(
-            model, auto_wrap_policy=ModuleWrapPolicy({unit_cls}), device_id=torch.device("cpu")
+            model, auto_wrap_policy=ModuleWrapPolicy({unit_cls}), device_id=device
         )
     if contender == "torch-fully-shard":
         from torch.distributed.fsdp import fully_shard
 
+        model.to(device)
         for module in list(model.modules()):
             if isinstance(module, unit_cls):
                 fully_shard(module)
@@ -130,6 +139,7 @@ def wrap(model: nn.Module, unit_cls: type[nn.Module] | None, contender: str) -> 
         sharding_strategy=strategy,
         auto_wrap_policy=ModuleWrapPolicy({unit_cls}),
         cpu_offload=CPUOffload(offload_params=contender == "shardkit-offload"),
+        device_id=device,
     )
 
 
@@ -157,12 +167,15 @@ def _state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
     return total / 2**20
 
 
-def run_rank(rank: int, world_size: int, model_name: str, contender: str, warmup: int, steps: int):
+def run_rank(
+    rank: int, world_size: int, model_name: str, contender: str, warmup: int, steps: int
+) -> dict:
     # torch's fully_shard warns that the model's output is a view (the head's [B, T, D] matmul)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    device = current().device  # spawn chose it: cuda:<rank> under NCCL, else the CPU
     before_model_mb = _rss_mb()
     model, unit_cls, input_shape, target_shape = build(model_name)
-    model = wrap(model, unit_cls, contender)
+    model = wrap(model, unit_cls, contender, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(input_shape, generator=generator)
@@ -170,13 +183,17 @@ def run_rank(rank: int, world_size: int, model_name: str, contender: str, warmup
         y = torch.randn(target_shape, generator=generator)
     else:
         y = torch.randint(0, 10, target_shape, generator=generator)
+    x, y = x.to(device), y.to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, cpu_times = [], []
     for step in range(warmup + steps):
+        sync()
         dist.barrier()
         start, cpu_start = time.perf_counter(), _cpu_s()
         optimizer.zero_grad()
         loss_of(model_name, model(x), y).backward()
         optimizer.step()
+        sync()
         if step >= warmup:
             times.append(time.perf_counter() - start)
             cpu_times.append(_cpu_s() - cpu_start)
@@ -187,23 +204,28 @@ def run_rank(rank: int, world_size: int, model_name: str, contender: str, warmup
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "process_rss_mb": before_model_mb,
         "state_mb": _state_mb(model, optimizer),
+        "peak_gpu_mb": (
+            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
     }
 
 
-def measure(model_name: str, contender: str, warmup: int, steps: int) -> list[dict]:
+def measure(model_name: str, contender: str, warmup: int, steps: int, device: str) -> list[dict]:
     return spawn(
         run_rank,
         world_size=2,
         args=(model_name, contender, warmup, steps),
-        backend="gloo",
+        backend="nccl" if device == "cuda" else "gloo",
         timeout=900,
     )
 
 
-def environment() -> dict:
+def environment(device: str = "cpu") -> dict:
     import os
 
     return {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -211,6 +233,12 @@ def environment() -> dict:
         "cores": os.cpu_count(),
         "threads_per_rank": max(1, (os.cpu_count() or 1) // 2),
     }
+
+
+def _transport(env: dict) -> str:
+    if env.get("device") == "cuda":
+        return f"NCCL on one {env.get('gpu')} each"
+    return "gloo"
 
 
 def _cpu_name() -> str:
@@ -230,6 +258,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=1, help="runs per contender (interleaved)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: 2 ranks on NCCL, one GPU each")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None, help="write the results file")
     parser.add_argument("--from-json", type=Path, default=None, help="only rewrite --markdown")
@@ -244,7 +274,7 @@ def main() -> None:
         parser.error(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
     results: dict = {
         "command": "python " + " ".join(sys.argv),
-        "environment": environment(),
+        "environment": environment(args.device),
         "repeat": args.repeat,
         "warmup": args.warmup,
         "steps": args.steps,
@@ -253,7 +283,7 @@ def main() -> None:
     for model_name in models:
         for repeat in range(args.repeat):
             for contender in contenders:
-                ranks = measure(model_name, contender, args.warmup, args.steps)
+                ranks = measure(model_name, contender, args.warmup, args.steps, args.device)
                 results["runs"].append(
                     {"model": model_name, "contender": contender, "repeat": repeat, "ranks": ranks}
                 )
@@ -270,9 +300,13 @@ def _line(model_name: str, contender: str, ranks: list[dict]) -> str:
     peaks = ", ".join(f"{r['peak_rss_mb'] / 1024:.2f}" for r in ranks)
     base = ", ".join(f"{r['process_rss_mb'] / 1024:.2f}" for r in ranks)
     state = ", ".join(f"{r['state_mb'] / 1024:.3f}" for r in ranks)
+    gpu = [r.get("peak_gpu_mb") for r in ranks]
+    gpu_text = (
+        "" if None in gpu else " | peak GPU " + ", ".join(f"{m / 1024:.2f}" for m in gpu) + " GB"
+    )
     return (
         f"{model_name:4s} {contender:18s} step {steps} s (CPU {cpu} s) | peak RSS {peaks} GB | "
-        f"process {base} GB | params+grads+Adam {state} GB"
+        f"process {base} GB | params+grads+Adam {state} GB{gpu_text}"
     )
 
 
@@ -334,7 +368,8 @@ def write_markdown(results: dict, path: Path) -> None:
         f"- command: `{results['command']}`",
         f"- machine: {env['cpu']}, {env['cores']} cores shared with other jobs, "
         f"{env['threads_per_rank']} thread(s) per rank; {env['platform']}",
-        f"- versions: Python {env['python']}, torch {env['torch']}; 2 ranks, gloo, Adam (lr 1e-4), "
+        f"- versions: Python {env['python']}, torch {env['torch']}; 2 ranks, "
+        f"{_transport(env)}, Adam (lr 1e-4), "
         "float32; every contender starts from the same full model built on the CPU",
         f"- method: each run starts fresh rank processes (peak RSS is a per-process high-water "
         f"mark); {results.get('repeat', 1)} run(s) per contender, interleaved; "

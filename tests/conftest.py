@@ -11,9 +11,20 @@ import torch
 
 from shardkit.kernels import kernel_path
 from shardkit.launch import RankPool
+from tests.devices import GPU_SKIP_REASON, OnDevice, backend_of, cuda_ready
 
 # Collective timeout inside test ranks: far above what any test needs, far below pytest's timeout.
 RANK_TIMEOUT_S = 60.0
+
+PoolKey = tuple[int, int, str]  # world size, local world size, device kind
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The GPU tier skips here, from one place, so that all its tests share one summary line
+    (first, before a test's own ``skipif(not torch.cuda.is_available())`` says it again)."""
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip(GPU_SKIP_REASON)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,30 +36,46 @@ def _embedding_kernel() -> None:
 
 
 @pytest.fixture(scope="session")
-def _rank_pools() -> Iterator[dict[tuple[int, int], RankPool]]:
-    pools: dict[tuple[int, int], RankPool] = {}
+def _rank_pools() -> Iterator[dict[PoolKey, RankPool]]:
+    pools: dict[PoolKey, RankPool] = {}
     yield pools
     for pool in pools.values():
         pool.close()
 
 
 @pytest.fixture
-def run_ranks(_rank_pools: dict[tuple[int, int], RankPool]) -> Callable[..., list[Any]]:
-    """``run_ranks(fn, world_size, *args, local_world_size=None)`` -> per-rank results.
+def run_ranks(_rank_pools: dict[PoolKey, RankPool]) -> Callable[..., list[Any]]:
+    """``run_ranks(fn, world_size, *args, local_world_size=None, device=None)`` -> per-rank
+    results.
 
     ``fn(rank, world_size, *args)`` must be a module-level function of the test module (or any
     picklable callable). A failing rank raises `RankFailedError` here, with its traceback.
+    With ``device`` (``"cpu"``, ``"fakegpu"`` or ``"cuda"``, see `tests.devices`) ``fn`` is
+    called with ``device=<this rank's torch.device>`` on ranks kept for that kind of device
+    (gloo, or NCCL for CUDA): the fake GPU never leaks into the CPU tests' processes.
     """
 
     def run(
-        fn: Callable[..., Any], world_size: int, *args: Any, local_world_size: int | None = None
+        fn: Callable[..., Any],
+        world_size: int,
+        *args: Any,
+        local_world_size: int | None = None,
+        device: str | None = None,
     ) -> list[Any]:
-        key = (world_size, local_world_size or world_size)
+        kind = device or "cpu"
+        if kind == "cuda" and (why := cuda_ready(world_size)) is not None:
+            pytest.skip(why)
+        key = (world_size, local_world_size or world_size, kind)
         pool = _rank_pools.get(key)
         if pool is None:
-            pool = RankPool(world_size, timeout=RANK_TIMEOUT_S, local_world_size=key[1])
+            pool = RankPool(
+                world_size,
+                backend=backend_of(kind),
+                timeout=RANK_TIMEOUT_S,
+                local_world_size=key[1],
+            )
             _rank_pools[key] = pool
-        return pool.run(fn, *args)
+        return pool.run(fn if device is None else OnDevice(fn, kind), *args)
 
     return run
 

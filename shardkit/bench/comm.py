@@ -156,7 +156,7 @@ def _calls_per_loop(call: Callable[[], object], min_loop_s: float) -> int:
     start = time.perf_counter()
     call()
     _sync()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=_device())
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return int(min(1000, max(3, min_loop_s / max(elapsed.item(), 1e-7))))
 
@@ -168,7 +168,8 @@ def _timed_loop(call: Callable[[], object], calls: int) -> float:
     for _ in range(calls):
         call()
     _sync()
-    elapsed = torch.tensor([(time.perf_counter() - start) / calls * 1e6], dtype=torch.float64)
+    per_call_us = (time.perf_counter() - start) / calls * 1e6
+    elapsed = torch.tensor([per_call_us], dtype=torch.float64, device=_device())  # NCCL: a GPU
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item()
 

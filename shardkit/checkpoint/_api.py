@@ -127,7 +127,9 @@ def load(
     template = _dense_template(metadata, state.get("model", {})) if optimizer else {}
     if template:  # an optimizer with no tensor state yet (SGD, Adam before a step) has none
         state.setdefault("optim", {})["dense"] = {"state": template}
-    if f"rng.rank{rank}" not in metadata:
+    for key in [k for k in state["rng"] if f"rng.{k}" not in metadata]:
+        del state["rng"][key]  # a checkpoint made without CUDA has no GPU generator's state
+    if not state["rng"]:
         del state["rng"]
     if "extra" in metadata:
         state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
@@ -153,8 +155,7 @@ def load(
             apply_dense_optimizer(
                 model, optimizer, {"state": dense, "param_groups": meta["param_groups"]}
             )
-    if "rng" in state:
-        torch.set_rng_state(state["rng"][f"rank{rank}"])
+    _set_rng_state(state.get("rng", {}), rank)
     logger.info("loaded checkpoint %s", directory)
     return extra
 
@@ -166,7 +167,7 @@ def _state(model, optimizer, extra, rank) -> dict[str, Any]:
     state: dict[str, Any] = {
         "model": model.state_dict(),
         "optim": {"fused": fused_states(model)},
-        "rng": {f"rank{rank}": torch.get_rng_state()},
+        "rng": _rng_state(rank),
     }
     if optimizer is not None:
         dense = dense_optimizer_state(model, optimizer)
@@ -182,6 +183,22 @@ def _state(model, optimizer, extra, rank) -> dict[str, Any]:
         extra[_DENSE_META] = {"param_groups": dense["param_groups"], "state": others}
     state["extra"] = _pack(extra)
     return state
+
+
+def _rng_state(rank: int) -> dict[str, torch.Tensor]:
+    """This rank's random generators: the CPU's, and the current GPU's once CUDA is in use
+    (dropout on a GPU draws from it). Both are CPU byte tensors."""
+    state = {f"rank{rank}": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state[f"cuda_rank{rank}"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(saved: dict[str, torch.Tensor], rank: int) -> None:
+    if f"rank{rank}" in saved:
+        torch.set_rng_state(saved[f"rank{rank}"])
+    if f"cuda_rank{rank}" in saved and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved[f"cuda_rank{rank}"])
 
 
 def _pack(extra: dict[str, Any]) -> torch.Tensor:

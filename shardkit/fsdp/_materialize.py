@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.fsdp._mesh_info import compute_device
 from shardkit.fsdp._param import ShardedParam, set_param
 from shardkit.fsdp._param_group import ParamGroup
 from shardkit.fsdp._state import FSDPState, get_state
@@ -59,7 +60,9 @@ def materialize(
     owner = {(id(s.module), s.attr): p for u in units for p in u.group.params for s in p.slots}
     groups = {id(p): u.group for u in units for p in u.group.params}
     buffer_dtype = {(id(b.module), b.name): u for u in units for b in u.group.buffers}
-    device = units[0].group.params[0].mesh_info.device if units[0].group.params else None
+    # the units' compute device (a first unit with buffers only has no mesh to ask)
+    device = next((u.group.params[0].mesh_info.device for u in units if u.group.params), None)
+    device = device or compute_device()
     count = 0
     for current in module.modules():
         own = [(attr, owner.get((id(current), attr))) for attr in current._parameters]
@@ -67,7 +70,6 @@ def materialize(
         meta_buffers = [a for a, b in current._buffers.items() if b is not None and b.is_meta]
         if not own and not meta_buffers:
             continue
-        device = device or torch.device("cpu")
         loads = [(attr, param, groups[id(param)]) for attr, param in own]
         _materialize_one(current, loads, meta_buffers, device, init_fn, sync_module_states)
         for attr in meta_buffers:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardkit.metrics._ranks import collective_device, distributed
 from shardkit.metrics.accuracy import AccuracyMetric
 from shardkit.metrics.auc import AUCMetric
 from shardkit.metrics.calibration import CalibrationMetric
@@ -183,8 +184,12 @@ class RecMetricModule(nn.Module):
                 if low
                 else high - (high > 1.0)
             )
-            steps = torch.tensor([max(1, int(target / max(per_step, 1e-9)))], dtype=torch.int32)
-            if dist.is_available() and dist.is_initialized():
+            steps = torch.tensor(
+                [max(1, int(target / max(per_step, 1e-9)))],
+                dtype=torch.int32,
+                device=collective_device(None),  # NCCL carries no CPU tensor
+            )
+            if distributed(None):
                 dist.all_reduce(steps, op=dist.ReduceOp.MAX)
             self.compute_interval_steps = int(steps.item())
             self.min_compute_interval = self.max_compute_interval = -1.0

@@ -113,7 +113,8 @@ def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
     weights = kjt.weights_or_none()
     weights = None if weights is None else weights[lo:hi]
     if any(features.mean_per_key):
-        mean = torch.tensor(features.mean_per_key, device=lengths.device).repeat_interleave(stride)
+        mean = _to_device(features.mean_per_key, torch.bool, lengths.device)
+        mean = mean.repeat_interleave(stride)
         weights = mean_as_weights(lengths, weights, num_ids=hi - lo, mean=mean)
     return GroupInput(ids, offsets, lengths, weights, length_per_key)
 
@@ -139,7 +140,7 @@ def kernel_input(
     if not any(row_bases):
         ids = ids.long()
     elif isinstance(ids_per_segment, torch.Tensor):
-        bases = torch.tensor(row_bases, dtype=torch.int64, device=ids.device)
+        bases = _to_device(row_bases, torch.int64, ids.device)
         counts = ids_per_segment.to(ids.device)
         ids = ids.long() + torch.repeat_interleave(bases, counts, output_size=ids.numel())
     else:
@@ -152,6 +153,13 @@ def kernel_input(
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return ids, offsets
+
+
+def _to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on ``device``. ``non_blocking``: from host memory a GPU copy need not
+    wait for the kernels already queued (a blocking one would), and the list is staged before
+    the call returns, so it is safe."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def mean_as_weights(
@@ -184,13 +192,18 @@ def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
     """Every id of key k must be in ``[0, num_embeddings of k's table)``; name the first that isn't."""
     values = kjt.values()
     offsets = kjt.offset_per_key()
-    for key, limit in enumerate(plan.num_embeddings_per_key):
+    keys = [k for k in range(len(offsets) - 1) if offsets[k + 1] > offsets[k]]
+    if not keys:
+        return
+    # One pass per key, no [N] tensor of limits; one host read for all keys (a GPU syncs once).
+    bounds = torch.stack(
+        [torch.stack(torch.aminmax(values[offsets[k] : offsets[k + 1]])) for k in keys]
+    ).tolist()
+    for key, (low, high) in zip(keys, bounds):
+        limit = plan.num_embeddings_per_key[key]
+        if low >= 0 and high < limit:
+            continue
         ids = values[offsets[key] : offsets[key + 1]]
-        if ids.numel() == 0:
-            continue
-        low, high = torch.aminmax(ids)  # one pass per key, no [N] tensor of limits
-        if int(low) >= 0 and int(high) < limit:
-            continue
         position = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
         raise ValueError(
             f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "

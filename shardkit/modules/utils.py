@@ -71,8 +71,11 @@ def extract_module_or_tensor_callable(
 def get_module_output_dimension(
     module: nn.Module | Callable[[torch.Tensor], torch.Tensor], in_features: int
 ) -> int:
-    """The last output dimension of ``module`` on a ``[1, in_features]`` input of zeros."""
-    return module(torch.zeros(1, in_features)).size(-1)
+    """The last output dimension of ``module`` on a ``[1, in_features]`` input of zeros (on the
+    device of its first parameter, so a module on a GPU or the meta device answers too)."""
+    parameters = module.parameters() if isinstance(module, nn.Module) else iter(())
+    device = next((param.device for param in parameters), None)
+    return module(torch.zeros(1, in_features, device=device)).size(-1)
 
 
 def check_module_output_dimension(

@@ -129,7 +129,8 @@ class GradientClippingOptimizer(OptimizerWrapper):
         for groups, params in self._sharded_params.items():
             local = _grads(params)
             grads += local
-            total = combine(total, _powered_norm(local, p, groups).to(total.device))
+            norm = _powered_norm(local, p, groups, device=_local(params[0]).device)
+            total = combine(total, norm.to(total.device))
         local = _grads(self._replicate_params)
         grads += local
         if local:
@@ -168,10 +169,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _powered_norm(grads: list[torch.Tensor], p: float, groups: tuple) -> torch.Tensor:
-    """``sum |g|^p`` (``max |g|`` for p = inf) over ``grads``, reduced over ``groups``."""
+def _powered_norm(
+    grads: list[torch.Tensor], p: float, groups: tuple, *, device: torch.device | None = None
+) -> torch.Tensor:
+    """``sum |g|^p`` (``max |g|`` for p = inf) over ``grads``, reduced over ``groups``; a rank
+    without gradients contributes its identity on ``device`` (NCCL carries no CPU tensor)."""
     if not grads:
-        norm = torch.tensor(-math.inf if p == math.inf else 0.0)
+        norm = torch.tensor(-math.inf if p == math.inf else 0.0, device=device)
     else:
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, p)), p)
         norm = norm if p == math.inf else norm.pow(p)

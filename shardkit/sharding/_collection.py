@@ -25,6 +25,7 @@ from shardkit.modules import (
     fused_tables,
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._device import resolve_device
 from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
@@ -109,7 +110,7 @@ class ShardedCollection(nn.Module):
         self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
         self._env = env
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._device = resolve_device(device, env)
         self._validate_ids = module.validate_ids
         world = env.world_size
         self._layout = build_layout(
@@ -166,15 +167,15 @@ class ShardedCollection(nn.Module):
         weights = {c.name: p for c, p in zip(self._configs, tables.weights)}
         by_name = {c.name: c for c in self._configs}
 
-        def initial(shard: ShardSlice) -> torch.Tensor | None:
+        def initial(shard: ShardSlice, view: torch.Tensor) -> None:
             full = weights[shard.table]
-            if full.device.type == "meta":
+            if full.device.type == "meta":  # initialised where it lives, as TorchRec does
                 config = by_name[shard.table]
-                block = torch.empty(shard.rows, shard.cols)
-                return block.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+                view.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+                return
             rows = slice(shard.row_start, shard.row_start + shard.rows)
             cols = slice(shard.col_start, shard.col_start + shard.cols)
-            return full.detach()[rows, cols]
+            view.copy_(full.detach()[rows, cols])  # from the module's device, once
 
         return [
             build_shard_group(spec, self._device, initial) for spec in self._specs[self._env.rank]
@@ -268,9 +269,15 @@ class ShardedCollection(nn.Module):
             weighted=self._is_weighted,
             with_weights=self._with_weights,
             validate_ids=self._validate_ids,
+            device=self._device,
         )
         pending = exchange_start(
-            source, self._layout, self._env.rank, self._env.pg, with_weights=self._with_weights
+            source,
+            self._layout,
+            self._env.rank,
+            self._env.pg,
+            with_weights=self._with_weights,
+            device=self._device,
         )
         return DistributedInput(features, pending)
 

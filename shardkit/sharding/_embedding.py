@@ -51,6 +51,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
                     self._layout,
                     rank=self._env.rank,
                     group=self._env.pg,
+                    device=self._device,
                 )
             )
         return self._assemble(blocks, dist_input)

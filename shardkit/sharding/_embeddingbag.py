@@ -53,6 +53,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                     batch_size=batch_size,
                     group=self._env.pg,
                     hosts=self._hosts,
+                    device=self._device,
                 )
             )
         return self._assemble(units, dist_input.features)

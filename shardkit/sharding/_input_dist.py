@@ -2,15 +2,26 @@
 
 [Note: input exchange]
 Three all-to-alls per batch, all ranks in step:
-1. a header per destination: ``[batch size, ids sent, status]`` int64. Every rank learns every
-   other rank's batch size and whether its input was valid, so a bad input or a mismatch makes
-   all ranks raise the same error instead of leaving some waiting.
+1. a header per destination: ``[batch size, status, ids of each slot bound for it]`` int64.
+   Every rank learns every other rank's batch size and whether its input was valid, so a bad
+   input or a mismatch makes all ranks raise the same error instead of leaving some waiting;
+   and how many ids it receives per (source, slot), on the host (see [Note: host-side sizes]).
 2. int64 lengths then ids: for each slot bound for the destination (see [Note: routes]) its
    ``B`` bag lengths, then all the slots' ids.
 3. float32 per-id weights, when the collection has any (weighted input or MEAN pooling, whose
    ``1 / bag length`` is applied at the source, where whole bags are still known).
 Row-wise ids are bucketed by row range at the source and sent rebased to shard-local rows.
 The receiver gets, from each source in rank order, the same slot list: lengths ``[W, S, B]``.
+
+[Note: host-side sizes]
+An all-to-all needs its split sizes on the host, and how many ids a rank sends to each shard
+depends on the ids (row-wise bucketing). Everything else lives on the device of the batch. So
+the host learns sizes at exactly two points per batch, each one device-to-host copy (a sync on
+a GPU): the sender reads the ids per shard of all its bucketed units at once, after bucketing;
+the receiver reads the header, which carries the ids per (source, slot). Every later split
+(per kernel group, per output class, per source) is computed from those host lists, never by
+reading the device again. Small host lists the device needs (row starts, header) go over with
+``non_blocking=True``, which does not wait for the GPU's queue.
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ class Received:
     values: torch.Tensor  # [N] int64 shard-local rows, ordered (source, slot, bag)
     weights: torch.Tensor | None  # [N] float32
     batch_size: int
+    counts: list[list[int]]  # [W][S] ids per (source, slot), on the host
 
 
 class PendingInput:
@@ -88,7 +100,20 @@ class PendingInput:
             # is this span shrinking (benchmarks/bench_dmp.py measures it).
             with label("shardkit::input_dist.wait"):
                 self._result = self._finish()
+            _used_here(self._result, self.orders)
         return self._result
+
+
+def _used_here(received: Received, orders: dict[int, torch.Tensor]) -> None:
+    """On a GPU, mark the tensors made by an input dist that ran on another stream (the train
+    pipeline's, [Note: pipeline streams]) as used by the current one, the stream that computes
+    with them, so that the caching allocator keeps their memory until it is done."""
+    if not received.values.is_cuda:
+        return
+    stream = torch.cuda.current_stream(received.values.device)
+    for tensor in (received.lengths, received.values, received.weights, *orders.values()):
+        if tensor is not None:
+            tensor.record_stream(stream)
 
 
 def exchange_start(
@@ -98,20 +123,24 @@ def exchange_start(
     group: dist.ProcessGroup | None,
     *,
     with_weights: bool,
+    device: torch.device,
 ) -> PendingInput:
-    """Send this rank's ids to the shards' ranks; returns a handle on what it receives."""
+    """Send this rank's ids to the shards' ranks; returns a handle on what it receives.
+
+    ``device`` is where the collection computes: the batch's tensors are there, and so is
+    everything sent and received (NCCL carries only GPU tensors).
+    """
     world = layout.world_size
-    payload, sent_counts, orders = None, [], {}
+    payload, sent_counts, orders = None, [[0] * len(layout.slots_to(d)) for d in range(world)], {}
     if batch.error is None:
-        payload, sent_counts, orders = _payload(batch, layout, world, with_weights)
-    sent_ids = [0] * world if payload is None else [p.ids.numel() for p in payload]
-    status = _OK if batch.error is None else _BAD_INPUT
-    header = torch.tensor([[batch.batch_size, n, status] for n in sent_ids], dtype=torch.int64)
-    got = comm.all_to_all_single(header.view(-1), group=group).view(world, 3)
-    _check_headers(got, batch, rank)
-    size = int(got[0, 0])
+        payload, sent_counts, orders = _payload(batch, layout, world, with_weights, device)
+    header = _exchange_headers(batch, sent_counts, layout, rank, group, device)
+    _check_headers(header, batch, rank)
+    size = header[0][0]
     slots = layout.slots_to(rank)
-    received_ids = got[:, 1].tolist()
+    counts = [row[2:] for row in header]  # [W][S]
+    received_ids = [sum(per_slot) for per_slot in counts]
+    sent_ids = [sum(per_slot) for per_slot in sent_counts]
     ints_out = [len(slots) * size + n for n in received_ids]
     assert payload is not None
     ints = torch.cat([torch.cat([p.lengths, p.ids]) for p in payload])
@@ -131,9 +160,34 @@ def exchange_start(
         )
 
     def finish() -> Received:
-        return _unpack(ints_handle, weights_handle, slots, received_ids, world, size)
+        return _unpack(ints_handle, weights_handle, slots, counts, world, size)
 
     return PendingInput(finish, sent_counts, orders)
+
+
+def _exchange_headers(
+    batch: SourceBatch,
+    sent_counts: list[list[int]],
+    layout: Layout,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> list[list[int]]:
+    """Every source's header to this rank, read on the host: ``[W][2 + S]`` (see
+    [Note: input exchange]); the one device-to-host read of the receiver."""
+    status = _OK if batch.error is None else _BAD_INPUT
+    rows = [[batch.batch_size, status, *per_slot] for per_slot in sent_counts]
+    flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64)
+    width = 2 + len(layout.slots_to(rank))
+    got = comm.all_to_all_single(
+        flat.to(device, non_blocking=True),  # See [Note: host-side sizes]
+        input_split_sizes=[len(row) for row in rows],
+        output_split_sizes=[width] * layout.world_size,
+        group=group,
+    )
+    assert isinstance(got, torch.Tensor)
+    values = got.tolist()
+    return [values[r * width : (r + 1) * width] for r in range(layout.world_size)]
 
 
 @dataclass(frozen=True)
@@ -144,26 +198,31 @@ class _Payload:
 
 
 def _payload(
-    batch: SourceBatch, layout: Layout, world: int, with_weights: bool
+    batch: SourceBatch, layout: Layout, world: int, with_weights: bool, device: torch.device
 ) -> tuple[list[_Payload], list[list[int]], dict[int, torch.Tensor]]:
     """Per destination rank: its slots' lengths, ids and weights (see [Note: routes]); the ids
     sent per slot; each bucketed unit's sort order."""
+    units = [u for u in layout.units if u.route != Route.LOCAL]
+    split = [_split_unit(u, *_feature(batch, u)) for u in units]
+    # One read of every bucketed unit's ids per shard. See [Note: host-side sizes]
+    bucketed = [s.shard_lengths.sum(1) for s in split if s.order is not None]
+    host = torch.cat(bucketed).tolist() if bucketed else []
     per_rank: list[list[tuple]] = [[] for _ in range(world)]
     orders: dict[int, torch.Tensor] = {}
-    for unit in layout.units:
-        if unit.route == Route.LOCAL:
-            continue
-        feature = unit.feature_index
-        lengths = batch.lengths_per_feature[feature]
-        values = batch.values_per_feature[feature]
-        weights = batch.weights_per_feature[feature] if batch.weights_per_feature else None
-        parts, order = _split_unit(unit, lengths, values, weights)
-        if order is not None:
-            orders[unit.index] = order
-        for shard, part in zip(unit.shards, parts):
-            per_rank[shard.rank].append(part)
-    empty_ids = torch.empty(0, dtype=torch.int64)
-    empty_w = torch.empty(0, dtype=torch.float32)
+    for unit, part in zip(units, split):
+        if part.order is None:
+            counts = [part.ids.numel()]
+        else:
+            counts, host = host[: len(unit.shards)], host[len(unit.shards) :]
+            orders[unit.index] = part.order
+        ids = torch.split(part.ids, counts)
+        ws = [None] * len(counts) if part.weights is None else torch.split(part.weights, counts)
+        for shard, lengths, shard_ids, w, n in zip(
+            unit.shards, part.shard_lengths, ids, ws, counts
+        ):
+            per_rank[shard.rank].append((lengths, shard_ids, w, n))
+    empty_ids = torch.empty(0, dtype=torch.int64, device=device)
+    empty_w = torch.empty(0, dtype=torch.float32, device=device)
     out = []
     for parts in per_rank:
         out.append(
@@ -175,36 +234,57 @@ def _payload(
                 else None,
             )
         )
-    sent_counts = [[part[1].numel() for part in parts] for parts in per_rank]
+    sent_counts = [[part[3] for part in parts] for parts in per_rank]
     return out, sent_counts, orders
+
+
+def _feature(batch: SourceBatch, unit: Unit) -> tuple:
+    """The unit's feature in ``batch``: lengths ``[B]``, ids ``[n]``, weights ``[n]`` or None."""
+    feature = unit.feature_index
+    weights = batch.weights_per_feature[feature] if batch.weights_per_feature else None
+    return batch.lengths_per_feature[feature], batch.values_per_feature[feature], weights
+
+
+@dataclass(frozen=True)
+class _SplitUnit:
+    """A unit's ids ordered by shard: ``shard_lengths[k]`` ``[B]`` are shard k's bag lengths;
+    ``order`` (None for PLACED) the permutation that sorted the feature's ids by shard."""
+
+    shard_lengths: torch.Tensor  # [num_shards, B]
+    ids: torch.Tensor  # [n] rebased to shard-local rows
+    weights: torch.Tensor | None  # [n]
+    order: torch.Tensor | None  # [n]
 
 
 def _split_unit(
     unit: Unit, lengths: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | None
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], torch.Tensor | None]:
-    """A unit's ids per shard: all of them for PLACED; bucketed and rebased by row range else
-    (then also the permutation that sorted the ids by shard)."""
+) -> _SplitUnit:
+    """A unit's ids per shard: all of them for PLACED; bucketed and rebased by row range else.
+    Device work only: the host reads the sizes later, for all units at once."""
     if unit.route == Route.PLACED:
-        return [(lengths, values, weights)], None
+        return _SplitUnit(lengths.unsqueeze(0), values, weights, None)
     batch = lengths.numel()
+    device = values.device
     starts = torch.tensor([s.row_start for s in unit.shards], dtype=torch.int64)
+    starts = starts.to(device, non_blocking=True)  # See [Note: host-side sizes]
     bucket = torch.bucketize(values, starts[1:], right=True)  # [n]: shard of each id
-    bag = torch.repeat_interleave(torch.arange(batch), lengths, output_size=values.numel())
+    bag = torch.repeat_interleave(
+        torch.arange(batch, device=device), lengths, output_size=values.numel()
+    )
     num_shards = len(unit.shards)
-    shard_lengths = torch.bincount(bucket * batch + bag, minlength=num_shards * batch)
-    shard_lengths = shard_lengths.view(num_shards, batch)
+    # ids per (shard, bag); scatter_add, not bincount, which reads its input's max on a GPU
+    key = bucket * batch + bag
+    shard_lengths = torch.zeros(num_shards * batch, dtype=torch.int64, device=device)
+    shard_lengths.scatter_add_(0, key, torch.ones_like(key))
     order = torch.argsort(bucket, stable=True)  # by shard; within a shard still bag by bag
     rebased = values[order] - starts[bucket[order]]
-    counts = shard_lengths.sum(1).tolist()
-    ids = torch.split(rebased, counts)
-    ws = torch.split(weights[order], counts) if weights is not None else [None] * num_shards
-    return list(zip(shard_lengths, ids, ws)), order
+    sorted_weights = None if weights is None else weights[order]
+    return _SplitUnit(shard_lengths.view(num_shards, batch), rebased, sorted_weights, order)
 
 
-def _check_headers(headers: torch.Tensor, batch: SourceBatch, rank: int) -> None:
+def _check_headers(headers: list[list[int]], batch: SourceBatch, rank: int) -> None:
     """Raise the same error on every rank if any rank's input was bad or batch sizes differ."""
-    status = headers[:, 2].tolist()
-    bad = [r for r, s in enumerate(status) if s != _OK]
+    bad = [r for r, row in enumerate(headers) if row[1] != _OK]
     if bad:
         if batch.error is not None:
             raise InputError(batch.error)
@@ -212,7 +292,7 @@ def _check_headers(headers: torch.Tensor, batch: SourceBatch, rank: int) -> None
             f"rank(s) {bad} refused their input to the sharded collection (their error says "
             "why); every rank stops here instead of waiting for them"
         )
-    sizes = headers[:, 0].tolist()
+    sizes = [row[0] for row in headers]
     if len(set(sizes)) > 1:
         raise InputError(
             f"ranks disagree on the batch size: {dict(enumerate(sizes))} (rank: size). Every "
@@ -225,13 +305,13 @@ def _unpack(
     ints_handle: Handle,
     weights_handle: Handle | None,
     slots: Sequence[Slot],
-    received_ids: list[int],
+    counts: list[list[int]],
     world: int,
     size: int,
 ) -> Received:
     ints = ints_handle.wait()
     num_lengths = len(slots) * size
-    pieces = torch.split(ints, [num_lengths + n for n in received_ids])
+    pieces = torch.split(ints, [num_lengths + sum(per_slot) for per_slot in counts])
     lengths = torch.stack([p[:num_lengths] for p in pieces]) if pieces else ints[:0]
     values = torch.cat([p[num_lengths:] for p in pieces])
     weights = weights_handle.wait() if weights_handle is not None else None
@@ -241,4 +321,5 @@ def _unpack(
         values=values,
         weights=weights,
         batch_size=size,
+        counts=counts,
     )

@@ -2,8 +2,9 @@
 
 TorchRec's entry point (seeds 000-002). Given any module, it plans (or takes a plan), replaces
 every embedding collection at any depth with its sharded version, materialises parameters left
-on the meta device, and wraps the dense rest in torch's DistributedDataParallel, whose averaged
-gradients match the sharded tables' divided ones (see `ShardedEmbeddingBagCollection`).
+on the meta device, moves the dense rest to the rank's device (as TorchRec's data-parallel
+wrapper does) and wraps it in torch's DistributedDataParallel, whose averaged gradients match
+the sharded tables' divided ones (see `ShardedEmbeddingBagCollection`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from shardkit import comm, launch
 from shardkit.optim import CombinedOptimizer
 from shardkit.planner import EmbeddingShardingPlanner, Topology
+from shardkit.sharding._device import resolve_device
 from shardkit.sharding._sharding_plan import get_default_sharders
 from shardkit.types import ModuleSharder, ShardingEnv, ShardingPlan
 
@@ -35,7 +37,8 @@ class DistributedModelParallel(nn.Module):
     Args:
         module: the model, possibly on the meta device.
         env: the ranks (default: the world process group).
-        device: where this rank computes (default: CPU).
+        device: where this rank computes (default: ``cuda:<current device>`` when the process
+            group is NCCL, else the CPU; see [Note: default device]).
         plan: a `ShardingPlan`; default: planned collectively by `EmbeddingShardingPlanner`.
         sharders: which module types to shard (default: embedding bag and sequence collections).
         init_data_parallel: wrap the non-sharded parameters in DistributedDataParallel.
@@ -61,7 +64,7 @@ class DistributedModelParallel(nn.Module):
     ) -> None:
         super().__init__()
         self._env = env or ShardingEnv.from_process_group(_world())
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = resolve_device(device, self._env)
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         self._local_world_size = local_world_size or _local_world_size(self._env.world_size)
         if plan is None:
@@ -79,6 +82,7 @@ class DistributedModelParallel(nn.Module):
         module = self._shard(module, gradient_division)
         if init_parameters:
             _materialize(module, self.device)
+        module.to(self.device)  # the dense rest; the sharded collections are there already
         self._dmp_wrapped_module = module
         if init_data_parallel:
             self._dmp_wrapped_module = self._data_parallel(module)

@@ -49,15 +49,17 @@ def distribute(
     batch_size: int,
     group: dist.ProcessGroup | None,
     hosts: HostGroups | None,
+    device: torch.device,
 ) -> dict[int, torch.Tensor]:
     """Send one class's pooled rows home; returns ``{unit index: [B, cols]}`` for this rank.
 
     ``rows``: this rank's kernel outputs of the class, one per group in class order, each
-    ``[W * S_g * B, cols]`` ordered (source, slot, bag).
+    ``[W * S_g * B, cols]`` ordered (source, slot, bag). ``device``: where a rank with no rows
+    in the class makes its empty contribution.
     """
     route, cols = output_class
     world = len(specs_per_rank)
-    local = _differentiable(_by_source(rows, world, batch_size, cols))  # [W, S * B, cols]
+    local = _differentiable(_by_source(rows, world, cols, device))  # [W, S * B, cols]
     if route == Route.PLACED:
         return _placed(output_class, local, specs_per_rank, rank, batch_size, group)
     if route == Route.SUMMED:
@@ -79,10 +81,10 @@ def _differentiable(x: torch.Tensor) -> torch.Tensor:
 
 
 def _by_source(
-    rows: Sequence[torch.Tensor], world: int, batch_size: int, cols: int
+    rows: Sequence[torch.Tensor], world: int, cols: int, device: torch.device
 ) -> torch.Tensor:
     if not rows:
-        return torch.zeros((world, 0, cols))
+        return torch.zeros((world, 0, cols), device=device)
     parts = [r.view(world, -1, cols) for r in rows]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 

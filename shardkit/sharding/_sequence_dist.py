@@ -31,27 +31,28 @@ def distribute_rows(
     *,
     rank: int,
     group: dist.ProcessGroup | None,
+    device: torch.device,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """Send one class's looked-up rows home; returns ``{(unit index, shard index): rows}`` with
     the rows of this rank's ids sent to that shard, in the order they were sent.
 
     ``rows``: this rank's kernel outputs in the class, with their group, each ``[N_g, cols]``
-    ordered (source, slot, id).
+    ordered (source, slot, id). ``device``: where a rank with no rows in the class makes its
+    empty contribution.
     """
     cols = output_class[1]
     world = len(specs_per_rank)
-    counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
+    counts = received.counts  # [W][S] ids per (source, slot), host-side
     per_source: list[list[torch.Tensor]] = [[] for _ in range(world)]
     for spec, out in rows:
         positions = [received.slots.index(s) for s in spec.slots]
-        chosen = counts[:, positions]  # [W, S_g]
-        pieces = torch.split(out, chosen.sum(1).tolist())
+        pieces = torch.split(out, [sum(per_slot[p] for p in positions) for per_slot in counts])
         for source in range(world):
             per_source[source].append(pieces[source])
     send_sizes = [sum(p.shape[0] for p in parts) for parts in per_source]
     send = torch.cat([p for parts in per_source for p in parts]) if rows else None
     if send is None:
-        send = torch.zeros((0, cols), requires_grad=torch.is_grad_enabled())
+        send = torch.zeros((0, cols), device=device, requires_grad=torch.is_grad_enabled())
     expected = _expected(output_class, specs_per_rank, layout, pending)
     got = comm.all_to_all_single(
         send,

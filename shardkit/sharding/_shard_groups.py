@@ -99,17 +99,15 @@ class ShardGroup:
 def build_shard_group(
     spec: ShardGroupSpec,
     device: torch.device,
-    initial: Callable[[ShardSlice], torch.Tensor | None],
+    initial: Callable[[ShardSlice, torch.Tensor], None],
 ) -> ShardGroup:
-    """Allocate the stacked shards and fill them from ``initial(shard)`` (or leave for init)."""
+    """Allocate the stacked shards on ``device``; ``initial(shard, view)`` fills each shard."""
     rows = [shard.rows for shard in spec.shards]
     tables = stack_tables(rows, spec.cols, dtype=spec.dtype, device=device, optimizer=spec.config)
     params = []
     for shard, view in zip(spec.shards, tables.table_views()):
-        value = initial(shard)
-        if value is not None:
-            with torch.no_grad():
-                view.copy_(value)
+        with torch.no_grad():
+            initial(shard, view)
         param = nn.Parameter(view, requires_grad=True)
         param._shardkit_embedding_table = True  # type: ignore[attr-defined]
         params.append(param)
@@ -124,38 +122,42 @@ def shard_group_input(
     slots = received.slots
     positions = [slots.index(s) for s in shard_group.spec.slots]
     lengths = received.lengths[:, positions, :]  # [W, S_g, B]
-    counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
+    counts = received.counts  # [W][S] ids per (source, slot), host-side
     bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
+    chosen_counts = [per_source[p] for per_source in counts for p in positions]  # [W * S_g]
     if len(positions) == len(slots):
         values = received.values
         weights = received.weights
-        chosen_counts = counts
     else:
-        index = _segments(counts, positions)
+        index = _segments(counts, positions, received.values.device)
         values = received.values.index_select(0, index)
         weights = None if received.weights is None else received.weights.index_select(0, index)
-        chosen_counts = counts[:, positions]
     # one segment per (source, slot), each shifted by its shard's first row in the stack
     ids, offsets = kernel_input(
-        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts.reshape(-1)
+        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts
     )
     return ids, offsets, weights
 
 
-def _segments(counts: torch.Tensor, positions: list[int]) -> torch.Tensor:
+def _segments(counts: list[list[int]], positions: list[int], device: torch.device) -> torch.Tensor:
     """Indices into the received ids of the (source, slot) segments whose slot is in
-    ``positions``, source by source, slot by slot."""
-    flat = counts.reshape(-1)
-    starts = torch.zeros_like(flat)
-    if flat.numel() > 1:
-        torch.cumsum(flat[:-1], 0, out=starts[1:])
-    num_slots = counts.shape[1]
-    chosen = torch.tensor(
-        [w * num_slots + p for w in range(counts.shape[0]) for p in positions], dtype=torch.int64
-    )
-    seg_starts, seg_counts = starts[chosen], flat[chosen]
-    total = int(seg_counts.sum())
-    within = torch.arange(total) - torch.repeat_interleave(
-        torch.cumsum(seg_counts, 0) - seg_counts, seg_counts, output_size=total
-    )
-    return torch.repeat_interleave(seg_starts, seg_counts, output_size=total) + within
+    ``positions``, source by source, slot by slot. Sizes come from the host; only the index
+    itself is built on ``device`` (see [Note: host-side sizes])."""
+    flat = [n for per_source in counts for n in per_source]
+    starts = [0]
+    for n in flat[:-1]:
+        starts.append(starts[-1] + n)
+    num_slots = len(counts[0]) if counts else 0
+    chosen = [w * num_slots + p for w in range(len(counts)) for p in positions]
+    seg_counts = [flat[c] for c in chosen]
+    # each segment's offset from its first id: its start in the received ids minus its start
+    # in the output
+    shifts, out_start = [], 0
+    for c, n in zip(chosen, seg_counts):
+        shifts.append(starts[c] - out_start)
+        out_start += n
+    total = out_start
+    shift = torch.tensor(shifts, dtype=torch.int64).to(device, non_blocking=True)
+    sizes = torch.tensor(seg_counts, dtype=torch.int64).to(device, non_blocking=True)
+    within = torch.arange(total, dtype=torch.int64, device=device)
+    return within + torch.repeat_interleave(shift, sizes, output_size=total)

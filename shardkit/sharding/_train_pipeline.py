@@ -11,10 +11,23 @@ it; a collection fed another KJT runs its input dist in its forward, correct but
 Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
 out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
 a collective the others never call.
+
+[Note: pipeline streams]
+On a GPU the fetch runs on two side streams, as TorchRec's pipeline does: the host-to-device
+copy of batch i+1 on a copy stream, then its input dist (and the agreement on data) on a
+data-dist stream that waits only for that copy. So the input dist's host reads (see
+[Note: host-side sizes]) wait for the copy and the ids' exchange, not for batch i's forward and
+backward queued on the main stream, and the host runs ahead. Before batch i+1's forward, the
+main stream waits for the data-dist stream, and every tensor made on a side stream is marked
+as used by the main stream (``record_stream``) so that the caching allocator does not reuse its
+memory early. Copies overlap compute only from pinned host memory (``batch.pin_memory()``, or
+a DataLoader with ``pin_memory=True``). On the CPU, or any other device, everything runs in
+order on the one stream and none of this applies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -45,7 +58,9 @@ class TrainPipelineSparseDist:
     Args:
         model: usually a `DistributedModelParallel`.
         optimizer: the dense parameters' optimizer.
-        device: where batches go (``batch.to(device)``).
+        device: where batches go (``batch.to(device, non_blocking=True)``; None: left where
+            they are). On a GPU, the copy and the input dist run on side streams (see
+            [Note: pipeline streams]).
         group: the process group the ranks agree through (default: the world).
     """
 
@@ -59,7 +74,8 @@ class TrainPipelineSparseDist:
     ) -> None:
         self._model = model
         self._optimizer = optimizer
-        self._device = device
+        self._device = None if device is None else torch.device(device)
+        self._streams = _SideStreams.on(self._device)
         self._group = group
         self._sharded = [m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
         self._next: Any = None
@@ -75,6 +91,8 @@ class TrainPipelineSparseDist:
         if batch is None:
             raise StopIteration
         self._next = self._fetch(dataloader_iter)  # See [Note: pipelined input dist]
+        if self._streams is not None:
+            self._streams.hand_over(batch)
         self._model.train()
         self._optimizer.zero_grad()
         loss, output = self._model(batch)
@@ -87,22 +105,63 @@ class TrainPipelineSparseDist:
             batch = next(dataloader_iter)
         except StopIteration:
             batch = None
-        _agree_on_data(batch is not None, self._batches, self._group)
-        if batch is None:
-            return None
-        self._batches += 1
-        if self._device is not None and hasattr(batch, "to"):
-            batch = batch.to(self._device, non_blocking=True)
-        features = getattr(batch, "sparse_features", None)
-        if features is not None:
-            for sharded in self._sharded:
-                sharded.prefetch(features)
+        streams = self._streams
+        with streams.copying() if streams else contextlib.nullcontext():
+            if batch is not None and self._device is not None and hasattr(batch, "to"):
+                batch = batch.to(self._device, non_blocking=True)
+        with streams.distributing() if streams else contextlib.nullcontext():
+            _agree_on_data(batch is not None, self._batches, self._group)
+            if batch is None:
+                return None
+            self._batches += 1
+            features = getattr(batch, "sparse_features", None)
+            if features is not None:
+                for sharded in self._sharded:
+                    sharded.prefetch(features)
         return batch
 
 
+class _SideStreams:
+    """The copy and data-dist streams of a GPU pipeline. See [Note: pipeline streams]."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.copy = torch.cuda.Stream(device=device)
+        self.dist = torch.cuda.Stream(device=device)
+        self.device = device
+        self._ready: list[torch.cuda.Event] = []  # per fetched batch: its input dist is queued
+
+    @classmethod
+    def on(cls, device: torch.device | None) -> _SideStreams | None:
+        return cls(device) if device is not None and device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        with torch.cuda.stream(self.copy):  # new memory only: no need to wait for the main
+            yield
+
+    @contextlib.contextmanager
+    def distributing(self) -> Iterator[None]:
+        self.dist.wait_stream(self.copy)
+        with torch.cuda.stream(self.dist):
+            yield
+        ready = torch.cuda.Event()
+        ready.record(self.dist)
+        self._ready.append(ready)
+
+    def hand_over(self, batch: Any) -> None:
+        """The main stream takes the oldest fetched batch: it waits for that batch's input dist
+        (not for the newer one just started) and keeps the batch's memory alive; the
+        prefetched ids are marked by `PendingInput.wait`, which runs on the main stream."""
+        main = torch.cuda.current_stream(self.device)
+        main.wait_event(self._ready.pop(0))
+        if hasattr(batch, "record_stream"):
+            batch.record_stream(main)
+
+
 def _agree_on_data(have: bool, count: int, group: dist.ProcessGroup | None) -> None:
-    """All ranks learn which ranks have a batch; raise on every rank if only some do."""
-    flags = comm.all_gather_into_tensor(torch.tensor([int(have)]), group=group).tolist()
+    """All ranks learn which ranks have a batch; raise on every rank if only some do. The
+    flags travel on the device the group carries (a GPU's for NCCL)."""
+    flags = comm.all_gather_sizes(int(have), group=group)
     if all(flags) or not any(flags):
         return
     empty = [r for r, f in enumerate(flags) if not f]

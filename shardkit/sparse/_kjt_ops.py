@@ -24,6 +24,7 @@ from shardkit.sparse._segments import (
     complete_cumsum,
     cumsum_list,
     gather_segments,
+    host_list_to,
 )
 
 __all__ = [
@@ -254,7 +255,7 @@ def permute(
         lengths = kjt.lengths().index_select(0, bag_index)
     else:
         if indices_tensor is None:
-            indices_tensor = torch.tensor(indices, dtype=torch.int64, device=device)
+            indices_tensor = host_list_to(indices, device)
         table = kjt.lengths().view(len(keys), kjt.stride())  # [F, B]
         lengths = table.index_select(0, indices_tensor).view(-1)
     return _permuted(kjt, indices, lengths, value_index)

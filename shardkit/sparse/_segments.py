@@ -14,6 +14,7 @@ __all__ = [
     "complete_cumsum",
     "cumsum_list",
     "gather_segments",
+    "host_list_to",
     "to_padded",
 ]
 
@@ -41,8 +42,15 @@ def boundary_diffs(offsets: torch.Tensor, boundaries: list[int]) -> list[int]:
     """
     if len(boundaries) < 2:
         return []
-    index = torch.tensor(boundaries, dtype=torch.int64, device=offsets.device)
+    index = host_list_to(boundaries, offsets.device)
     return torch.diff(offsets.index_select(0, index)).tolist()
+
+
+def host_list_to(values: list[int], device: torch.device) -> torch.Tensor:
+    """A short host list as an int64 tensor on ``device``. ``non_blocking``: on a GPU the copy
+    then does not wait for the kernels already queued (a blocking one would wait for all of
+    them); the list is staged before the call returns, so reusing it is safe."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
 def gather_segments(starts: list[int], sizes: list[int], device: torch.device) -> torch.Tensor:
@@ -54,8 +62,8 @@ def gather_segments(starts: list[int], sizes: list[int], device: torch.device) -
     total = sum(sizes)
     out_starts = cumsum_list(sizes)[:-1]
     shift = [start - out for start, out in zip(starts, out_starts)]
-    shift_t = torch.tensor(shift, dtype=torch.int64, device=device)
-    sizes_t = torch.tensor(sizes, dtype=torch.int64, device=device)
+    shift_t = host_list_to(shift, device)
+    sizes_t = host_list_to(sizes, device)
     position = torch.arange(total, dtype=torch.int64, device=device)
     return position + torch.repeat_interleave(shift_t, sizes_t, output_size=total)
 

@@ -35,8 +35,11 @@ __all__ = ["train_rank"]
 logger = logging.getLogger(__name__)
 
 
-def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
-    """Train on this rank; returns the last validation metrics (and plan text) on every rank."""
+def train_rank(
+    rank: int, world_size: int, config: TrainConfig, *, device: torch.device | None = None
+) -> dict[str, Any]:
+    """Train on this rank; returns the last validation metrics (and plan text) on every rank.
+    ``device``: where the model trains (default: the process group's, see `DistributedModelParallel`)."""
     torch.manual_seed(config.seed)
     say = logger.info if rank == 0 else (lambda *a, **k: None)  # the CLI shows shardkit.train
     data = build_data(config, rank, world_size)
@@ -49,7 +52,7 @@ def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any
         say(str(planner.stats))
     if config.plan_only:
         return {"plan": str(plan)}
-    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
+    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=device)
     optimizer = dense_optimizer(config, dmp)
     start_epoch, step = _maybe_resume(config, dmp, optimizer, data, say)
     history = []
@@ -101,11 +104,14 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
 def _train_epoch(
     config, dmp, optimizer, data, epoch, step, rank, metrics
 ) -> tuple[int, float, float]:
-    pipeline = TrainPipelineSparseDist(dmp, optimizer)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, dmp.device)  # batches go to its device
     total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
     if config.max_steps_per_epoch is not None:
         total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
-    batches = iter(data.train)
+    source = iter(data.train)
+    batches = source
+    if dmp.device.type == "cuda":  # the pipeline's copy stream overlaps only pinned copies
+        batches = (batch.pin_memory() for batch in source)
     progress = Progress(total, epoch, enabled=config.progress and rank == 0)
     meter = ThroughputMeter(warmup_steps=2 if total is None else min(2, max(total - 1, 0)))
     global_batch = config.batch_size * torch.distributed.get_world_size()
@@ -124,10 +130,7 @@ def _train_epoch(
         progress.update(step, losses[-1], speed)
         if step % config.log_every == 0:  # every rank: the loss is averaged over them
             recent = losses[-min(config.log_every, len(losses)) :]
-            mean = comm.all_reduce(
-                torch.tensor([sum(recent) / len(recent)], dtype=torch.float64),
-                op=torch.distributed.ReduceOp.AVG,
-            )
+            mean = _mean_over_ranks(sum(recent) / len(recent), dmp.device)
             if metrics is not None:
                 metrics.write(
                     {"kind": "train", "epoch": epoch, "step": step, "loss": float(mean),
@@ -135,12 +138,19 @@ def _train_epoch(
                 )  # fmt: skip
     progress.close()
     if config.max_steps_per_epoch is not None:
-        for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
+        for _ in source:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
     # the epoch's mean loss over all ranks' examples (each rank's batch is the same size)
-    mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64)
-    mean = comm.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
-    return step, float(mean), meter.compute().get("samples_per_s", float("nan"))
+    mean = _mean_over_ranks(sum(losses) / max(len(losses), 1), dmp.device)
+    return step, mean, meter.compute().get("samples_per_s", float("nan"))
+
+
+def _mean_over_ranks(value: float, device: torch.device) -> float:
+    """``value`` averaged over the ranks, through the DMP's device (NCCL carries no CPU tensor)."""
+    local = torch.tensor([value], dtype=torch.float64, device=device)
+    mean = comm.all_reduce(local, op=torch.distributed.ReduceOp.AVG)
+    assert isinstance(mean, torch.Tensor)
+    return float(mean.item())
 
 
 @torch.no_grad()
@@ -148,7 +158,7 @@ def _validate(dmp, data) -> dict[str, float]:
     dmp.eval()
     metrics = BinaryMetrics()
     for batch in data.validation:
-        _, (_, logits, labels) = dmp(batch)
+        _, (_, logits, labels) = dmp(batch.to(dmp.device))
         metrics.update(logits, labels, batch.weights)
     dmp.train()
     return {k: float(v) for k, v in metrics.compute().items()}

@@ -17,52 +17,56 @@ from shardkit.modules import EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
+from tests.devices import ALL, CPU_AND_GPU, DEVICE_TIER
+from tests.fake_gpu import to_cpu
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 FUSED = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
 
 
-def _dmp(world_size: int, kind: str, tables=None):
+def _dmp(world_size: int, kind: str, tables=None, device=None):
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=tables or configs())
     plan = ShardingPlan({"": make_plan(ebc, kind, world_size, world_size)})
     sharders = [EmbeddingBagCollectionSharder(fused_params=FUSED)]
-    return DistributedModelParallel(ebc, plan=plan, sharders=sharders)
+    return DistributedModelParallel(ebc, device=device, plan=plan, sharders=sharders)
 
 
 def _full_view(dmp) -> dict[str, torch.Tensor]:
-    """Every table and its row-wise accumulator as this rank sees them: {key: [(offsets, t)]}."""
+    """Every table and its row-wise accumulator as this rank sees them, on the CPU:
+    {key: [(offsets, t)]}."""
     out = {}
     for key, value in dmp.state_dict().items():
         shards = value.local_shards() if hasattr(value, "local_shards") else None
         out[key] = (
-            [(s.metadata.shard_offsets, s.tensor.clone()) for s in shards]
+            [(s.metadata.shard_offsets, s.tensor.cpu()) for s in shards]
             if shards is not None
-            else [([0, 0], value.clone())]
+            else [([0, 0], value.cpu())]
         )
     sharded = dmp.module
     for group in sharded._shard_groups:
         opt = group.tables.optimizer
         for k, slice_ in enumerate(group.spec.shards):
             start, end = group.tables.row_starts[k], group.tables.row_starts[k + 1]
-            acc = opt.state["momentum1"][start:end].clone()
+            acc = opt.state["momentum1"][start:end].cpu()
             out.setdefault(f"acc.{slice_.table}", []).append(
                 ([slice_.row_start, slice_.col_start], acc)
             )
     return out
 
 
-def _save(rank: int, world_size: int, root: str):
-    dmp = _dmp(world_size, "row_wise")
+def _save(rank: int, world_size: int, root: str, *, device=None):
+    """Three steps of training on ``device`` (default CPU), then a checkpoint."""
+    dmp = _dmp(world_size, "row_wise", device=device)
     for step in range(3):
         kjt = global_batch(step, 2 * world_size, False)
-        dmp(local_part(kjt, rank, world_size)).values().sum().backward()
+        dmp(local_part(kjt, rank, world_size).to(dmp.device)).values().sum().backward()
     ckpt.save(root, step=3, model=dmp, extra={"epoch": 1})
     return _full_view(dmp)
 
 
-def _load(rank: int, world_size: int, root: str, kind: str):
-    dmp = _dmp(world_size, kind)
+def _load(rank: int, world_size: int, root: str, kind: str, *, device=None):
+    dmp = _dmp(world_size, kind, device=device)
     extra = ckpt.load(root, model=dmp, extra={"epoch": 0})
     return extra, _full_view(dmp)
 
@@ -82,18 +86,43 @@ def _assemble(views: list[dict]) -> dict[str, torch.Tensor]:
     return whole
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize(
     ("world_size", "kind"), [(1, "table_wise"), (3, "table_wise"), (3, "column_wise")]
 )
-def test_row_wise_checkpoint_loads_resharded(run_ranks, tmp_path, world_size, kind):
-    saved = _assemble(run_ranks(_save, 2, str(tmp_path)))
-    loaded = run_ranks(_load, world_size, str(tmp_path), kind)
+def test_row_wise_checkpoint_loads_resharded(run_ranks, tmp_path, world_size, kind, device):
+    saved = _assemble(run_ranks(_save, 2, str(tmp_path), device=device))
+    loaded = run_ranks(_load, world_size, str(tmp_path), kind, device=device)
     assert all(extra == {"epoch": 1} for extra, _ in loaded)
     restored = _assemble([view for _, view in loaded])
     for key in saved:  # bit-exact; NaN marks the padding beyond each table
         torch.testing.assert_close(
             restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key
         )
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+def test_checkpoint_round_trip_on_a_device(run_ranks, tmp_path, device):
+    """Tables and fused optimizer state trained on a device that is not the CPU (see
+    tests/devices.py) are saved from it and load, resharded onto 3 ranks of that device and
+    onto the CPU, bit for bit; the tables equal the unsharded module trained on the CPU."""
+    saved = _assemble(run_ranks(_save, 2, str(tmp_path), device=device))
+    for where in (device, "cpu"):
+        loaded = run_ranks(_load, 3, str(tmp_path), "column_wise", device=where)
+        assert all(extra == {"epoch": 1} for extra, _ in loaded)
+        restored = _assemble([view for _, view in loaded])
+        for key in saved:
+            torch.testing.assert_close(
+                restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key
+            )
+    torch.manual_seed(0)
+    reference = EmbeddingBagCollection(tables=configs(), fused_params=FUSED)
+    for step in range(3):
+        # the sharded tables' gradients are divided by the world size (2)
+        (reference(global_batch(step, 4, False)).values().sum() / 2).backward()
+    for key, value in reference.state_dict().items():
+        got = saved[key][: value.shape[0], : value.shape[1]]
+        torch.testing.assert_close(got, value, msg=key)
 
 
 def _crash_in_commit(rank: int, world_size: int, root: str):
@@ -205,46 +234,49 @@ def _load_imported(rank: int, world_size: int, root: str):
 # ---- FSDP models ------------------------------------------------------------------------------
 
 
-def _fsdp(face: str, seed: int):
+def _fsdp(face: str, seed: int, device=None):
     from tests.fsdp.sharded import model_and_optimizer
 
-    return model_and_optimizer(face, seed=seed)
+    return model_and_optimizer(face, seed=seed, device=device)
 
 
-def _fsdp_save(rank: int, world_size: int, root: str, face: str):
+def _fsdp_save(rank: int, world_size: int, root: str, face: str, *, device=None):
     from tests.fsdp.models import batches, train
     from tests.fsdp.sharded import full_state
 
-    model, optimizer = _fsdp(face, seed=0)
-    train(model, optimizer, batches(world_size), rank, world_size)
+    model, optimizer = _fsdp(face, seed=0, device=device)
+    train(model, optimizer, batches(world_size), rank, world_size, device)
     ckpt.save(root, step=1, model=model, optimizer=optimizer, extra={"epoch": 1})
-    return full_state(model)
+    return to_cpu(full_state(model))
 
 
-def _fsdp_resume(rank: int, world_size: int, root: str, face: str):
+def _fsdp_resume(rank: int, world_size: int, root: str, face: str, *, device=None):
     from tests.fsdp.models import batches, train
     from tests.fsdp.sharded import full_state
 
-    model, optimizer = _fsdp(face, seed=7)
+    model, optimizer = _fsdp(face, seed=7, device=device)
     extra = ckpt.load(root, model=model, optimizer=optimizer, extra={"epoch": 0})
-    loaded = full_state(model)
-    train(model, optimizer, batches(world_size, steps=2, seed=5), rank, world_size)
-    return extra, loaded, full_state(model)
+    loaded = to_cpu(full_state(model))
+    train(model, optimizer, batches(world_size, steps=2, seed=5), rank, world_size, device)
+    return extra, loaded, to_cpu(full_state(model))
 
 
+@pytest.mark.parametrize("device", ALL)
 @pytest.mark.parametrize(("face", "load_ws"), [("wrapper", 3), ("fully_shard", 1)])
-def test_fsdp_checkpoint_resumes_on_another_world_size(run_ranks, tmp_path, face, load_ws):
+def test_fsdp_checkpoint_resumes_on_another_world_size(run_ranks, tmp_path, face, load_ws, device):
     """Parameters and Adam's moments of an FSDP model saved on 2 ranks come back on ``load_ws``
-    ranks: training on continues exactly as an unsharded model trained straight through."""
+    ranks: training on continues exactly as an unsharded model trained straight through (on
+    the CPU, whatever ``device`` the FSDP model computes on)."""
     from tests.fsdp.models import OPTIMIZERS, assert_state_equal, batches, make_model, train
 
-    saved = run_ranks(_fsdp_save, 2, str(tmp_path), face)[0]
+    saved = run_ranks(_fsdp_save, 2, str(tmp_path), face, device=device)[0]
     reference = make_model()
     optimizer = OPTIMIZERS["adam"](reference.parameters())
     train(reference, optimizer, batches(2))
     assert_state_equal(saved, reference.state_dict())
     train(reference, optimizer, batches(load_ws, steps=2, seed=5))
-    for extra, loaded, trained in run_ranks(_fsdp_resume, load_ws, str(tmp_path), face):
+    resumed = run_ranks(_fsdp_resume, load_ws, str(tmp_path), face, device=device)
+    for extra, loaded, trained in resumed:
         assert extra == {"epoch": 1}
         assert_state_equal(loaded, saved)
         assert_state_equal(trained, reference.state_dict())

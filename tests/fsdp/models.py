@@ -77,10 +77,17 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def train(
-    model: nn.Module, optimizer: torch.optim.Optimizer, data, rank: int = 0, world_size: int = 1
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
 ) -> None:
+    """Steps on this rank's chunk of each global batch, moved to ``device`` (default: left on
+    the CPU)."""
     for batch in data:
-        x, y = local(batch, rank, world_size)
+        x, y = (t.to(device) if device is not None else t for t in local(batch, rank, world_size))
         optimizer.zero_grad()
         loss_fn(model, x, y).backward()
         optimizer.step()
@@ -128,37 +135,47 @@ def meta_reference(seed: int = 0) -> dict[str, torch.Tensor]:
 _MESHES: dict[tuple[int, ...], Any] = {}
 
 
-def mesh_of(shape: tuple[int, ...]) -> Any:
-    """A CPU DeviceMesh of ``shape`` (``(replicate, shard)`` names when 2-D), one per rank
-    process: creating one creates process groups, a collective."""
+def mesh_of(shape: tuple[int, ...], device_type: str = "cpu") -> Any:
+    """A DeviceMesh of ``shape`` (``(replicate, shard)`` names when 2-D) on ``device_type``, one
+    per rank process: creating one creates process groups, a collective."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (id(dist.group.WORLD), *shape)
+    key = (id(dist.group.WORLD), device_type, *shape)
     if key not in _MESHES:
         names = ("replicate", "shard") if len(shape) == 2 else None
-        _MESHES[key] = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
     return _MESHES[key]
 
 
 def fsdp2_kwargs(
-    strategy: str, world_size: int, *, offload: bool = False, per_host: int | None = None
+    strategy: str,
+    world_size: int,
+    *,
+    offload: bool = False,
+    per_host: int | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """``fully_shard``'s arguments (FSDP2's) for an FSDP1 strategy name: FULL_SHARD is the
     default, SHARD_GRAD_OP keeps parameters after forward, NO_SHARD and HYBRID_SHARD are 2-D
-    meshes (replicas x shards) with shards of 1 and ``per_host`` ranks."""
+    meshes (replicas x shards) with shards of 1 and ``per_host`` ranks; the mesh is on
+    ``device``'s type when one is given (FSDP2 computes on its mesh's device)."""
     from shardkit.fsdp import CPUOffloadPolicy
 
     kwargs: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    shape: tuple[int, ...] | None = None
     if strategy == "SHARD_GRAD_OP":
         kwargs["reshard_after_forward"] = False
     elif strategy == "NO_SHARD":
-        kwargs["mesh"] = mesh_of((world_size, 1))
+        shape = (world_size, 1)
     elif strategy == "HYBRID_SHARD":
         per_host = per_host or world_size
-        kwargs["mesh"] = mesh_of((world_size // per_host, per_host))
+        shape = (world_size // per_host, per_host)
     else:
         assert strategy == "FULL_SHARD", strategy
+    device_type = "cpu" if device is None else torch.device(device).type
+    if shape is not None or device_type != "cpu":
+        kwargs["mesh"] = mesh_of(shape or (world_size,), device_type)
     return kwargs
 
 

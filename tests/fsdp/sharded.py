@@ -22,22 +22,30 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {key: value.clone() for key, value in model.state_dict().items()}
 
 
-def wrapped(strategy: str = "FULL_SHARD", seed: int = 0) -> FullyShardedDataParallel:
-    """The model under the FSDP wrapper, one unit per block."""
+def wrapped(
+    strategy: str = "FULL_SHARD", seed: int = 0, device: torch.device | None = None
+) -> FullyShardedDataParallel:
+    """The model under the FSDP wrapper, one unit per block, computing on ``device`` (default:
+    the rank's)."""
     return FullyShardedDataParallel(
         make_model(seed),
         sharding_strategy=ShardingStrategy[strategy],
         auto_wrap_policy=ModuleWrapPolicy({Block}),
+        device_id=device,
     )
 
 
-def model_and_optimizer(face: str, strategy: str = "FULL_SHARD", seed: int = 0):
+def model_and_optimizer(
+    face: str, strategy: str = "FULL_SHARD", seed: int = 0, device: torch.device | None = None
+):
     """The model under the wrapper (``face="wrapper"``) or ``fully_shard`` per block and at the
-    root (FSDP2's keywords for ``strategy``), with Adam over its parameters."""
+    root (FSDP2's keywords for ``strategy``), with Adam over its parameters, computing on
+    ``device`` (default: the rank's)."""
     if face == "wrapper":
-        model = wrapped(strategy, seed)
+        model = wrapped(strategy, seed, device)
     else:
         import torch.distributed as dist
 
-        model = shard_blocks(make_model(seed), **fsdp2_kwargs(strategy, dist.get_world_size()))
+        kwargs = fsdp2_kwargs(strategy, dist.get_world_size(), device=device)
+        model = shard_blocks(make_model(seed), **kwargs)
     return model, OPTIMIZERS["adam"](model.parameters())

@@ -27,6 +27,8 @@ from shardkit.fsdp import (
     fully_shard,
 )
 from shardkit.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
+from tests.fake_gpu import to_cpu
 from tests.fsdp.models import (
     OPTIMIZERS,
     Block,
@@ -49,32 +51,34 @@ WRAPS = {
 }
 
 
-def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
+def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None, *, device=None):
+    """Computing on ``device`` (default: the rank's), from a model built on the CPU."""
     model = FullyShardedDataParallel(
         make_model(),
         sharding_strategy=ShardingStrategy[strategy],
         auto_wrap_policy=WRAPS[wrap],
         cpu_offload=CPUOffload(offload_params=offload),
         mixed_precision=mp,
+        device_id=device,
     )
-    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return full_state(model)
+    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws, device)
+    return to_cpu(full_state(model))
 
 
-def _train_fully_shard(rank, ws, strategy, optimizer, offload=False, per_host=None):
-    model = shard_blocks(
-        make_model(), **fsdp2_kwargs(strategy, ws, offload=offload, per_host=per_host)
-    )
-    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return full_state(model)
+def _train_fully_shard(rank, ws, strategy, optimizer, offload=False, per_host=None, *, device=None):
+    kwargs = fsdp2_kwargs(strategy, ws, offload=offload, per_host=per_host, device=device)
+    model = shard_blocks(make_model(), **kwargs)
+    train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws, device)
+    return to_cpu(full_state(model))
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("wrap", ["none", "size"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
-def test_wrapper_matches_single_process(run_ranks, ws, strategy, wrap, optimizer):
-    results = run_ranks(_train_wrapper, ws, strategy, wrap, optimizer)
+def test_wrapper_matches_single_process(run_ranks, ws, strategy, wrap, optimizer, device):
+    results = run_ranks(_train_wrapper, ws, strategy, wrap, optimizer, device=device)
     want = reference(ws, optimizer)
     for got in results:
         assert_state_equal(got, want)
@@ -87,12 +91,44 @@ def test_seed_optimizer_adadelta_matches_single_process(run_ranks):
         assert_state_equal(got, reference(2, "adadelta"))
 
 
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("face", ["wrapper", "fully_shard"])
+@pytest.mark.parametrize(
+    ("strategy", "offload"),
+    [("FULL_SHARD", False), ("SHARD_GRAD_OP", False), ("NO_SHARD", False), ("FULL_SHARD", True)],
+)
+def test_both_apis_on_a_device(run_ranks, face, strategy, offload, device):
+    """The FSDP wrapper and fully_shard computing on a device that is not the CPU (see
+    tests/devices.py), shards there or offloaded to the CPU, against the unsharded model
+    trained on the CPU."""
+    if face == "fully_shard" and offload and device == "fakegpu":
+        pytest.skip(
+            "fully_shard's DTensor shards offloaded to the CPU under a fakegpu mesh crash torch "
+            "natively (SIGSEGV in the rank); offload's values are in the CPU tier, placement in "
+            "test_offload_puts_every_units_shards_on_the_cpu, a real GPU runs this case"
+        )
+    if face == "wrapper":
+        results = run_ranks(_train_wrapper, 2, strategy, "blocks", "adam", offload, device=device)
+    else:
+        results = run_ranks(_train_fully_shard, 2, strategy, "adam", offload, device=device)
+    want = reference(2, "adam")
+    for got in results:
+        assert_state_equal(got, want)
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("wrap", ["none", "blocks"])
 @pytest.mark.parametrize(("ws", "per_host"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
-def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap, optimizer):
+def test_hybrid_shard_matches_single_process(run_ranks, ws, per_host, wrap, optimizer, device):
     results = run_ranks(
-        _train_wrapper, ws, "HYBRID_SHARD", wrap, optimizer, local_world_size=per_host
+        _train_wrapper,
+        ws,
+        "HYBRID_SHARD",
+        wrap,
+        optimizer,
+        local_world_size=per_host,
+        device=device,
     )
     want = reference(ws, optimizer)
     for got in results:
@@ -109,11 +145,12 @@ def test_hybrid_shard_zero2_matches_single_process(run_ranks, optimizer):
         assert_state_equal(got, want)
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
-def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer):
-    results = run_ranks(_train_fully_shard, ws, strategy, optimizer)
+def test_fully_shard_matches_single_process(run_ranks, ws, strategy, optimizer, device):
+    results = run_ranks(_train_fully_shard, ws, strategy, optimizer, device=device)
     want = reference(ws, optimizer)
     for got in results:
         assert_state_equal(got, want)
@@ -129,11 +166,12 @@ def test_fully_shard_hybrid_mesh_matches_single_process(run_ranks, ws, per_host,
         assert_state_equal(got, want)
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
-def test_cpu_offload_matches_single_process(run_ranks, ws, strategy):
-    results = run_ranks(_train_wrapper, ws, strategy, "blocks", "adam", True)
-    results += run_ranks(_train_fully_shard, ws, strategy, "sgd", True)
+def test_cpu_offload_matches_single_process(run_ranks, ws, strategy, device):
+    results = run_ranks(_train_wrapper, ws, strategy, "blocks", "adam", True, device=device)
+    results += run_ranks(_train_fully_shard, ws, strategy, "sgd", True, device=device)
     for got, optimizer in zip(results, ["adam"] * ws + ["sgd"] * ws):
         assert_state_equal(got, reference(ws, optimizer))
 
@@ -182,11 +220,12 @@ def _mixed_reference(ws: int, mp: MixedPrecision) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("reduce_dtype", [torch.float32, None])
 @pytest.mark.parametrize("ws", [2, 3])
-def test_mixed_precision_bfloat16_matches_emulation(run_ranks, ws, reduce_dtype):
+def test_mixed_precision_bfloat16_matches_emulation(run_ranks, ws, reduce_dtype, device):
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
-    results = run_ranks(_train_wrapper, ws, "FULL_SHARD", "blocks", "sgd", False, mp)
+    results = run_ranks(_train_wrapper, ws, "FULL_SHARD", "blocks", "sgd", False, mp, device=device)
     want = _mixed_reference(ws, mp)
     for got in results:
         assert_state_equal(got, want, atol=2e-3, rtol=1e-2)

@@ -23,6 +23,7 @@ from shardkit.modules.utils import (
     convert_list_of_modules_to_modulelist,
     deterministic_dedup,
     extract_module_or_tensor_callable,
+    get_module_output_dimension,
 )
 from tests.compat.peers import run_in_torchrec
 
@@ -112,6 +113,8 @@ def test_utils():
     assert stack[0][0].weight is not stack[0][1].weight
     assert float(stack[1][2].bias.detach().abs().sum()) == 0.0
     assert check_module_output_dimension([torch.nn.Linear(2, 4), torch.nn.Linear(2, 4)], 2, 4)
+    # probed on the module's own device (a CPU probe into a meta or GPU module fails)
+    assert get_module_output_dimension(torch.nn.Linear(2, 4, device="meta"), 2) == 4
     nested = convert_list_of_modules_to_modulelist([[torch.nn.ReLU()], [torch.nn.Tanh()]], (2, 1))
     assert isinstance(nested[1][0], torch.nn.Tanh)
     with pytest.raises(ValueError, match=r"3 module\(s\) at a level where sizes \[2\] asks for 2"):

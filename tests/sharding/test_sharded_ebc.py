@@ -20,6 +20,7 @@ from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 KINDS = [
@@ -35,30 +36,35 @@ LOCAL_BATCH = 3
 STEPS = 3
 
 
-def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size):
+def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, device=None):
+    """The sharded module on ``device`` (default CPU), the unsharded reference on the CPU; every
+    rank checks its pooled output of the first step and its tables after training (1e-5)."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1, "eps": 1e-8}
     ebc = EmbeddingBagCollection(tables=configs(pooling), is_weighted=weighted, fused_params=fused)
     reference = copy.deepcopy(ebc)
     plan = make_plan(ebc, kind, world_size, local_size)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    sharded = ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=local_size)
+    sharded = ShardedEmbeddingBagCollection(ebc, plan, env, device, local_world_size=local_size)
     dense = [
         p
         for name, p in sharded.named_parameters()
         if not getattr(p, "_shardkit_embedding_table", False) or name.endswith("weight")
     ]
     dense_opt = torch.optim.SGD([p for p in dense if p.requires_grad], lr=0.1) if dense else None
-    worst = 0.0
     for step in range(STEPS):
         size = LOCAL_BATCH * world_size
         kjt = global_batch(step, size, weighted)
         scale = torch.rand(size, 23, generator=torch.Generator().manual_seed(100 + step))
-        out = sharded(local_part(kjt, rank, world_size))
+        out = sharded(local_part(kjt, rank, world_size).to(device))
         if step == 0:
             expected = reference(kjt).values()[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
-            worst = max(worst, (out.values() - expected).abs().max().item())
-        mine = scale[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
+            torch.testing.assert_close(
+                out.values().detach().cpu(), expected.detach(), rtol=0, atol=1e-5,
+                msg=lambda m: f"rank {rank}: forward differs from the unsharded module: {m}",
+            )  # fmt: skip
+        mine = scale[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH].to(device)
         (out.values() * mine).sum(1).mean().backward()
         for p in dense:
             if p.grad is not None:
@@ -67,11 +73,16 @@ def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size):
             dense_opt.step()
             dense_opt.zero_grad()
         (reference(kjt).values() * scale).sum(1).mean().backward()
-    return worst, _max_table_diff(sharded, reference)
+    _check_tables(sharded, reference, rank)
 
 
-def _max_table_diff(sharded, reference) -> float:
-    worst = 0.0
+def _check_tables(sharded, reference, rank: int) -> None:
+    def close(mine: torch.Tensor, full: torch.Tensor, name: str) -> None:
+        torch.testing.assert_close(
+            mine.detach().cpu(), full, rtol=0, atol=1e-5,
+            msg=lambda m: f"rank {rank}: table {name} differs after training: {m}",
+        )  # fmt: skip
+
     for name, table in sharded.embedding_bags.items():
         full = reference.embedding_bags[name].weight.detach()
         if hasattr(table, "shard_slices"):
@@ -80,12 +91,9 @@ def _max_table_diff(sharded, reference) -> float:
                     shard.row_start : shard.row_start + shard.rows,
                     shard.col_start : shard.col_start + shard.cols,
                 ]
-                worst = max(
-                    worst, (param.detach() - block).abs().max().item() if block.numel() else 0.0
-                )
+                close(param, block, name)
         else:
-            worst = max(worst, (table.weight.detach() - full).abs().max().item())
-    return worst
+            close(table.weight, full, name)
 
 
 def _optimizer_for(kind: str) -> EmbOptimType:
@@ -100,37 +108,45 @@ def _optimizer_for(kind: str) -> EmbOptimType:
     return EmbOptimType.EXACT_ROWWISE_ADAGRAD
 
 
-def _check(results):
-    for rank, (forward, tables) in enumerate(results):
-        assert forward < 1e-5, (
-            f"rank {rank}: forward differs from the unsharded module by {forward}"
-        )
-        assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
-
-
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize(
     ("pooling", "weighted"), [(PoolingType.SUM, False), (PoolingType.MEAN, True)]
 )
-def test_every_sharding_type_matches_unsharded(run_ranks, kind, world_size, pooling, weighted):
+def test_every_sharding_type_matches_unsharded(
+    run_ranks, kind, world_size, pooling, weighted, device
+):
     optimizer = _optimizer_for(kind)
     local = world_size
-    _check(run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local))
+    run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local, device=device)
 
 
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("kind", [*KINDS[:-1], "grid_shard"])
+def test_every_sharding_type_on_a_device(run_ranks, kind, device):
+    """Forward, backward and the fused update of every sharding type, with the shards on a
+    device that is not the CPU (see tests/devices.py), against the unsharded module on the CPU."""
+    optimizer = _optimizer_for(kind)
+    run_ranks(
+        _train, 4, kind, PoolingType.MEAN, True, optimizer, 2, local_world_size=2, device=device
+    )
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", list(EmbOptimType))
 @pytest.mark.parametrize("kind", ["row_wise", "table_wise", "table_row_wise"])
-def test_every_fused_optimizer(run_ranks, optimizer, kind):
-    _check(run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2))
+def test_every_fused_optimizer(run_ranks, optimizer, kind, device):
+    run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2, device=device)
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard", "mixed", "row_wise"])
-def test_two_hosts_of_two(run_ranks, kind):
-    results = run_ranks(
-        _train, 4, kind, PoolingType.SUM, False, _optimizer_for(kind), 2, local_world_size=2
+def test_two_hosts_of_two(run_ranks, kind, device):
+    optimizer = _optimizer_for(kind)
+    run_ranks(
+        _train, 4, kind, PoolingType.SUM, False, optimizer, 2, local_world_size=2, device=device
     )
-    _check(results)
 
 
 def _cw_rowwise(rank: int, world_size: int):

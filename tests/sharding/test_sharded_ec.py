@@ -13,6 +13,7 @@ from shardkit import EmbeddingCollection, EmbeddingConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingCollection
+from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import global_batch, local_part, make_plan
 
 B = 3
@@ -37,23 +38,30 @@ def _configs():
     ]
 
 
-def _train(rank, world_size, kind, optimizer, local_size):
+def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
     """Loss = mean over the global batch's examples of sum(rows * coefficients), the
     coefficients fixed per global id position; each rank computes its part over its B
-    examples (the tables' gradient division makes the sum over ranks the global mean)."""
+    examples (the tables' gradient division makes the sum over ranks the global mean).
+    The sharded module on ``device`` (default CPU), the unsharded reference on the CPU; every
+    rank checks its rows (within 1e-6) and its tables after training (within 1e-5)."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
     ec = EmbeddingCollection(tables=_configs(), fused_params=fused)
     reference = copy.deepcopy(ec)
     plan = make_plan(ec, kind, world_size, local_size)
     sharded = ShardedEmbeddingCollection(
-        ec, plan, ShardingEnv.from_process_group(dist.group.WORLD), local_world_size=local_size
+        ec,
+        plan,
+        ShardingEnv.from_process_group(dist.group.WORLD),
+        device,
+        local_world_size=local_size,
     )
     replicas = [p for n, p in sharded.named_parameters() if n.endswith(".weight")]
-    worst_forward = 0.0
     for step in range(3):
         kjt = global_batch(step, B * world_size, False)
-        out, expected = sharded(local_part(kjt, rank, world_size)), reference(kjt)
+        out = sharded(local_part(kjt, rank, world_size).to(device))
+        expected = reference(kjt)
         loss, ref_loss = 0.0, 0.0
         for feature, jt in out.items():
             full = expected[feature].values()
@@ -61,10 +69,13 @@ def _train(rank, world_size, kind, optimizer, local_size):
             coef = torch.rand(full.shape, generator=g)
             lo = int(kjt[feature].offsets()[rank * B])
             mine = slice(lo, lo + jt.values().shape[0])
-            assert torch.equal(jt.lengths(), local_part(kjt, rank, world_size)[feature].lengths())
-            if jt.values().numel():
-                worst_forward = max(worst_forward, (jt.values() - full[mine]).abs().max().item())
-            loss = loss + (jt.values() * coef[mine]).sum() / B
+            lengths = jt.lengths().cpu()
+            assert torch.equal(lengths, local_part(kjt, rank, world_size)[feature].lengths())
+            torch.testing.assert_close(
+                jt.values().detach().cpu(), full[mine].detach(), rtol=0, atol=1e-6,
+                msg=lambda m, f=feature, s=step: f"rank {rank}, step {s}, feature {f}: {m}",
+            )  # fmt: skip
+            loss = loss + (jt.values() * coef[mine].to(device)).sum() / B
             ref_loss = ref_loss + (full * coef).sum() / (B * world_size)
         loss.backward()
         ref_loss.backward()
@@ -72,35 +83,53 @@ def _train(rank, world_size, kind, optimizer, local_size):
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
             p.data.add_(p.grad, alpha=-0.1)
             p.grad = None
-    return worst_forward, _table_diff(sharded, reference)
+    _check_tables(sharded, reference, rank)
 
 
-def _table_diff(sharded, reference) -> float:
-    worst = 0.0
+def _check_tables(sharded, reference, rank: int) -> None:
+    def close(mine: torch.Tensor, full: torch.Tensor, name: str) -> None:
+        torch.testing.assert_close(
+            mine.detach().cpu(), full, rtol=0, atol=1e-5,
+            msg=lambda m: f"rank {rank}: table {name} differs after training: {m}",
+        )  # fmt: skip
+
     for name, table in sharded.embeddings.items():
         full = reference.embeddings[name].weight.detach()
         if hasattr(table, "shard_slices"):
             for shard, param in zip(table.shard_slices, table.shards):
                 rows = slice(shard.row_start, shard.row_start + shard.rows)
                 cols = slice(shard.col_start, shard.col_start + shard.cols)
-                worst = max(worst, (param.detach() - full[rows, cols]).abs().max().item())
+                close(param, full[rows, cols], name)
         else:
-            worst = max(worst, (table.weight.detach() - full).abs().max().item())
-    return worst
+            close(table.weight, full, name)
 
 
+@pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size):
-    results = run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size)
-    for rank, (forward, tables) in enumerate(results):
-        assert forward < 1e-6, f"rank {rank}: rows differ by {forward}"
-        assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
+def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size, device):
+    run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size, device=device)
 
 
-def test_sequence_two_hosts(run_ranks):
-    results = run_ranks(
-        _train, 4, "table_row_wise", EmbOptimType.EXACT_ADAGRAD, 2, local_world_size=2
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_sequence_two_hosts(run_ranks, device):
+    run_ranks(
+        _train,
+        4,
+        "table_row_wise",
+        EmbOptimType.EXACT_ADAGRAD,
+        2,
+        local_world_size=2,
+        device=device,
     )
-    for forward, tables in results:
-        assert forward < 1e-6 and tables < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+@pytest.mark.parametrize("kind", KINDS[:-1])
+def test_every_sharding_type_on_a_device(run_ranks, kind, device):
+    """Forward, backward and the fused update of every sharding type, with the shards on a
+    device that is not the CPU (see tests/devices.py), against the unsharded module on the CPU.
+    Adagrad keeps state on the device; data-parallel replicas step by SGD (see `_train`)."""
+    sgd = kind == "data_parallel"
+    optimizer = EmbOptimType.EXACT_SGD if sgd else EmbOptimType.EXACT_ADAGRAD
+    run_ranks(_train, 4, kind, optimizer, 2, local_world_size=2, device=device)

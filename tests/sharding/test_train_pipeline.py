@@ -4,19 +4,22 @@ started one step ahead; ranks that run out of data at different times fail toget
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
+from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
     ShardedEmbeddingBagCollection,
     TrainPipelineSparseDist,
 )
-from tests.sharding.common import dlrm, dlrm_batch, local_part
+from tests.devices import ALL
+from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
 B = 4
 
@@ -25,19 +28,27 @@ def _batches(rank: int, world_size: int, count: int):
     for step in range(count):
         dense, sparse, labels = dlrm_batch(step, B * world_size)
         mine = slice(rank * B, (rank + 1) * B)
-        yield SimpleNamespace(
+        yield Batch(
             dense_features=dense[mine],
             sparse_features=local_part(sparse, rank, world_size),
             labels=labels[mine],
         )
 
 
-def _pipelined_vs_plain(rank: int, world_size: int):
+def _pipelined_vs_plain(rank: int, world_size: int, *, device=None):
+    """The same DMP trained by a plain loop and by the pipeline, both on ``device`` (default
+    CPU; batches come from the CPU, as from a data loader). Row-wise tables: their ids are
+    bucketed in the input dist the pipeline runs ahead."""
+    device = device or torch.device("cpu")
     torch.manual_seed(0)
     base = DLRMTrain(dlrm())
+    ebc = base.model.sparse_arch.embedding_bag_collection
+    plan = ShardingPlan(
+        {"model.sparse_arch.embedding_bag_collection": make_plan(ebc, "row_wise", world_size, 2)}
+    )
     runs = {}
     for mode in ("plain", "pipelined"):
-        model = DistributedModelParallel(copy.deepcopy(base))
+        model = DistributedModelParallel(copy.deepcopy(base), device=device, plan=plan)
         optimizer = torch.optim.SGD(
             [p for n, p in model.named_parameters() if ".shards." not in n], lr=0.1
         )
@@ -60,12 +71,12 @@ def _pipelined_vs_plain(rank: int, world_size: int):
         if mode == "plain":
             for batch in _batches(rank, world_size, 6):
                 optimizer.zero_grad()
-                loss, _ = model(batch)
+                loss, _ = model(batch.to(device))
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item())
         else:
-            pipeline = TrainPipelineSparseDist(model, optimizer)
+            pipeline = TrainPipelineSparseDist(model, optimizer, device)
             batches = _batches(rank, world_size, 6)
             while True:
                 try:
@@ -74,16 +85,17 @@ def _pipelined_vs_plain(rank: int, world_size: int):
                     break
                 losses.append(loss.item())
         state = {
-            k: v.clone()
+            k: v.cpu()
             for k, v in model.state_dict().items()
-            if isinstance(v, torch.Tensor) and type(v) is torch.Tensor
+            if isinstance(v, torch.Tensor) and not isinstance(v, ShardedTensor)
         }
         runs[mode] = (losses, state, calls)
     return runs
 
 
-def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ranks):
-    for runs in run_ranks(_pipelined_vs_plain, 2):
+@pytest.mark.parametrize("device", ALL)
+def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ranks, device):
+    for runs in run_ranks(_pipelined_vs_plain, 2, device=device):
         plain_losses, plain_state, plain_calls = runs["plain"]
         losses, state, calls = runs["pipelined"]
         assert losses == pytest.approx(plain_losses, abs=1e-6)

@@ -13,6 +13,7 @@ from shardkit.checkpoint import export_checkpoint
 from shardkit.metrics import read_jsonl
 from shardkit.planner import ShardingType
 from shardkit.train import DataSource, ModelKind, TrainConfig, train_rank
+from tests.devices import DEVICE_TIER
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "criteo"
 
@@ -57,6 +58,21 @@ def test_resume_continues_bit_identically(run_ranks, tmp_path):
     assert sorted(a) == sorted(b)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("device", DEVICE_TIER)
+def test_training_on_a_device_gives_the_cpu_losses(run_ranks, tmp_path, device):
+    """The whole job (pipeline, loss averaging, validation metrics, checkpoint) with the model
+    on a device that is not the CPU (see tests/devices.py): the same losses and metrics as on
+    the CPU."""
+    cpu = _config(tmp_path / "cpu", epochs=1, max_steps_per_epoch=6, log_every=3)
+    on_device = _config(tmp_path / "device", epochs=1, max_steps_per_epoch=6, log_every=3)
+    expected = run_ranks(train_rank, 2, cpu, device="cpu")[0]["history"]
+    got = run_ranks(train_rank, 2, on_device, device=device)[0]["history"]
+    assert got[0]["step"] == expected[0]["step"] == 6
+    rel = 1e-5 if device == "fakegpu" else 1e-3  # the fake GPU runs the CPU's own kernels
+    for key in ("train_loss", "auc", "log_loss", "accuracy"):
+        assert got[0][key] == pytest.approx(expected[0][key], rel=rel, abs=1e-6), key
 
 
 @pytest.mark.parametrize("kind", [ShardingType.ROW_WISE, ShardingType.COLUMN_WISE])
