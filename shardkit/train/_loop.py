@@ -44,9 +44,7 @@ def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any
     sharders = sharders_for(config)
     planner = planner_for(config, model, world_size)
     plan = planner.collective_plan(model, sharders)
-    say(f"sharding plan: {plan}")
-    if planner.stats is not None:
-        say(str(planner.stats))
+    say(f"sharding plan: {plan}")  # the stats table: per-rank memory and cost, each table
     if config.plan_only:
         return {"plan": str(plan)}
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)

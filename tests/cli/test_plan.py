@@ -10,7 +10,7 @@ import pytest
 
 from shardkit.cli import main
 from shardkit.cli._plan import _size, load_model
-from shardkit.planner import ShardingPlan, ShardingType
+from shardkit.planner import ShardingPlan, ShardingType, _machine
 
 MODEL = {
     "batch_size": 256,
@@ -43,9 +43,10 @@ def test_plan_prints_stats_and_writes_the_plan(model_json, tmp_path, capsys):
     assert main(["plan", *args, "--output", str(out), "--stats-json", str(stats)]) == 0
     text = capsys.readouterr().out
     assert text.startswith(
-        "sharding plan: 5 tables on 1024 ranks (128 host(s) x 8), cuda, batch size 256"
+        "sharding plan: 5 tables in 1 module(s) on 1024 ranks (128 host(s) x 8), cuda, batch "
+        "size 256"
     )
-    assert "memory per rank: 80 GiB hbm" in text and "imbalance (max/mean)" in text
+    assert "memory per rank: 80 GiB hbm (given)" in text and "imbalance (max/mean)" in text
     plan = ShardingPlan.from_json(out.read_text())
     tables = plan.plan[""]
     assert list(tables) == ["user", "item", "small", "seq", "forced"]
@@ -76,7 +77,7 @@ def test_yaml_models_and_a_list_of_tables(tmp_path, capsys):
         == 0
     )
     assert (
-        "5 tables on 4 ranks (1 host(s) x 4), cpu, batch size 64 per rank"
+        "5 tables in 1 module(s) on 4 ranks (1 host(s) x 4), cpu, batch size 64 per rank"
         in capsys.readouterr().out
     )
     tables, constraints, batch = load_model(path)
@@ -112,6 +113,24 @@ def test_bad_model_files_are_explained(tmp_path, capsys, tables, message):
     err = capsys.readouterr().err
     assert err.startswith("shardkit plan: ") and str(path) in err
     assert pytest.importorskip("re").search(message, err), err
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"), [("cuda", "32 GiB hbm (given)"), ("cpu", "128 GiB ddr (given)")]
+)
+def test_plans_for_a_cluster_default_to_torchrecs_memory_not_this_machines(
+    model_json, capsys, monkeypatch, device, expected
+):
+    """``shardkit plan`` plans for any cluster: this machine's memory means nothing there."""
+
+    def unread():
+        raise AssertionError("shardkit plan must not read this machine's memory")
+
+    monkeypatch.setattr(_machine, "host_memory", unread)
+    monkeypatch.setattr(_machine, "gpu_memory", unread)
+    args = ["plan", str(model_json), "--world-size", "64", "--compute-device", device]
+    assert main(args) == 0
+    assert f"memory per rank: {expected}" in capsys.readouterr().out
 
 
 def test_a_plan_that_does_not_fit_exits_with_the_planner_error(model_json, capsys):
