@@ -13,7 +13,13 @@ from shardkit import EmbeddingCollection, EmbeddingConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingCollection
-from tests.sharding.common import global_batch, local_part, make_plan
+from tests.sharding.common import (
+    assert_pairs_close,
+    global_batch,
+    local_part,
+    make_plan,
+    table_pairs,
+)
 
 B = 3
 KINDS = [
@@ -50,7 +56,7 @@ def _train(rank, world_size, kind, optimizer, local_size):
         ec, plan, ShardingEnv.from_process_group(dist.group.WORLD), local_world_size=local_size
     )
     replicas = [p for n, p in sharded.named_parameters() if n.endswith(".weight")]
-    worst_forward = 0.0
+    pairs = []
     for step in range(3):
         kjt = global_batch(step, B * world_size, False)
         out, expected = sharded(local_part(kjt, rank, world_size)), reference(kjt)
@@ -62,8 +68,8 @@ def _train(rank, world_size, kind, optimizer, local_size):
             lo = int(kjt[feature].offsets()[rank * B])
             mine = slice(lo, lo + jt.values().shape[0])
             assert torch.equal(jt.lengths(), local_part(kjt, rank, world_size)[feature].lengths())
-            if jt.values().numel():
-                worst_forward = max(worst_forward, (jt.values() - full[mine]).abs().max().item())
+            what = f"step {step} rows of '{feature}'"
+            pairs.append((what, jt.values().detach().clone(), full[mine].detach().clone()))
             loss = loss + (jt.values() * coef[mine]).sum() / B
             ref_loss = ref_loss + (full * coef).sum() / (B * world_size)
         loss.backward()
@@ -72,35 +78,18 @@ def _train(rank, world_size, kind, optimizer, local_size):
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
             p.data.add_(p.grad, alpha=-0.1)
             p.grad = None
-    return worst_forward, _table_diff(sharded, reference)
-
-
-def _table_diff(sharded, reference) -> float:
-    worst = 0.0
-    for name, table in sharded.embeddings.items():
-        full = reference.embeddings[name].weight.detach()
-        if hasattr(table, "shard_slices"):
-            for shard, param in zip(table.shard_slices, table.shards):
-                rows = slice(shard.row_start, shard.row_start + shard.rows)
-                cols = slice(shard.col_start, shard.col_start + shard.cols)
-                worst = max(worst, (param.detach() - full[rows, cols]).abs().max().item())
-        else:
-            worst = max(worst, (table.weight.detach() - full).abs().max().item())
-    return worst
+    return pairs + table_pairs(sharded, reference, "embeddings")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size):
     results = run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size)
-    for rank, (forward, tables) in enumerate(results):
-        assert forward < 1e-6, f"rank {rank}: rows differ by {forward}"
-        assert tables < 1e-5, f"rank {rank}: tables differ after training by {tables}"
+    assert_pairs_close(results, atol=1e-5)
 
 
 def test_sequence_two_hosts(run_ranks):
     results = run_ranks(
         _train, 4, "table_row_wise", EmbOptimType.EXACT_ADAGRAD, 2, local_world_size=2
     )
-    for forward, tables in results:
-        assert forward < 1e-6 and tables < 1e-5
+    assert_pairs_close(results, atol=1e-5)
