@@ -139,25 +139,39 @@ def test_a_plan_that_does_not_fit_exits_with_the_planner_error(model_json, capsy
     assert err.startswith("shardkit plan: no sharding plan") and "table 'user'" in err
 
 
-def test_the_chart_is_drawn(model_json, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+def test_the_chart_is_drawn(model_json, tmp_path, capsys, monkeypatch):
+    """The PNG shows each rank's memory against the memory for tables, and its cost split into
+    lookups and communication: the bars carry the stats' numbers."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read it back
     png = tmp_path / "plan.png"
-    assert (
-        main(
-            [
-                "plan",
-                str(model_json),
-                "--world-size",
-                "16",
-                "--local-world-size",
-                "8",
-                "--png",
-                str(png),
-            ]
-        )
-        == 0
+    args = ["plan", str(model_json), "--world-size", "16", "--local-world-size", "8"]
+    stats_json = tmp_path / "stats.json"
+    assert main([*args, "--png", str(png), "--stats-json", str(stats_json)]) == 0
+    assert f"drew {png}" in capsys.readouterr().out
+    stats = json.loads(stats_json.read_text())
+    (figure,) = figures
+    memory, cost = figure.axes
+    gib = 1024**3
+    heights = [bar.get_height() for bar in memory.patches]
+    assert heights == pytest.approx([r["memory"] / gib for r in stats["ranks"]])
+    (line,) = memory.get_lines()  # the memory the tables may use
+    assert list(line.get_ydata()) == pytest.approx([stats["available"] / gib] * 2)
+    bars = cost.patches
+    assert len(bars) == 2 * 16
+    assert [b.get_height() for b in bars[:16]] == pytest.approx(
+        [r["compute"] for r in stats["ranks"]]
     )
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [b.get_height() for b in bars[16:]] == pytest.approx(
+        [r["comms"] for r in stats["ranks"]]
+    )
+    assert [b.get_y() for b in bars[16:]] == pytest.approx([r["compute"] for r in stats["ranks"]])
+    assert [b.get_x() + b.get_width() / 2 for b in bars[:16]] == pytest.approx(range(16))
+    assert "5 tables on 16 ranks" in memory.get_title()
+    image = plt.imread(png)
+    assert image.shape[:2] == (600, 800)  # 8 x 6 inches at 100 dpi
+    assert len({tuple(pixel) for pixel in image.reshape(-1, image.shape[2])[::7].tolist()}) > 20
 
 
 def test_the_chart_needs_the_plot_extra(model_json, capsys, monkeypatch):
