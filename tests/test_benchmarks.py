@@ -1,10 +1,16 @@
-"""The benchmark scripts still run (at toy sizes, without TorchRec) and write their reports, so
-the commands in benchmarks/results/ keep working as the code changes."""
+"""The benchmark scripts still run (at toy sizes, without TorchRec) and write reports whose
+numbers hang together: the arguments given, the machine, one row per contender with positive,
+finite times and throughputs that follow from them, skipped contenders said to be skipped. So
+the commands in benchmarks/results/ keep working, and keep measuring what they claim."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import pytest
+import torch
 
 from tests.scripts import run_script
 
@@ -15,6 +21,15 @@ def _run(script: str, *args: str) -> str:
     return run_script(BENCHMARKS / script, *args)
 
 
+def _positive(*values: float) -> bool:
+    return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values)
+
+
+def _machine(machine: dict) -> None:
+    assert machine["torch"] == torch.__version__ and machine["cpu_count"] >= 1
+    assert machine["torchrec"] is None  # these runs are shardkit's side only
+
+
 def test_bench_ebc_runs_at_toy_size(tmp_path):
     out = tmp_path / "ebc.md"
     _run(
@@ -23,8 +38,26 @@ def test_bench_ebc_runs_at_toy_size(tmp_path):
     )  # fmt: skip
     report = out.read_text()
     assert "| rowwise_adagrad | shardkit (fused, batched) |" in report
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert any(r.get("ms_per_step", 0) > 0 for r in rows), rows
+    data = json.loads(out.with_suffix(".json").read_text())
+    args = data["args"]
+    assert (args["tables"], args["rows"], args["batch"], args["iters"]) == (2, 1000, 32, 2)
+    _machine(data["machine"])
+    rows = data["rows"]
+    assert {r["optimizer"] for r in rows} == set(args["optimizers"])
+    for optimizer in args["optimizers"]:
+        mine = [r for r in rows if r["optimizer"] == optimizer]
+        ours = [r for r in mine if r["impl"].startswith("shardkit")]
+        assert len(ours) == 1 and not ours[0].get("skipped"), mine
+        assert any("torchrec" in r["impl"] and r.get("skipped") for r in mine), mine
+    timed = [r for r in rows if not r.get("skipped")]
+    assert len(timed) >= 2 * len(args["optimizers"])  # shardkit and a naive baseline each
+    for r in timed:
+        assert _positive(r["ms_per_step"], r["samples_per_s"], r["lookups_per_s"]), r
+        assert len(r["times_ms"]) == args["iters"] * args["rounds"] and _positive(*r["times_ms"])
+        assert min(r["times_ms"]) <= r["ms_per_step"] <= max(r["times_ms"]), r
+        assert r["samples_per_s"] == pytest.approx(args["batch"] * 1000 / r["ms_per_step"])
+        ids = r["samples_per_s"] * args["tables"] * args["ids_per_bag"]  # on average
+        assert 0.5 * ids < r["lookups_per_s"] < 1.5 * ids, r
 
 
 def test_bench_dmp_runs_at_toy_size(tmp_path):
@@ -36,6 +69,25 @@ def test_bench_dmp_runs_at_toy_size(tmp_path):
     report = out.read_text()
     assert "| row_wise | shardkit (pipelined) |" in report
     assert "| row_wise | shardkit (plain loop) |" in report
+    data = json.loads(out.with_suffix(".json").read_text())
+    args = data["args"]
+    assert (args["world_size"], args["batch"], args["types"], args["rounds"]) == (
+        2,
+        32,
+        ["row_wise"],
+        1,
+    )
+    _machine(data["machine"])
+    rows = {(r["type"], r["impl"]): r for r in data["rows"]}
+    assert rows[("-", "torchrec")]["skipped"]
+    for impl in ("shardkit (pipelined)", "shardkit (plain loop)"):
+        r = rows[("row_wise", impl)]
+        assert _positive(r["ms_per_step"], r["samples_per_s"], r["peak_rss_gb"]), r
+        assert len(r["ms_rounds"]) == args["rounds"] and r["ms_per_step"] in r["ms_rounds"]
+        global_batch = args["batch"] * args["world_size"]
+        assert r["samples_per_s"] == pytest.approx(global_batch * 1000 / r["ms_per_step"])
+        assert 0 <= r["input_wait_ms"] <= r["ms_per_step"], r
+        assert r["peak_rss_gb"] < 64, r  # a toy run: GB, not bytes or KB
 
 
 def test_bench_fsdp_runs_the_small_model(tmp_path):
@@ -44,4 +96,44 @@ def test_bench_fsdp_runs_the_small_model(tmp_path):
         "bench_fsdp.py", "--model", "cnn", "--contenders", "shardkit-full,torch-ddp",
         "--warmup", "1", "--steps", "1", "--json", str(out),
     )  # fmt: skip
-    assert out.read_text().strip()
+    data = json.loads(out.read_text())
+    assert (data["repeat"], data["warmup"], data["steps"]) == (1, 1, 1)
+    assert data["environment"]["torch"] == torch.__version__
+    runs = {(r["model"], r["contender"]): r for r in data["runs"]}
+    assert set(runs) == {("cnn", "shardkit-full"), ("cnn", "torch-ddp")}
+    for run in runs.values():
+        assert run["repeat"] == 0 and len(run["ranks"]) == 2
+        for rank in run["ranks"]:
+            assert _positive(rank["step_s"], rank["cpu_s"], rank["state_mb"], rank["peak_rss_mb"])
+            assert len(rank["step_s_all"]) == data["steps"] and rank["step_s"] in rank["step_s_all"]
+            assert rank["peak_rss_mb"] >= rank["process_rss_mb"] > 0
+    # full sharding on 2 ranks keeps half of what each DDP rank holds (parameters, gradients,
+    # optimizer state), give or take the padding of the flat shards
+    sharded = runs["cnn", "shardkit-full"]["ranks"][0]["state_mb"]
+    replicated = runs["cnn", "torch-ddp"]["ranks"][0]["state_mb"]
+    assert sharded == pytest.approx(replicated / 2, rel=0.01)
+
+
+def test_bench_planner_scores_its_plans(tmp_path):
+    out, markdown = tmp_path / "planner.json", tmp_path / "planner.md"
+    _run(
+        "bench_planner.py", "--skip-speed", "--no-torchrec", "--out", str(out),
+        "--markdown", str(markdown),
+    )  # fmt: skip
+    data = json.loads(out.read_text())
+    assert "speed" not in data and data["machine"]["torch"] == torch.__version__
+    cases = [(q["case"], q["tables"], q["ranks"]) for q in data["quality"]]
+    assert cases == [
+        ("criteo_tb_26", 26, 8), ("criteo_tb_26", 26, 16), ("criteo_tb_26", 26, 64),
+        ("synthetic_1000", 1000, 8), ("synthetic_1000", 1000, 64), ("synthetic_1000", 1000, 128),
+    ]  # fmt: skip
+    for q in data["quality"]:
+        ours = q["shardkit"]
+        assert "torchrec" not in q and ours["fits"], q
+        assert _positive(ours["seconds"], ours["max_cost_ms"], ours["max_memory_gib"])
+        assert ours["max_cost_ms"] >= ours["mean_cost_ms"] > 0
+        assert ours["cost_imbalance"] == pytest.approx(ours["max_cost_ms"] / ours["mean_cost_ms"])
+        assert ours["memory_imbalance"] >= 1
+        assert sum(ours["sharding_types"].values()) == q["tables"], ours
+    text = markdown.read_text()
+    assert "criteo_tb_26" in text and "synthetic_1000" in text
