@@ -137,3 +137,53 @@ def test_bench_planner_scores_its_plans(tmp_path):
         assert sum(ours["sharding_types"].values()) == q["tables"], ours
     text = markdown.read_text()
     assert "criteo_tb_26" in text and "synthetic_1000" in text
+
+
+def test_bench_recorder_runs_at_toy_size(tmp_path):
+    out = tmp_path / "recorder.md"
+    _run(
+        "bench_recorder.py", "--tables", "2", "--rows", "1000", "--batch", "32", "--iters", "2",
+        "--warmup", "1", "--rounds", "1", "--calls", "5", "--repeats", "1", "--out", str(out),
+    )  # fmt: skip
+    assert "| DMP training step | µs/step |" in out.read_text()
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [row["what"].split(" (")[0] for row in rows] == [
+        "small all-reduce",
+        "the same on 1 rank",
+        "small all-to-all",
+        "DMP training step",
+        "collectives per DMP step",
+    ]
+    for row in rows[:-1]:
+        assert row["recorded"] > 0 and row["not_recorded"] > 0, row
+    assert rows[-1]["count"] == [4], rows[-1]  # row-wise: ids, lengths, pooled rows, gradients
+
+
+def test_bench_mc_runs_at_toy_size(tmp_path):
+    out = tmp_path / "mc.md"
+    _run(
+        "bench_mc.py", "--vocab", "2000", "--rows", "200", "--steps", "6", "--batch", "64",
+        "--eval", "256", "--eviction-interval", "2", "--seeds", "0", "--drift", "0", "3",
+        "--out", str(out),
+    )  # fmt: skip
+    report = out.read_text()
+    assert "| 0 | mc-distance-lfu |" in report and "| 3 | exact | 0.0% |" in report
+    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
+    modulo = next(s for s in summary if s["contender"] == "modulo" and s["drift"] == 0)
+    lfu = next(s for s in summary if s["contender"] == "mc-lfu" and s["drift"] == 0)
+    assert lfu["collided_lookups"]["mean"] < modulo["collided_lookups"]["mean"]
+
+
+def test_bench_quant_runs_at_toy_size(tmp_path):
+    out = tmp_path / "quant.md"
+    _run(
+        "bench_quant.py", "--models", "adult", "--max-steps", "2", "--repeat", "2", "--rounds",
+        "1", "--batch-sizes", "1", "8", "--out", str(out),
+    )  # fmt: skip
+    report = out.read_text()
+    for storage in ("float", "fp16", "int8", "int4"):
+        assert f"| adult | {storage} |" in report
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["table_bytes"] for r in rows] == sorted(
+        (r["table_bytes"] for r in rows), reverse=True
+    )
