@@ -168,9 +168,28 @@ def test_bench_mc_runs_at_toy_size(tmp_path):
     )  # fmt: skip
     report = out.read_text()
     assert "| 0 | mc-distance-lfu |" in report and "| 3 | exact | 0.0% |" in report
-    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
-    modulo = next(s for s in summary if s["contender"] == "modulo" and s["drift"] == 0)
-    lfu = next(s for s in summary if s["contender"] == "mc-lfu" and s["drift"] == 0)
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    contenders = ["modulo", "mc-lfu", "mc-lru", "mc-distance-lfu", "exact"]
+    assert [(r["drift"], r["contender"]) for r in data["rows"]] == [
+        (drift, name) for drift in (0, 3) for name in contenders
+    ]
+    for row in data["rows"]:
+        assert 0 <= row["collided_lookups"] <= 1 and 0 <= row["ids_with_own_row"] <= 1, row
+        assert 0 <= row["auc"] <= 1 and 0 <= row["best_auc"] <= 1, row
+        assert _positive(row["log_loss"], row["ms_per_step"]), row
+    summary = {(s["drift"], s["contender"]): s for s in data["summary"]}
+    assert list(summary) == [(r["drift"], r["contender"]) for r in data["rows"]]
+    for (drift, name), entry in summary.items():  # one seed: the mean is the run's value
+        run = next(r for r in data["rows"] if (r["drift"], r["contender"]) == (drift, name))
+        assert entry["auc"] == {"mean": run["auc"], "min": run["auc"], "max": run["auc"]}
+        assert entry["auc_over_modulo"]["mean"] == pytest.approx(
+            run["auc"] - summary[drift, "modulo"]["auc"]["mean"]
+        )
+    for drift in (0, 3):  # a table with a row per id never collides; modulo folds 2000 into 200
+        assert summary[drift, "exact"]["collided_lookups"]["mean"] == 0
+        assert summary[drift, "exact"]["ids_with_own_row"]["mean"] == 1
+    modulo, lfu = summary[0, "modulo"], summary[0, "mc-lfu"]
     assert lfu["collided_lookups"]["mean"] < modulo["collided_lookups"]["mean"]
 
 
@@ -183,7 +202,19 @@ def test_bench_quant_runs_at_toy_size(tmp_path):
     report = out.read_text()
     for storage in ("float", "fp16", "int8", "int4"):
         assert f"| adult | {storage} |" in report
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [r["table_bytes"] for r in rows] == sorted(
-        (r["table_bytes"] for r in rows), reverse=True
-    )
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    rows = data["rows"]
+    assert [(r["model"], r["storage"]) for r in rows] == [
+        ("adult", s) for s in ("float", "fp16", "int8", "int4")
+    ]
+    table_bytes = [r["table_bytes"] for r in rows]
+    assert table_bytes == sorted(table_bytes, reverse=True) and len(set(table_bytes)) == 4
+    # fp16 halves the float tables (int8/int4 add a scale and bias per row)
+    assert table_bytes[1] == table_bytes[0] // 2
+    for row in rows:
+        assert _positive(row["file_bytes"], row["table_bytes"], row["log_loss"]), row
+        assert 0 <= row["auc"] <= 1, row
+        assert row["auc_change"] == pytest.approx(row["auc"] - rows[0]["auc"]), row
+        assert set(row["lookup_us"]) == {"1", "8"} and _positive(*row["lookup_us"].values()), row
+    assert rows[0]["auc_change"] == 0
