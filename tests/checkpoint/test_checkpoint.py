@@ -33,10 +33,22 @@ def _dmp(world_size: int, kind: str, tables=None, fused=None):
     return DistributedModelParallel(ebc, plan=plan, sharders=sharders)
 
 
+class _CountingAdam(torch.optim.Adam):
+    """Adam that also keeps a Python int per parameter, as optimizers such as LBFGS do: state
+    that is not a tensor (the checkpoint pickles it beside the tensors)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["updates"] = self.state[p].get("updates", 0) + 1
+        return loss
+
+
 def _dense_optimizer(dmp) -> torch.optim.Optimizer | None:
     """Adam over the data-parallel tables (the others step fused, inside backward)."""
     params = [p for name, p in dmp.named_parameters() if ".shards." not in name]
-    return torch.optim.Adam(params, lr=0.05) if params else None
+    return _CountingAdam(params, lr=0.05) if params else None
 
 
 def _live(dmp, dense) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
@@ -50,6 +62,7 @@ def _live(dmp, dense) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
         if not hasattr(table, "shard_slices"):  # data-parallel: a replica and Adam's state
             out.setdefault(f"{name}.weight", []).append((0, 0, table.weight.detach().clone()))
             for key, value in dense.state[table.weight].items():
+                value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
                 block = value.reshape(1, 1) if value.dim() == 0 else value
                 out.setdefault(f"{name}.dense.{key}", []).append((0, 0, block.clone()))
             continue
@@ -78,7 +91,7 @@ def _assemble(views: list[dict]) -> dict[str, torch.Tensor]:
         table, state = key.split(".", 1)
         rows, cols = SHAPES[table]
         shape = {"weight": (rows, cols), "momentum1": (rows, 1)}.get(state, (rows, cols))
-        if state == "step" or state.endswith(".step"):
+        if state == "step" or state.endswith((".step", ".updates")):
             shape = (1, 1)
         tensor, covered = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
         for view in views:
@@ -102,14 +115,15 @@ def _save(rank: int, world_size: int, root: str, kind: str, fused: dict):
             dense.step()
             dense.zero_grad()
     ckpt.save(root, step=STEPS, model=dmp, optimizer=dense, extra={"epoch": 1})
-    return _live(dmp, dense)
+    return _live(dmp, dense), torch.rand(4)  # what a run that goes on draws next
 
 
 def _load(rank: int, world_size: int, root: str, kind: str, fused: dict):
     dmp = _dmp(world_size, kind, fused=fused)
     dense = _dense_optimizer(dmp)
+    torch.manual_seed(1 + rank)  # the checkpoint must bring back the saved generator state
     extra = ckpt.load(root, model=dmp, optimizer=dense, extra={"epoch": 0})
-    return extra, _live(dmp, dense)
+    return extra, _live(dmp, dense), torch.rand(4)
 
 
 @pytest.mark.parametrize(
@@ -133,11 +147,14 @@ def test_checkpoints_keep_every_weight_and_optimizer_state_across_plans(
     """Saved from ``saved_kind`` on 2 ranks after 3 steps, loaded into ``loaded_kind`` on
     ``world_size`` ranks: every table's weights, every optimizer state (Adam's moments or
     row-wise Adagrad's accumulator, the dense Adam of data-parallel tables) and every step
-    counter come back exactly."""
-    saved = _assemble(run_ranks(_save, 2, str(tmp_path), saved_kind, fused))
+    counter come back exactly, and so does each saved rank's random generator."""
+    saves = run_ranks(_save, 2, str(tmp_path), saved_kind, fused)
+    saved = _assemble([view for view, _ in saves])
     loaded = run_ranks(_load, world_size, str(tmp_path), loaded_kind, fused)
-    assert all(extra == {"epoch": 1} for extra, _ in loaded)
-    restored = _assemble([view for _, view in loaded])
+    assert all(extra == {"epoch": 1} for extra, _, _ in loaded)
+    for (_, draw), (_, _, resumed) in zip(saves, loaded):  # ranks beyond the saved keep theirs
+        torch.testing.assert_close(resumed, draw, rtol=0, atol=0)
+    restored = _assemble([view for _, view, _ in loaded])
     assert sorted(restored) == sorted(saved)
     steps = [key for key in saved if key.endswith("step")]
     assert len(steps) == 4 and all(saved[key].item() == STEPS for key in steps), steps
