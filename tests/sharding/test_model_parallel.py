@@ -46,8 +46,11 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, optimizer: str):
         )
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
     dense_optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[optimizer]
-    dense_params = [p for n, p in dmp.named_parameters() if ".shards." not in n]
-    optim = dense_optimizer(dense_params, lr=lr)
+    dense_params = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
+    # data-parallel tables step with the dense optimizer, at the rate of the fused tables
+    tables = [(n, p) for n, p in dmp.named_parameters() if "embedding_bags" in n]
+    replicas = [p for n, p in tables if ".shards." not in n]
+    optim = dense_optimizer([{"params": dense_params}, {"params": replicas, "lr": 0.05}], lr=lr)
     ref_ebc = _with_fused(reference, fused)
     ref_optimizer = dense_optimizer(
         [p for n, p in reference.named_parameters() if "embedding_bags" not in n], lr=lr
@@ -91,12 +94,19 @@ def _with_fused(reference: DLRM, fused) -> EmbeddingBagCollection:
 
 def _plan_of(model: DLRM, kind: str, world_size: int):
     ebc = model.sparse_arch.embedding_bag_collection
-    from shardkit.sharding import column_wise, construct_module_sharding_plan, row_wise, table_wise
+    from shardkit.sharding import (
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
+    )
 
     gens = {
         "table_wise": lambda i: table_wise(rank=i % world_size),
         "row_wise": lambda i: row_wise(),
         "column_wise": lambda i: column_wise(ranks=list(range(world_size))),
+        "data_parallel": lambda i: data_parallel(),
     }[kind]
     return construct_module_sharding_plan(
         ebc, {f"t{i}": gens(i) for i in range(4)}, world_size=world_size, device_type="cpu"
@@ -110,6 +120,7 @@ def _plan_of(model: DLRM, kind: str, world_size: int):
         (2, "row_wise", "sgd"),
         (3, "table_wise", "adam"),
         (3, "column_wise", "sgd"),
+        (2, "data_parallel", "sgd"),  # replicas' gradients averaged by DDP, as the dense ones
     ],
 )
 def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, optimizer):
