@@ -1,11 +1,17 @@
-"""The benchmark scripts still run (at toy sizes, without TorchRec) and write their reports, so
-the commands in benchmarks/results/ keep working as the code changes."""
+"""The benchmark scripts still run (at toy sizes, without TorchRec) and write reports whose
+numbers hang together: the arguments given, the machine, one row per contender with positive,
+finite times and throughputs that follow from them, skipped contenders said to be skipped. So
+the commands in benchmarks/results/ keep working, and keep measuring what they claim."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
+
+import pytest
+import torch
 
 from tests.scripts import run_script
 
@@ -14,6 +20,15 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def _run(script: str, *args: str) -> str:
     return run_script(BENCHMARKS / script, *args)
+
+
+def _positive(*values: float) -> bool:
+    return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values)
+
+
+def _machine(machine: dict) -> None:
+    assert machine["torch"] == torch.__version__ and machine["cpu_count"] >= 1
+    assert machine["torchrec"] is None  # these runs are shardkit's side only
 
 
 def test_bench_ebc_runs_at_toy_size(tmp_path):
@@ -80,6 +95,25 @@ def test_bench_dmp_runs_at_toy_size(tmp_path):
     report = out.read_text()
     assert "| row_wise | shardkit (pipelined) |" in report
     assert "| row_wise | shardkit (plain loop) |" in report
+    data = json.loads(out.with_suffix(".json").read_text())
+    args = data["args"]
+    assert (args["world_size"], args["batch"], args["types"], args["rounds"]) == (
+        2,
+        32,
+        ["row_wise"],
+        1,
+    )
+    _machine(data["machine"])
+    rows = {(r["type"], r["impl"]): r for r in data["rows"]}
+    assert rows[("-", "torchrec")]["skipped"]
+    for impl in ("shardkit (pipelined)", "shardkit (plain loop)"):
+        r = rows[("row_wise", impl)]
+        assert _positive(r["ms_per_step"], r["samples_per_s"], r["peak_rss_gb"]), r
+        assert len(r["ms_rounds"]) == args["rounds"] and r["ms_per_step"] in r["ms_rounds"]
+        global_batch = args["batch"] * args["world_size"]
+        assert r["samples_per_s"] == pytest.approx(global_batch * 1000 / r["ms_per_step"])
+        assert 0 <= r["input_wait_ms"] <= r["ms_per_step"], r
+        assert r["peak_rss_gb"] < 64, r  # a toy run: GB, not bytes or KB
 
 
 def test_bench_fsdp_runs_the_small_model(tmp_path):
@@ -88,7 +122,47 @@ def test_bench_fsdp_runs_the_small_model(tmp_path):
         "bench_fsdp.py", "--model", "cnn", "--contenders", "shardkit-full,torch-ddp",
         "--warmup", "1", "--steps", "1", "--json", str(out),
     )  # fmt: skip
-    assert out.read_text().strip()
+    data = json.loads(out.read_text())
+    assert (data["repeat"], data["warmup"], data["steps"]) == (1, 1, 1)
+    assert data["environment"]["torch"] == torch.__version__
+    runs = {(r["model"], r["contender"]): r for r in data["runs"]}
+    assert set(runs) == {("cnn", "shardkit-full"), ("cnn", "torch-ddp")}
+    for run in runs.values():
+        assert run["repeat"] == 0 and len(run["ranks"]) == 2
+        for rank in run["ranks"]:
+            assert _positive(rank["step_s"], rank["cpu_s"], rank["state_mb"], rank["peak_rss_mb"])
+            assert len(rank["step_s_all"]) == data["steps"] and rank["step_s"] in rank["step_s_all"]
+            assert rank["peak_rss_mb"] >= rank["process_rss_mb"] > 0
+    # full sharding on 2 ranks keeps half of what each DDP rank holds (parameters, gradients,
+    # optimizer state), give or take the padding of the flat shards
+    sharded = runs["cnn", "shardkit-full"]["ranks"][0]["state_mb"]
+    replicated = runs["cnn", "torch-ddp"]["ranks"][0]["state_mb"]
+    assert sharded == pytest.approx(replicated / 2, rel=0.01)
+
+
+def test_bench_planner_scores_its_plans(tmp_path):
+    out, markdown = tmp_path / "planner.json", tmp_path / "planner.md"
+    _run(
+        "bench_planner.py", "--skip-speed", "--no-torchrec", "--out", str(out),
+        "--markdown", str(markdown),
+    )  # fmt: skip
+    data = json.loads(out.read_text())
+    assert "speed" not in data and data["machine"]["torch"] == torch.__version__
+    cases = [(q["case"], q["tables"], q["ranks"]) for q in data["quality"]]
+    assert cases == [
+        ("criteo_tb_26", 26, 8), ("criteo_tb_26", 26, 16), ("criteo_tb_26", 26, 64),
+        ("synthetic_1000", 1000, 8), ("synthetic_1000", 1000, 64), ("synthetic_1000", 1000, 128),
+    ]  # fmt: skip
+    for q in data["quality"]:
+        ours = q["shardkit"]
+        assert "torchrec" not in q and ours["fits"], q
+        assert _positive(ours["seconds"], ours["max_cost_ms"], ours["max_memory_gib"])
+        assert ours["max_cost_ms"] >= ours["mean_cost_ms"] > 0
+        assert ours["cost_imbalance"] == pytest.approx(ours["max_cost_ms"] / ours["mean_cost_ms"])
+        assert ours["memory_imbalance"] >= 1
+        assert sum(ours["sharding_types"].values()) == q["tables"], ours
+    text = markdown.read_text()
+    assert "criteo_tb_26" in text and "synthetic_1000" in text
 
 
 def test_bench_recorder_runs_at_toy_size(tmp_path):
@@ -120,9 +194,28 @@ def test_bench_mc_runs_at_toy_size(tmp_path):
     )  # fmt: skip
     report = out.read_text()
     assert "| 0 | mc-distance-lfu |" in report and "| 3 | exact | 0.0% |" in report
-    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
-    modulo = next(s for s in summary if s["contender"] == "modulo" and s["drift"] == 0)
-    lfu = next(s for s in summary if s["contender"] == "mc-lfu" and s["drift"] == 0)
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    contenders = ["modulo", "mc-lfu", "mc-lru", "mc-distance-lfu", "exact"]
+    assert [(r["drift"], r["contender"]) for r in data["rows"]] == [
+        (drift, name) for drift in (0, 3) for name in contenders
+    ]
+    for row in data["rows"]:
+        assert 0 <= row["collided_lookups"] <= 1 and 0 <= row["ids_with_own_row"] <= 1, row
+        assert 0 <= row["auc"] <= 1 and 0 <= row["best_auc"] <= 1, row
+        assert _positive(row["log_loss"], row["ms_per_step"]), row
+    summary = {(s["drift"], s["contender"]): s for s in data["summary"]}
+    assert list(summary) == [(r["drift"], r["contender"]) for r in data["rows"]]
+    for (drift, name), entry in summary.items():  # one seed: the mean is the run's value
+        run = next(r for r in data["rows"] if (r["drift"], r["contender"]) == (drift, name))
+        assert entry["auc"] == {"mean": run["auc"], "min": run["auc"], "max": run["auc"]}
+        assert entry["auc_over_modulo"]["mean"] == pytest.approx(
+            run["auc"] - summary[drift, "modulo"]["auc"]["mean"]
+        )
+    for drift in (0, 3):  # a table with a row per id never collides; modulo folds 2000 into 200
+        assert summary[drift, "exact"]["collided_lookups"]["mean"] == 0
+        assert summary[drift, "exact"]["ids_with_own_row"]["mean"] == 1
+    modulo, lfu = summary[0, "modulo"], summary[0, "mc-lfu"]
     assert lfu["collided_lookups"]["mean"] < modulo["collided_lookups"]["mean"]
 
 
@@ -135,7 +228,19 @@ def test_bench_quant_runs_at_toy_size(tmp_path):
     report = out.read_text()
     for storage in ("float", "fp16", "int8", "int4"):
         assert f"| adult | {storage} |" in report
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert [r["table_bytes"] for r in rows] == sorted(
-        (r["table_bytes"] for r in rows), reverse=True
-    )
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    rows = data["rows"]
+    assert [(r["model"], r["storage"]) for r in rows] == [
+        ("adult", s) for s in ("float", "fp16", "int8", "int4")
+    ]
+    table_bytes = [r["table_bytes"] for r in rows]
+    assert table_bytes == sorted(table_bytes, reverse=True) and len(set(table_bytes)) == 4
+    # fp16 halves the float tables (int8/int4 add a scale and bias per row)
+    assert table_bytes[1] == table_bytes[0] // 2
+    for row in rows:
+        assert _positive(row["file_bytes"], row["table_bytes"], row["log_loss"]), row
+        assert 0 <= row["auc"] <= 1, row
+        assert row["auc_change"] == pytest.approx(row["auc"] - rows[0]["auc"]), row
+        assert set(row["lookup_us"]) == {"1", "8"} and _positive(*row["lookup_us"].values()), row
+    assert rows[0]["auc_change"] == 0

@@ -35,3 +35,13 @@ def test_quick_start_runs(title, tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    if title == "Quick start: model-parallel embeddings":  # print(model.plan): the stats table
+        lines = result.stdout.splitlines()
+        assert lines[0] == (
+            "4 tables in 1 module(s) on 2 ranks (1 host(s) x 2), cpu, batch size 512 per rank"
+        )
+        assert lines[1].startswith("memory per rank: ") and "module (the model itself)" in lines
+        assert [line.split()[0] for line in lines if line.startswith("  t")] == [
+            "t0", "t1", "t2", "t3",
+        ]  # fmt: skip
+        assert "ParameterSharding(" not in result.stdout

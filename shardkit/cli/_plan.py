@@ -33,6 +33,8 @@ from typing import Any
 
 from shardkit.modules import DataType, EmbeddingBagConfig, EmbeddingConfig
 from shardkit.planner import (
+    DDR_CAP,
+    HBM_CAP,
     HeuristicalStorageReservation,
     ParameterConstraints,
     PlannerError,
@@ -91,11 +93,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.png:
             _matplotlib()  # fail before planning, not after
         tables, constraints, file_batch = load_model(args.model)
+        # Plans for any cluster, not this machine: TorchRec's capacities unless told.
+        cuda = args.compute_device == "cuda"
         topology = Topology(
             world_size=args.world_size,
             compute_device=args.compute_device,
-            hbm_cap=args.hbm_cap,
-            ddr_cap=args.ddr_cap,
+            hbm_cap=args.hbm_cap if args.hbm_cap is not None else (HBM_CAP if cuda else 0),
+            ddr_cap=args.ddr_cap if args.ddr_cap is not None else DDR_CAP,
             local_world_size=args.local_world_size,
         )
         reservation = HeuristicalStorageReservation(
@@ -112,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     except (PlannerError, ValueError, TypeError, OSError) as exc:
         print(f"shardkit plan: {exc}", file=sys.stderr)
         return 1
-    print(result.stats)
+    print(f"sharding plan: {result.plan}")
     if args.output:
         args.output.write_text(result.plan.to_json(indent=1) + "\n")
         print(f"wrote the plan to {args.output}")

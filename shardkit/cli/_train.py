@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.cli._export import QUANTIZE_CHOICES, export
+from shardkit.cli._plan import _size
 from shardkit.planner import ShardingType
 from shardkit.train import (
     CRITEO_FORMATS,
@@ -148,6 +149,8 @@ def _train_parser(commands: Any) -> None:
     p.add_argument(
         "--plan-only", action="store_true", help="print the sharding plan and its stats, then stop"
     )
+    p.add_argument("--memory-cap", type=_size,
+                   help="memory per rank to plan for, e.g. 8G (unset: the machine's)")  # fmt: skip
     p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (unset: runs/<data>)")
     p.add_argument(
         "--resume",
@@ -202,6 +205,7 @@ def _train(args: argparse.Namespace) -> int:
         local_world_size=args.local_world_size,
         sharding_type=ShardingType(args.sharding_type) if args.sharding_type else None,
         plan_only=args.plan_only,
+        memory_cap=args.memory_cap,
         checkpoint_dir=args.checkpoint_dir or Path("runs") / data.value,
         resume=args.resume,
         metrics_path=args.metrics,

@@ -63,7 +63,7 @@ def plan_on_rank_zero(plan: Callable[[], PlanResult], group: dist.ProcessGroup) 
     if status == "error":
         raise value
     plan_json, stats = value
-    return PlanResult(ShardingPlan.from_json(plan_json), stats)
+    return PlanResult(ShardingPlan(ShardingPlan.from_json(plan_json).plan, stats=stats), stats)
 
 
 def _wire(result: PlanResult) -> tuple[str, Any]:

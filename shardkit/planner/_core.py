@@ -12,8 +12,9 @@ error that says why and what would (`_diagnose`).
 `Topology`, constraints and a few numbers. Nothing reads the clock, the environment, a random
 generator or an unordered container: tables keep their module order, options their enumeration
 order, and every tie is broken by an explicit key ending in an index. So every rank that plans
-the same model gets the same plan, and ``collective_plan`` (plan on rank 0, broadcast) is only a
-way to save the others the work.
+the same model with the same topology gets the same plan, and ``collective_plan`` (plan on rank
+0, broadcast) is only a way to save the others the work. The machine is read once, before: a
+`Topology` built without capacities takes them from the memory of the machine that builds it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ __all__ = ["PlanResult", "PlannerSettings", "estimate_plan", "make_plan", "plan_
 
 @dataclass(frozen=True)
 class PlanResult:
-    """A plan and its estimates."""
+    """A plan and its estimates (``plan.stats`` is ``stats``: the plan prints them)."""
 
     plan: ShardingPlan
     stats: PlanStats
@@ -107,9 +108,8 @@ def make_plan(
     )
     if given is not None or not specs:
         plan = ShardingPlan({}) if given is None else given
-        return PlanResult(
-            plan, plan_stats(plan, specs, topology, reservation, batch_size=batch_size)
-        )
+        stats = plan_stats(plan, specs, topology, reservation, batch_size=batch_size)
+        return PlanResult(ShardingPlan(plan.plan, stats=stats), stats)
     options, rejections = enumerate_options(specs, topology, reservation.available)
     if not all(options):
         raise no_option_error(specs, options, rejections, topology, reservation, batch_size)
@@ -125,7 +125,8 @@ def make_plan(
         batch_size=batch_size,
         num_proposals=result.num_proposals,
     )
-    return PlanResult(build_plan(specs, result.proposal, result.placement, topology), stats)
+    plan = build_plan(specs, result.proposal, result.placement, topology)
+    return PlanResult(ShardingPlan(plan.plan, stats=stats), stats)
 
 
 def plan_tables(

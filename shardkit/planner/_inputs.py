@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
+from shardkit.planner import _machine
 from shardkit.planner._constants import (
     BWD_COMPUTE_MULTIPLIER,
     CROSS_NODE_BANDWIDTH,
@@ -37,16 +38,22 @@ COMPUTE_DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class Topology:
-    """``world_size`` ranks in hosts of ``local_world_size``, with TorchRec's defaults.
+    """``world_size`` ranks in hosts of ``local_world_size``.
 
     Tables live in the memory of the compute device: HBM (``hbm_cap`` bytes per rank) on
-    ``"cuda"``, host memory (``ddr_cap`` bytes per rank) on ``"cpu"``.
+    ``"cuda"``, host memory (``ddr_cap`` bytes per rank) on ``"cpu"``. Capacities not given are
+    read from this machine when the topology is built: ``ddr_cap`` is its memory (the container's
+    limit if lower) divided among the ``local_world_size`` ranks of a host, ``hbm_cap`` the
+    current GPU's memory. Where the machine cannot tell (planning for GPUs on a machine without
+    one), TorchRec's constants apply: 32 GiB HBM, 128 GiB DDR. Give the capacities to plan for
+    another machine. `memory_source` says where the capacity tables live in came from.
 
     Args:
         world_size: number of ranks.
         compute_device: ``"cuda"`` or ``"cpu"``.
-        hbm_cap: GPU memory per rank in bytes (default 32 GiB; 0 on ``"cpu"``).
-        ddr_cap: host memory per rank in bytes (default 128 GiB).
+        hbm_cap: GPU memory per rank in bytes (default: the GPU's, else 32 GiB; 0 on ``"cpu"``).
+        ddr_cap: host memory per rank in bytes (default: this machine's memory divided among
+            ``local_world_size`` ranks, else 128 GiB).
         local_world_size: ranks per host (default ``world_size``: one host).
         hbm_mem_bw: GPU memory bandwidth, bytes/ms.
         ddr_mem_bw: host memory bandwidth, bytes/ms.
@@ -58,6 +65,7 @@ class Topology:
     Example::
 
         Topology(world_size=16, compute_device="cuda", local_world_size=8)  # 2 hosts of 8 GPUs
+        Topology(world_size=2, compute_device="cpu", ddr_cap=8 * 1024**3)  # 8 GiB per rank
     """
 
     world_size: int
@@ -74,6 +82,7 @@ class Topology:
     inter_host_bw: float = CROSS_NODE_BANDWIDTH
     bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
     weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+    memory_source: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_int("world_size", self.world_size, 1)
@@ -81,17 +90,12 @@ class Topology:
             raise ValueError(
                 f"compute_device must be one of {list(COMPUTE_DEVICES)}, got {self.compute_device!r}"
             )
-        defaults = {
-            "hbm_cap": HBM_CAP if self.compute_device == "cuda" else 0,
-            "ddr_cap": DDR_CAP,
-            "local_world_size": self.world_size,
-        }
-        for name, default in defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, default)
+        if self.local_world_size is None:
+            object.__setattr__(self, "local_world_size", self.world_size)
+        _check_int("local_world_size", self.local_world_size, 1)
+        self._fill_capacities()
         _check_int("hbm_cap", self.hbm_cap, 0)
         _check_int("ddr_cap", self.ddr_cap, 0)
-        _check_int("local_world_size", self.local_world_size, 1)
         if self.world_size % self.local_world_size:
             raise ValueError(
                 f"world_size ({self.world_size}) must be a multiple of local_world_size "
@@ -104,6 +108,28 @@ class Topology:
         for name in ("bwd_compute_multiplier", "weighted_feature_bwd_compute_multiplier"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def _fill_capacities(self) -> None:
+        """Capacities not given, from the machine (see the class docstring)."""
+        sources = {"hbm_cap": "given", "ddr_cap": "given"}
+        if self.hbm_cap is None:
+            gpu = _machine.gpu_memory() if self.compute_device == "cuda" else 0
+            hbm_cap, sources["hbm_cap"] = (
+                (HBM_CAP, "TorchRec's default: no GPU here") if gpu is None else (gpu, "the GPU's")
+            )
+            object.__setattr__(self, "hbm_cap", hbm_cap)
+        if self.ddr_cap is None:
+            host = _machine.host_memory()
+            if host is None:
+                ddr_cap, sources["ddr_cap"] = DDR_CAP, "TorchRec's default: the OS does not say"
+            else:
+                ddr_cap = host // self.local_world_size
+                sources["ddr_cap"] = (
+                    f"this machine's {format_bytes(host)} / {self.local_world_size} local ranks"
+                )
+            object.__setattr__(self, "ddr_cap", ddr_cap)
+        kind = "hbm_cap" if self.compute_device == "cuda" else "ddr_cap"
+        object.__setattr__(self, "memory_source", sources[kind])
 
     @property
     def num_hosts(self) -> int:

@@ -1,6 +1,7 @@
 """`PlanStats`: what a plan costs, per rank and per table, as data and as a printable table;
 computed for the planner's own placement (`placement_stats`) or for any `ShardingPlan`
-(`plan_stats`: a manual plan, another planner's)."""
+(`plan_stats`: a manual plan, another planner's). The plans the planner returns carry their
+stats, so ``print(plan)`` shows this table."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from shardkit.planner._estimate import ShardCost, estimate_shard
 from shardkit.planner._inputs import Reservation, Topology
 from shardkit.planner._partition import Placement
 from shardkit.planner._tables import TableSpec
-from shardkit.types import ParameterSharding, ShardingPlan, ShardingType
+from shardkit.types import (
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+    format_columns,
+    format_ranks,
+    module_label,
+)
 
-__all__ = [
-    "PlanStats",
-    "RankStats",
-    "TableStats",
-    "format_ranks",
-    "placement_stats",
-    "plan_stats",
-]
+__all__ = ["PlanStats", "RankStats", "TableStats", "placement_stats", "plan_stats"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,11 @@ class RankStats:
 
 @dataclass(frozen=True)
 class TableStats:
-    """One table: how it is sharded and what it costs in all (``shards``: (count, rows, cols))."""
+    """One table: how it is sharded and what it costs in all (``shards``: (count, rows, cols)).
+
+    ``table`` is ``module.name`` (just ``name`` in the model itself); ``module`` its module's
+    path in the model.
+    """
 
     table: str
     num_embeddings: int
@@ -55,15 +60,22 @@ class TableStats:
     shards: tuple[tuple[int, int, int], ...]
     memory: int
     cost: float
+    module: str = ""
+
+    @property
+    def name(self) -> str:
+        """The table's name inside its module."""
+        return self.table[len(self.module) + 1 :] if self.module else self.table
 
 
 @dataclass(frozen=True)
 class PlanStats:
     """A plan's estimates. ``str(stats)`` is the table the planner logs.
 
-    Memory is per rank in bytes: ``capacity`` of the compute device, of which ``margin``,
-    ``dense`` (the dense model) and ``kjt`` (input batches) are reserved, leaving ``available``
-    for table shards. Costs are estimated ms per training step (see docs/planner.md).
+    Memory is per rank in bytes: ``capacity`` of the compute device (``memory_source`` says
+    where it came from: given, or read from the machine), of which ``margin``, ``dense`` (the
+    dense model) and ``kjt`` (input batches) are reserved, leaving ``available`` for table
+    shards. Costs are estimated ms per training step (see docs/planner.md).
     """
 
     world_size: int
@@ -77,6 +89,7 @@ class PlanStats:
     ranks: tuple[RankStats, ...]
     tables: tuple[TableStats, ...]
     num_proposals: int = 0
+    memory_source: str = "given"
 
     @property
     def available(self) -> int:
@@ -110,48 +123,61 @@ class PlanStats:
         return data
 
     def __str__(self) -> str:
-        return "\n".join([*self._header(), "", *self._rank_rows(), "", *self._table_rows()])
+        return self.text()
+
+    def text(self, module: str | None = None) -> str:
+        """The table: header, one row per rank, then the tables module by module (only those
+        of the module at path ``module`` if given)."""
+        return "\n".join([*self._header(), "", *self._rank_rows(), "", *self._table_rows(module)])
 
     def _header(self) -> list[str]:
         hosts = self.world_size // self.local_world_size
         kind = "hbm" if self.compute_device == "cuda" else "ddr"
+        modules = len({t.module for t in self.tables})
         return [
-            f"sharding plan: {len(self.tables)} tables on {self.world_size} ranks ({hosts} "
-            f"host(s) x {self.local_world_size}), {self.compute_device}, batch size "
-            f"{self.batch_size} per rank",
-            f"memory per rank: {format_bytes(self.capacity)} {kind}, of which "
-            f"{format_bytes(self.margin)} margin, {format_bytes(self.dense)} dense model, "
-            f"{format_bytes(self.kjt)} input batches; {format_bytes(self.available)} for tables",
+            f"{len(self.tables)} tables in {modules} module(s) on "
+            f"{self.world_size} ranks ({hosts} host(s) x {self.local_world_size}), "
+            f"{self.compute_device}, batch size {self.batch_size} per rank",
+            f"memory per rank: {format_bytes(self.capacity)} {kind} ({self.memory_source})",
+            f"  of which {format_bytes(self.margin)} margin, {format_bytes(self.dense)} dense "
+            f"model, {format_bytes(self.kjt)} input batches; {format_bytes(self.available)} for "
+            "tables",
             f"imbalance (max/mean): cost {self.cost_imbalance:.3f}, memory "
             f"{self.memory_imbalance:.3f}; max cost {self.max_cost:.4g} ms, max memory "
-            f"{format_bytes(self.max_memory)}",
+            f"{format_bytes(self.max_memory)} ({_percent(self.max_memory, self.available)}% "
+            "of the memory for tables)",
         ]
 
     def _rank_rows(self) -> list[str]:
-        rows = [("rank", "host", "memory", "% avail", "cost ms", "compute", "comms", "shards")]
+        rows = [
+            ("rank", "host", "memory", "% avail", "free", "cost ms", "compute", "comms", "shards")
+        ]
         for r in self.ranks:
-            share = 100.0 * r.memory / self.available if self.available else 0.0
             rows.append(
                 (
                     str(r.rank),
                     str(r.host),
                     format_bytes(r.memory),
-                    f"{share:.1f}",
+                    _percent(r.memory, self.available),
+                    _signed_bytes(self.available - r.memory),
                     f"{r.cost:.4g}",
                     f"{r.compute:.4g}",
                     f"{r.comms:.4g}",
                     str(r.num_shards),
                 )
             )
-        return _align(rows, left=set())
+        return format_columns(rows, left=set())
 
-    def _table_rows(self) -> list[str]:
+    def _table_rows(self, module: str | None) -> list[str]:
         rows = [("table", "rows x dim", "type", "kernel", "ranks", "shards", "memory", "cost ms")]
+        groups: dict[str, list[tuple[str, ...]]] = {}
         for t in self.tables:
+            if module is not None and t.module != module:
+                continue
             shards = ", ".join(f"{n} x [{r}, {c}]" for n, r, c in t.shards)
-            rows.append(
+            groups.setdefault(t.module, []).append(
                 (
-                    t.table,
+                    f"  {t.name}",
                     f"{t.num_embeddings} x {t.embedding_dim}",
                     t.sharding_type,
                     t.compute_kernel,
@@ -161,34 +187,31 @@ class PlanStats:
                     f"{t.cost:.4g}",
                 )
             )
-        return _align(rows, left={0, 1, 2, 3, 4, 5})
+        for group in groups.values():
+            rows.extend(group)
+        aligned = format_columns(rows, left={0, 1, 2, 3, 4, 5})
+        lines, start = [aligned[0]], 1
+        for path, group in groups.items():
+            lines += [module_label(path), *aligned[start : start + len(group)]]
+            start += len(group)
+        return lines
 
 
-def format_ranks(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 7] -> "0-3,7"."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+def _percent(part: float, whole: float) -> str:
+    """``part`` as a percentage of ``whole``: 1 decimal, 2 significant digits below 1%."""
+    if whole <= 0:
+        return "-"
+    share = 100.0 * part / whole
+    return f"{share:.2g}" if 0 < share < 1 else f"{share:.1f}"
+
+
+def _signed_bytes(value: int) -> str:
+    return format_bytes(value) if value >= 0 else f"-{format_bytes(-value)}"
 
 
 def _imbalance(values: list[float]) -> float:
     mean = sum(values) / len(values)
     return max(values) / mean if mean > 0 else 1.0
-
-
-def _align(rows: Sequence[tuple[str, ...]], left: set[int]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.ljust(w) if i in left else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths))
-        ).rstrip()
-        for row in rows
-    ]
 
 
 class _Ledger:
@@ -331,6 +354,7 @@ def _table_stats(table, sharding_type, kernel, ranks, shards, memory, cost) -> T
         shards,
         memory,
         cost,
+        table.path,
     )
 
 
@@ -347,4 +371,5 @@ def _stats(topology, reservation, batch_size, ledger, per_table, num_proposals) 
         ranks=ledger.ranks(topology),
         tables=tuple(per_table),
         num_proposals=num_proposals,
+        memory_source=topology.memory_source,
     )

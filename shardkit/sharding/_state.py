@@ -116,7 +116,9 @@ def fused_state(collection: Any) -> dict[str, Any]:
     ``{"<table>.<state>": ShardedTensor [rows, dim]}`` plus ``"<table>.step"``. Row-wise
     Adagrad's one value per row is repeated across the shard's columns, so that the state
     tiles the table exactly like the weights and reshards the same way (see
-    `load_fused_state`). Tensors here are copies: write back with `load_fused_state`.
+    `load_fused_state`). Blocks of 2-D state are views of the live state (a load through
+    torch.distributed.checkpoint writes into them in place), row-wise Adagrad's repeated
+    blocks are copies: always write back with `load_fused_state`.
     """
     out: dict[str, Any] = {}
     for config, shard_group, position in _fused_shards(collection):

@@ -132,9 +132,12 @@ def planner_for(config: TrainConfig, model: DLRMTrain, world_size: int) -> Embed
             if torch.cuda.is_available() and world_size <= torch.cuda.device_count()
             else "cpu"
         )
+    cap = config.memory_cap  # None: the machine's (see Topology)
     topology = Topology(
         world_size=world_size,
         compute_device=device,
+        hbm_cap=cap if device == "cuda" else None,
+        ddr_cap=cap if device == "cpu" else None,
         local_world_size=config.local_world_size or local_world_size(world_size),
     )
     return EmbeddingShardingPlanner(topology=topology, constraints=constraints,

@@ -79,6 +79,9 @@ class TrainConfig:
     # at a quarter of this). Half an hour, as torch's gloo default: one rank may be away from
     # collectives for minutes while planning or loading the first batches, or saving its shards.
     timeout: float = 1800.0
+    memory_cap: int | None = None
+    """Bytes of memory per rank the planner may fill (None: read from the machine: its memory
+    divided among a host's ranks on CPU, the GPU's memory on GPU); the stats table shows it."""
 
     def __post_init__(self) -> None:
         positive = [
@@ -113,6 +116,13 @@ class TrainConfig:
         if self.lr <= 0 or self.table_lr <= 0:
             raise ValueError(
                 f"learning rates must be > 0, got lr={self.lr}, table_lr={self.table_lr}"
+            )
+        if self.memory_cap is not None and (
+            not isinstance(self.memory_cap, int) or self.memory_cap < 1
+        ):
+            raise ValueError(
+                f"memory_cap must be a number of bytes >= 1 (e.g. --memory-cap 8G), got "
+                f"{self.memory_cap!r}"
             )
         if self.local_world_size is not None and self.nproc % self.local_world_size:
             raise ValueError(

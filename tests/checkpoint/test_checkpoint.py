@@ -17,88 +17,154 @@ from shardkit.modules import EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
-from tests.devices import ALL, CPU_AND_GPU, DEVICE_TIER
+from tests.devices import ALL, DEVICE_TIER
 from tests.fake_gpu import to_cpu
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 FUSED = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
+ADAM = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.1}
+SHAPES = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs()}
+STEPS = 3
 
 
-def _dmp(world_size: int, kind: str, tables=None, device=None):
+def _dmp(world_size: int, kind: str, tables=None, fused=None, device=None):
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=tables or configs())
     plan = ShardingPlan({"": make_plan(ebc, kind, world_size, world_size)})
-    sharders = [EmbeddingBagCollectionSharder(fused_params=FUSED)]
+    sharders = [EmbeddingBagCollectionSharder(fused_params=fused or FUSED)]
     return DistributedModelParallel(ebc, device=device, plan=plan, sharders=sharders)
 
 
-def _full_view(dmp) -> dict[str, torch.Tensor]:
-    """Every table and its row-wise accumulator as this rank sees them, on the CPU:
-    {key: [(offsets, t)]}."""
-    out = {}
-    for key, value in dmp.state_dict().items():
-        shards = value.local_shards() if hasattr(value, "local_shards") else None
-        out[key] = (
-            [(s.metadata.shard_offsets, s.tensor.cpu()) for s in shards]
-            if shards is not None
-            else [([0, 0], value.cpu())]
-        )
-    sharded = dmp.module
-    for group in sharded._shard_groups:
-        opt = group.tables.optimizer
-        for k, slice_ in enumerate(group.spec.shards):
-            start, end = group.tables.row_starts[k], group.tables.row_starts[k + 1]
-            acc = opt.state["momentum1"][start:end].cpu()
-            out.setdefault(f"acc.{slice_.table}", []).append(
-                ([slice_.row_start, slice_.col_start], acc)
+class _CountingAdam(torch.optim.Adam):
+    """Adam that also keeps a Python int per parameter, as optimizers such as LBFGS do: state
+    that is not a tensor (the checkpoint pickles it beside the tensors)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["updates"] = self.state[p].get("updates", 0) + 1
+        return loss
+
+
+def _dense_optimizer(dmp) -> torch.optim.Optimizer | None:
+    """Adam over the data-parallel tables (the others step fused, inside backward)."""
+    params = [p for name, p in dmp.named_parameters() if ".shards." not in name]
+    return _CountingAdam(params, lr=0.05) if params else None
+
+
+def _live(dmp, dense) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
+    """Everything a checkpoint must keep, as this rank holds it (copied to the CPU), read from
+    the live objects (not through the checkpoint's own code): ``{key: [(row, col, block)]}`` for each table's
+    weights and each optimizer state (fused or dense), and ``<table>.step`` counters."""
+    out: dict[str, list] = {}
+    ebc = dmp.module
+    fused = ebc.fused_optimizer.state_dict()["state"] if ebc.fused_optimizer else {}
+    for name, table in ebc.embedding_bags.items():
+        if not hasattr(table, "shard_slices"):  # data-parallel: a replica and Adam's state
+            out.setdefault(f"{name}.weight", []).append((0, 0, table.weight.detach().cpu().clone()))
+            for key, value in dense.state[table.weight].items():
+                value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                block = value.reshape(1, 1) if value.dim() == 0 else value
+                out.setdefault(f"{name}.dense.{key}", []).append((0, 0, block.cpu().clone()))
+            continue
+        for k, slice_ in enumerate(table.shard_slices):
+            out.setdefault(f"{name}.weight", []).append(
+                (slice_.row_start, slice_.col_start, table.shards[k].detach().cpu().clone())
             )
+            for key, value in fused[f"embedding_bags.{name}.shards.{k}"].items():
+                state = key.removeprefix(f"{name}.")
+                if value.dim() == 0:  # the step counter
+                    block, col = value.reshape(1, 1), 0
+                elif value.dim() == 1:  # row-wise Adagrad: one value per row
+                    block, col = value.unsqueeze(1), 0
+                else:
+                    block, col = value, slice_.col_start
+                row = 0 if value.dim() == 0 else slice_.row_start
+                out.setdefault(f"{name}.{state}", []).append((row, col, block.cpu().clone()))
     return out
 
 
-def _save(rank: int, world_size: int, root: str, *, device=None):
-    """Three steps of training on ``device`` (default CPU), then a checkpoint."""
-    dmp = _dmp(world_size, "row_wise", device=device)
-    for step in range(3):
-        kjt = global_batch(step, 2 * world_size, False)
-        dmp(local_part(kjt, rank, world_size).to(dmp.device)).values().sum().backward()
-    ckpt.save(root, step=3, model=dmp, extra={"epoch": 1})
-    return _full_view(dmp)
-
-
-def _load(rank: int, world_size: int, root: str, kind: str, *, device=None):
-    dmp = _dmp(world_size, kind, device=device)
-    extra = ckpt.load(root, model=dmp, extra={"epoch": 0})
-    return extra, _full_view(dmp)
-
-
 def _assemble(views: list[dict]) -> dict[str, torch.Tensor]:
-    """Stitch per-rank blocks into whole tables (row-wise accumulators as [rows])."""
+    """Stitch every rank's blocks into whole tensors; every element must be covered, and
+    blocks held twice (replicas, step counters) must agree."""
     whole: dict[str, torch.Tensor] = {}
-    for view in views:
-        for key, blocks in view.items():
-            for (row, col), t in blocks:
-                if key.startswith("acc."):
-                    rows = whole.setdefault(key, torch.full((64,), float("nan")))
-                    rows[row : row + t.shape[0]] = t
-                else:
-                    table = whole.setdefault(key, torch.full((64, 64), float("nan")))
-                    table[row : row + t.shape[0], col : col + t.shape[1]] = t
+    for key in sorted({key for view in views for key in view}):
+        table, state = key.split(".", 1)
+        rows, cols = SHAPES[table]
+        shape = {"weight": (rows, cols), "momentum1": (rows, 1)}.get(state, (rows, cols))
+        if state == "step" or state.endswith((".step", ".updates")):
+            shape = (1, 1)
+        tensor, covered = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
+        for view in views:
+            for row, col, block in view.get(key, []):
+                where = (slice(row, row + block.shape[0]), slice(col, col + block.shape[1]))
+                seen = covered[where]
+                assert torch.equal(tensor[where][seen], block.float()[seen]), f"{key} differs"
+                tensor[where], covered[where] = block.float(), True
+        assert bool(covered.all()), f"{key}: no rank holds {(~covered).nonzero().tolist()}"
+        whole[key] = tensor
     return whole
 
 
-@pytest.mark.parametrize("device", CPU_AND_GPU)
+def _save(rank: int, world_size: int, root: str, kind: str, fused: dict, *, device=None):
+    """Three steps of training on ``device`` (default CPU), then a checkpoint."""
+    dmp = _dmp(world_size, kind, fused=fused, device=device)
+    dense = _dense_optimizer(dmp)
+    for step in range(STEPS):
+        kjt = global_batch(step, 2 * world_size, False)
+        dmp(local_part(kjt, rank, world_size).to(dmp.device)).values().sum().backward()
+        if dense is not None:
+            dense.step()
+            dense.zero_grad()
+    ckpt.save(root, step=STEPS, model=dmp, optimizer=dense, extra={"epoch": 1})
+    return _live(dmp, dense), torch.rand(4)  # what a run that goes on draws next
+
+
+def _load(rank: int, world_size: int, root: str, kind: str, fused: dict, *, device=None):
+    dmp = _dmp(world_size, kind, fused=fused, device=device)
+    dense = _dense_optimizer(dmp)
+    torch.manual_seed(1 + rank)  # the checkpoint must bring back the saved generator state
+    extra = ckpt.load(root, model=dmp, optimizer=dense, extra={"epoch": 0})
+    return extra, _live(dmp, dense), torch.rand(4)
+
+
 @pytest.mark.parametrize(
-    ("world_size", "kind"), [(1, "table_wise"), (3, "table_wise"), (3, "column_wise")]
+    ("saved_kind", "world_size", "loaded_kind", "fused"),
+    [
+        ("table_wise", 2, "table_wise", FUSED),  # same plan: row-wise Adagrad, bit for bit
+        ("table_wise", 3, "row_wise", ADAM),
+        ("row_wise", 1, "table_wise", FUSED),
+        ("row_wise", 3, "column_wise", ADAM),
+        ("column_wise", 3, "row_wise", ADAM),
+        ("table_row_wise", 2, "column_wise", ADAM),
+        ("table_column_wise", 3, "table_row_wise", ADAM),
+        ("grid_shard", 2, "table_column_wise", ADAM),
+        ("data_parallel", 3, "data_parallel", ADAM),
+        ("mixed", 3, "mixed", ADAM),
+    ],
 )
-def test_row_wise_checkpoint_loads_resharded(run_ranks, tmp_path, world_size, kind, device):
-    saved = _assemble(run_ranks(_save, 2, str(tmp_path), device=device))
-    loaded = run_ranks(_load, world_size, str(tmp_path), kind, device=device)
-    assert all(extra == {"epoch": 1} for extra, _ in loaded)
-    restored = _assemble([view for _, view in loaded])
-    for key in saved:  # bit-exact; NaN marks the padding beyond each table
-        torch.testing.assert_close(
-            restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key
-        )
+def test_checkpoints_keep_every_weight_and_optimizer_state_across_plans(
+    run_ranks, tmp_path, saved_kind, world_size, loaded_kind, fused
+):
+    """Saved from ``saved_kind`` on 2 ranks after 3 steps, loaded into ``loaded_kind`` on
+    ``world_size`` ranks: every table's weights, every optimizer state (Adam's moments or
+    row-wise Adagrad's accumulator, the dense Adam of data-parallel tables) and every step
+    counter come back exactly, and so does each saved rank's random generator."""
+    saves = run_ranks(_save, 2, str(tmp_path), saved_kind, fused)
+    saved = _assemble([view for view, _ in saves])
+    loaded = run_ranks(_load, world_size, str(tmp_path), loaded_kind, fused)
+    assert all(extra == {"epoch": 1} for extra, _, _ in loaded)
+    for (_, draw), (_, _, resumed) in zip(saves, loaded):  # ranks beyond the saved keep theirs
+        torch.testing.assert_close(resumed, draw, rtol=0, atol=0)
+    restored = _assemble([view for _, view, _ in loaded])
+    assert sorted(restored) == sorted(saved)
+    steps = [key for key in saved if key.endswith("step")]
+    assert len(steps) == 4 and all(saved[key].item() == STEPS for key in steps), steps
+    assert any(key.endswith(("momentum1", "exp_avg_sq")) for key in saved)
+    for key in saved:
+        assert saved[key].abs().sum() > 0, f"{key} is all zeros: the test would prove nothing"
+        torch.testing.assert_close(restored[key], saved[key], rtol=0, atol=0, msg=key)
 
 
 @pytest.mark.parametrize("device", DEVICE_TIER)
@@ -106,23 +172,22 @@ def test_checkpoint_round_trip_on_a_device(run_ranks, tmp_path, device):
     """Tables and fused optimizer state trained on a device that is not the CPU (see
     tests/devices.py) are saved from it and load, resharded onto 3 ranks of that device and
     onto the CPU, bit for bit; the tables equal the unsharded module trained on the CPU."""
-    saved = _assemble(run_ranks(_save, 2, str(tmp_path), device=device))
+    saves = run_ranks(_save, 2, str(tmp_path), "row_wise", FUSED, device=device)
+    saved = _assemble([view for view, _ in saves])
     for where in (device, "cpu"):
-        loaded = run_ranks(_load, 3, str(tmp_path), "column_wise", device=where)
-        assert all(extra == {"epoch": 1} for extra, _ in loaded)
-        restored = _assemble([view for _, view in loaded])
+        loaded = run_ranks(_load, 3, str(tmp_path), "column_wise", FUSED, device=where)
+        assert all(extra == {"epoch": 1} for extra, _, _ in loaded)
+        restored = _assemble([view for _, view, _ in loaded])
+        assert sorted(restored) == sorted(saved)
         for key in saved:
-            torch.testing.assert_close(
-                restored[key], saved[key], equal_nan=True, rtol=0, atol=0, msg=key
-            )
+            torch.testing.assert_close(restored[key], saved[key], rtol=0, atol=0, msg=key)
     torch.manual_seed(0)
     reference = EmbeddingBagCollection(tables=configs(), fused_params=FUSED)
-    for step in range(3):
+    for step in range(STEPS):
         # the sharded tables' gradients are divided by the world size (2)
         (reference(global_batch(step, 4, False)).values().sum() / 2).backward()
-    for key, value in reference.state_dict().items():
-        got = saved[key][: value.shape[0], : value.shape[1]]
-        torch.testing.assert_close(got, value, msg=key)
+    for name, table in reference.embedding_bags.items():
+        torch.testing.assert_close(saved[f"{name}.weight"], table.weight.detach(), msg=name)
 
 
 def _crash_in_commit(rank: int, world_size: int, root: str):

@@ -10,7 +10,7 @@ import pytest
 
 from shardkit.cli import main
 from shardkit.cli._plan import _size, load_model
-from shardkit.planner import ShardingPlan, ShardingType
+from shardkit.planner import ShardingPlan, ShardingType, _machine
 
 MODEL = {
     "batch_size": 256,
@@ -43,9 +43,10 @@ def test_plan_prints_stats_and_writes_the_plan(model_json, tmp_path, capsys):
     assert main(["plan", *args, "--output", str(out), "--stats-json", str(stats)]) == 0
     text = capsys.readouterr().out
     assert text.startswith(
-        "sharding plan: 5 tables on 1024 ranks (128 host(s) x 8), cuda, batch size 256"
+        "sharding plan: 5 tables in 1 module(s) on 1024 ranks (128 host(s) x 8), cuda, batch "
+        "size 256"
     )
-    assert "memory per rank: 80 GiB hbm" in text and "imbalance (max/mean)" in text
+    assert "memory per rank: 80 GiB hbm (given)" in text and "imbalance (max/mean)" in text
     plan = ShardingPlan.from_json(out.read_text())
     tables = plan.plan[""]
     assert list(tables) == ["user", "item", "small", "seq", "forced"]
@@ -76,7 +77,7 @@ def test_yaml_models_and_a_list_of_tables(tmp_path, capsys):
         == 0
     )
     assert (
-        "5 tables on 4 ranks (1 host(s) x 4), cpu, batch size 64 per rank"
+        "5 tables in 1 module(s) on 4 ranks (1 host(s) x 4), cpu, batch size 64 per rank"
         in capsys.readouterr().out
     )
     tables, constraints, batch = load_model(path)
@@ -114,31 +115,63 @@ def test_bad_model_files_are_explained(tmp_path, capsys, tables, message):
     assert pytest.importorskip("re").search(message, err), err
 
 
+@pytest.mark.parametrize(
+    ("device", "expected"), [("cuda", "32 GiB hbm (given)"), ("cpu", "128 GiB ddr (given)")]
+)
+def test_plans_for_a_cluster_default_to_torchrecs_memory_not_this_machines(
+    model_json, capsys, monkeypatch, device, expected
+):
+    """``shardkit plan`` plans for any cluster: this machine's memory means nothing there."""
+
+    def unread():
+        raise AssertionError("shardkit plan must not read this machine's memory")
+
+    monkeypatch.setattr(_machine, "host_memory", unread)
+    monkeypatch.setattr(_machine, "gpu_memory", unread)
+    args = ["plan", str(model_json), "--world-size", "64", "--compute-device", device]
+    assert main(args) == 0
+    assert f"memory per rank: {expected}" in capsys.readouterr().out
+
+
 def test_a_plan_that_does_not_fit_exits_with_the_planner_error(model_json, capsys):
     assert main(["plan", str(model_json), "--world-size", "2", "--hbm-cap", "1G"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("shardkit plan: no sharding plan") and "table 'user'" in err
 
 
-def test_the_chart_is_drawn(model_json, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+def test_the_chart_is_drawn(model_json, tmp_path, capsys, monkeypatch):
+    """The PNG shows each rank's memory against the memory for tables, and its cost split into
+    lookups and communication: the bars carry the stats' numbers."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read it back
     png = tmp_path / "plan.png"
-    assert (
-        main(
-            [
-                "plan",
-                str(model_json),
-                "--world-size",
-                "16",
-                "--local-world-size",
-                "8",
-                "--png",
-                str(png),
-            ]
-        )
-        == 0
+    args = ["plan", str(model_json), "--world-size", "16", "--local-world-size", "8"]
+    stats_json = tmp_path / "stats.json"
+    assert main([*args, "--png", str(png), "--stats-json", str(stats_json)]) == 0
+    assert f"drew {png}" in capsys.readouterr().out
+    stats = json.loads(stats_json.read_text())
+    (figure,) = figures
+    memory, cost = figure.axes
+    gib = 1024**3
+    heights = [bar.get_height() for bar in memory.patches]
+    assert heights == pytest.approx([r["memory"] / gib for r in stats["ranks"]])
+    (line,) = memory.get_lines()  # the memory the tables may use
+    assert list(line.get_ydata()) == pytest.approx([stats["available"] / gib] * 2)
+    bars = cost.patches
+    assert len(bars) == 2 * 16
+    assert [b.get_height() for b in bars[:16]] == pytest.approx(
+        [r["compute"] for r in stats["ranks"]]
     )
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [b.get_height() for b in bars[16:]] == pytest.approx(
+        [r["comms"] for r in stats["ranks"]]
+    )
+    assert [b.get_y() for b in bars[16:]] == pytest.approx([r["compute"] for r in stats["ranks"]])
+    assert [b.get_x() + b.get_width() / 2 for b in bars[:16]] == pytest.approx(range(16))
+    assert "5 tables on 16 ranks" in memory.get_title()
+    image = plt.imread(png)
+    assert image.shape[:2] == (600, 800)  # 8 x 6 inches at 100 dpi
+    assert len({tuple(pixel) for pixel in image.reshape(-1, image.shape[2])[::7].tolist()}) > 20
 
 
 def test_the_chart_needs_the_plot_extra(model_json, capsys, monkeypatch):

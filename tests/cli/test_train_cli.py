@@ -27,16 +27,23 @@ def test_help_lists_every_train_option(tmp_path):
     out = _shardkit("train", "--help", cwd=tmp_path)
     for flag in ("--data", "--criteo-format", "--id-mapping", "--nproc", "--sharding-type",
                  "--plan-only", "--resume", "--checkpoint-dir", "--metrics", "--model",
-                 "--timeout"):  # fmt: skip
+                 "--memory-cap", "--timeout"):  # fmt: skip
         assert flag in out
     assert "(default: None)" not in out
 
 
 def test_plan_only_prints_the_plan_and_stops(tmp_path):
     out = _shardkit(
-        "train", "--plan-only", "--nproc", "2", "--sharding-type", "row_wise", cwd=tmp_path
-    )
-    assert "sharding plan:" in out and "row_wise" in out
+        "train", "--plan-only", "--nproc", "2", "--sharding-type", "row_wise",
+        "--memory-cap", "1G", cwd=tmp_path,
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert "sharding plan: 8 tables in 1 module(s) on 2 ranks" in out
+    assert "memory per rank: 1 GiB ddr (given)" in lines  # --memory-cap, not the machine's
+    assert "module model.sparse_arch.embedding_bag_collection" in lines
+    tables = [line.split() for line in lines if line.startswith("  t_")]
+    assert len(tables) == 8 and all(row[4] == "row_wise" for row in tables), tables
+    assert "ParameterSharding(" not in out and "{" not in out  # never the raw repr
     assert "AUC" not in out
     assert not (tmp_path / "runs").exists()
 

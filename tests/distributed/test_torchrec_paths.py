@@ -23,7 +23,7 @@ from shardkit.distributed.planner.types import (
 from shardkit.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from shardkit.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
 from tests.planner._helpers import meta_ebc, seed_tables
-from tests.planner._seed_plans import SEED_PLANS
+from tests.planner._seed_plans import SEED_PLANS, check_readable, tutorial_text
 
 
 def gen_constraints(sharding_type: ShardingType = ShardingType.TABLE_WISE):
@@ -49,7 +49,9 @@ def test_the_seed_planning_code_runs_and_prints_the_seed_plan():
     planner = EmbeddingShardingPlanner(topology=topology, constraints=gen_constraints())
     sharders = [cast(ModuleSharder, EmbeddingBagCollectionSharder())]
     plan: ShardingPlan = planner.plan(meta_ebc(seed_tables()), sharders)
-    assert f"{plan}" == SEED_PLANS["TABLE_WISE"]
+    assert tutorial_text(plan) == SEED_PLANS["TABLE_WISE"]
+    assert f"{plan}" == str(planner.stats)  # the planner's plans print its stats table
+    check_readable(plan)
     assert plan.plan[""]["small_table_1"].compute_kernel == EmbeddingComputeKernel.FUSED.value
 
 
@@ -97,7 +99,8 @@ def test_manual_plans_from_the_torchrec_path():
         local_size=2,
         device_type="cuda",
     )
-    assert str(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
+    assert tutorial_text(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
+    check_readable(ShardingPlan({"": plan}))
     assert torch.Size([4096, 64]) == ebc.embedding_bags["large_table_0"].weight.shape
 
 

@@ -147,25 +147,53 @@ def test_learning_rate_changes_and_schedulers_take_effect():
         torch.testing.assert_close(table.weight.detach(), reference.bags[name].weight.detach())
 
 
-def test_fused_optimizer_state_dict_round_trip():
+@pytest.mark.parametrize("kind", list(EmbOptimType))
+def test_fused_optimizer_state_dict_round_trip(kind):
+    """Every fused optimizer's whole state (accumulators, moments and step counters) survives
+    state_dict/load_state_dict, so the next step is the same step: Adam must not restart its
+    bias correction on resume."""
     torch.manual_seed(0)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
+    fused = {"optimizer": kind, "learning_rate": 0.1}
     ebc = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
-    ebc(_batch(0, False)).values().sum().backward()
+    for seed in range(2):
+        ebc(_batch(seed, False)).values().sum().backward()
     state = ebc.fused_optimizer.state_dict()
     assert sorted(state["state"]) == [f"embedding_bags.t{i}.weight" for i in range(3)]
-    assert state["state"]["embedding_bags.t1.weight"]["t1.momentum1"].shape == (7,)
+    t1 = state["state"]["embedding_bags.t1.weight"]
+    expected = {"t1.step"} | {f"t1.{name}" for name in _STATE_NAMES[kind]}
+    assert set(t1) == expected and t1["t1.step"].item() == 2
+    if kind == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+        assert t1["t1.momentum1"].shape == (7,)
     assert state["param_groups"][0]["lr"] == 0.1
     other = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
     other.load_state_dict(ebc.state_dict())
     other.fused_optimizer.load_state_dict(state)
-    kjt = _batch(1, False)
+    _assert_same_state(other.fused_optimizer.state_dict(), state)
+    kjt = _batch(2, False)
     ebc(kjt).values().sum().backward()
     other(kjt).values().sum().backward()
     for name in ("t0", "t1", "t2"):
         torch.testing.assert_close(
-            ebc.embedding_bags[name].weight, other.embedding_bags[name].weight
+            ebc.embedding_bags[name].weight, other.embedding_bags[name].weight, rtol=0, atol=0
         )
+    _assert_same_state(other.fused_optimizer.state_dict(), ebc.fused_optimizer.state_dict())
+
+
+_STATE_NAMES = {
+    EmbOptimType.EXACT_SGD: [],
+    EmbOptimType.EXACT_ADAGRAD: ["momentum1"],
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: ["momentum1"],
+    EmbOptimType.ADAM: ["exp_avg", "exp_avg_sq"],
+}
+
+
+def _assert_same_state(actual: dict, expected: dict) -> None:
+    assert actual["param_groups"] == expected["param_groups"]
+    assert sorted(actual["state"]) == sorted(expected["state"])
+    for name, tensors in expected["state"].items():
+        assert sorted(actual["state"][name]) == sorted(tensors), name
+        for key, value in tensors.items():
+            torch.testing.assert_close(actual["state"][name][key], value, rtol=0, atol=0, msg=key)
 
 
 def test_meta_device_state_dict_and_init_range():

@@ -1,6 +1,32 @@
 """Seed 001's printed plans, verbatim (world_size 2, compute_device "cuda"). The contract:
-forcing one sharding type per table prints exactly these; on CPUs placements read
-``rank:<r>/cpu``."""
+forcing one sharding type per table gives exactly these tables, each ``ParameterSharding``
+printing as the tutorial shows (`tutorial_text`); on CPUs placements read ``rank:<r>/cpu``.
+``print(plan)`` itself is a table (issue 14: never a raw repr), checked by `check_readable`."""
+
+from __future__ import annotations
+
+
+def tutorial_text(plan) -> str:
+    """The plan as TorchRec's tutorial printed it: the nested dict of ``ParameterSharding``
+    reprs."""
+    return str({path: dict(module_plan) for path, module_plan in plan.plan.items()})
+
+
+def check_readable(plan) -> None:
+    """``str(plan)`` is a table that names every table once, with its type and shard sizes,
+    under its module; never the dict repr."""
+    text = str(plan)
+    assert "ParameterSharding(" not in text and "{" not in text, text
+    for path, module_plan in plan.plan.items():
+        assert ("module " + path if path else "module (the model itself)") in text
+        for name, sharding in module_plan.items():
+            rows = [line.split() for line in text.splitlines() if line.split()[:1] == [name]]
+            assert len(rows) == 1, (name, text)
+            assert sharding.sharding_type.value in rows[0], (name, rows[0])
+            if sharding.sharding_spec is not None:
+                sizes = {"[{}, {}]".format(*s.shard_sizes) for s in sharding.sharding_spec.shards}
+                assert all(size in " ".join(rows[0]) for size in sizes), (name, rows[0])
+
 
 SEED_PLANS = {
     "TABLE_WISE": (

@@ -1,4 +1,5 @@
-"""Topology and constraints: TorchRec's defaults, and errors that give value, rule and fix.
+"""Topology and constraints: memory read from the machine unless given (TorchRec's constants
+where the machine cannot tell), and errors that give value, rule and fix.
 Even splits: no row or column dropped, offsets tile the table."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from shardkit.planner import (
     ParameterConstraints,
     ShardingType,
     Topology,
+    _machine,
     split_evenly,
 )
 from shardkit.planner._enumerate import expand, offsets_of, size_groups
@@ -20,7 +22,40 @@ from shardkit.planner._enumerate import expand, offsets_of, size_groups
 GIB = 1024**3
 
 
-def test_topology_has_torchrec_defaults():
+@pytest.fixture
+def machine(monkeypatch):
+    """Plan as if on a machine with 64 GiB of memory and an 80 GiB GPU."""
+    monkeypatch.setattr(_machine, "host_memory", lambda: 64 * GIB)
+    monkeypatch.setattr(_machine, "gpu_memory", lambda: 80 * GIB)
+
+
+def test_topology_reads_memory_from_the_machine(machine):
+    cpu = Topology(world_size=8, compute_device="cpu", local_world_size=4)
+    assert (cpu.hbm_cap, cpu.ddr_cap, cpu.memory_per_rank) == (0, 16 * GIB, 16 * GIB)
+    assert cpu.memory_source == "this machine's 64 GiB / 4 local ranks"
+    one_host = Topology(world_size=2, compute_device="cpu")  # local_world_size: all ranks
+    assert one_host.ddr_cap == 32 * GIB and one_host.local_world_size == 2
+    cuda = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+    assert (cuda.hbm_cap, cuda.ddr_cap, cuda.memory_per_rank) == (80 * GIB, 8 * GIB, 80 * GIB)
+    assert cuda.memory_source == "the GPU's"
+
+
+def test_given_capacities_override_the_machine(monkeypatch):
+    def unread():
+        raise AssertionError("a given capacity must not read the machine")
+
+    monkeypatch.setattr(_machine, "host_memory", unread)
+    monkeypatch.setattr(_machine, "gpu_memory", unread)
+    cpu = Topology(world_size=2, compute_device="cpu", ddr_cap=3 * GIB)
+    assert cpu.memory_per_rank == 3 * GIB and cpu.memory_source == "given"
+    cuda = Topology(world_size=2, compute_device="cuda", hbm_cap=GIB, ddr_cap=2 * GIB)
+    assert (cuda.memory_per_rank, cuda.ddr_cap, cuda.memory_source) == (GIB, 2 * GIB, "given")
+    assert cpu == Topology(world_size=2, compute_device="cpu", ddr_cap=3 * GIB, hbm_cap=0)
+
+
+def test_topology_falls_back_to_torchrec_defaults(monkeypatch):
+    monkeypatch.setattr(_machine, "host_memory", lambda: None)
+    monkeypatch.setattr(_machine, "gpu_memory", lambda: None)  # planning for GPUs without one
     cuda = Topology(world_size=16, compute_device="cuda", local_world_size=8)
     assert (cuda.hbm_cap, cuda.ddr_cap, HBM_CAP, DDR_CAP) == (
         32 * GIB,
@@ -28,12 +63,51 @@ def test_topology_has_torchrec_defaults():
         32 * GIB,
         128 * GIB,
     )
+    assert cuda.memory_source == "TorchRec's default: no GPU here"
     assert cuda.intra_host_bw == 600 * GIB / 1000 and cuda.inter_host_bw == 12.5 * GIB / 1000
     assert cuda.hbm_mem_bw == 897 * GIB / 1000 and cuda.ddr_mem_bw == 51 * GIB / 1000
     assert cuda.num_hosts == 2 and cuda.memory_per_rank == 32 * GIB and BATCH_SIZE == 512
     cpu = Topology(world_size=4, compute_device="cpu")
     assert cpu.hbm_cap == 0 and cpu.memory_per_rank == 128 * GIB and cpu.local_world_size == 4
     assert cpu.memory_bw == cpu.ddr_mem_bw
+    assert cpu.memory_source == "TorchRec's default: the OS does not say"
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ({}, 100 * GIB),  # no cgroup files: the physical memory
+        ({"memory.max": "max\n"}, 100 * GIB),  # cgroup v2 without a limit
+        ({"memory.max": "17179869184\n"}, 16 * GIB),  # a 16 GiB container
+        ({"limit_in_bytes": "9223372036854771712\n"}, 100 * GIB),  # cgroup v1's "no limit"
+        ({"limit_in_bytes": "8589934592\n"}, 8 * GIB),
+        ({"memory.max": str(200 * GIB)}, 100 * GIB),  # a limit above the machine's memory
+    ],
+)
+def test_host_memory_is_the_smaller_of_physical_and_container_limit(
+    monkeypatch, tmp_path, limits, expected
+):
+    pages = {"SC_PHYS_PAGES": 100 * GIB // 4096, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(_machine.os, "sysconf", pages.__getitem__)
+    paths = (tmp_path / "memory.max", tmp_path / "limit_in_bytes")
+    for path in paths:
+        if path.name in limits:
+            path.write_text(limits[path.name])
+    monkeypatch.setattr(_machine, "_CGROUP_LIMITS", paths)
+    assert _machine.host_memory() == expected
+
+
+def test_machine_readings_without_a_gpu_or_sysconf(monkeypatch):
+    monkeypatch.setattr(_machine.torch.cuda, "is_available", lambda: False)
+    assert _machine.gpu_memory() is None
+
+    def no_sysconf(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(_machine.os, "sysconf", no_sysconf)
+    assert _machine.host_memory() is None
+    this_machine = Topology(world_size=1, compute_device="cpu")
+    assert this_machine.ddr_cap == DDR_CAP
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from shardkit.sharding import (
     table_wise,
 )
 from tests.planner._helpers import StandInEBC, assert_tiles, meta_ebc, seed_tables
-from tests.planner._seed_plans import SEED_PLANS
+from tests.planner._seed_plans import SEED_PLANS, check_readable, tutorial_text
 
 TABLES = [
     EmbeddingBagConfig(
@@ -70,7 +70,8 @@ def test_apply_to_all_reproduces_the_seeds_row_wise_plan():
         ebc, apply_to_all(ebc, row_wise(), sharder), sharder=sharder, local_size=2, world_size=2,
         device_type="cuda",
     )  # fmt: skip
-    assert str(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
+    assert tutorial_text(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
+    check_readable(ShardingPlan({"": plan}))
 
 
 def test_column_wise_sizes_per_rank():

@@ -1,5 +1,5 @@
-"""Plans are plain data: they print as TorchRec's tutorials show, round-trip through JSON and
-pickle, and refuse inconsistent content."""
+"""Plans are plain data: they print as tables (each table's `ParameterSharding` as TorchRec's
+tutorials show), round-trip through JSON and pickle, and refuse inconsistent content."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from shardkit.planner import (
     EmbeddingComputeKernel,
+    EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
     ParameterSharding,
     ShardingPlan,
@@ -36,8 +37,65 @@ def test_parameter_sharding_prints_like_the_seed():
         "ParameterSharding(sharding_type='data_parallel', compute_kernel='batched_dense', "
         "ranks=[0, 1], sharding_spec=None)"
     )
-    plan = ShardingPlan({"": {"t": dp}})
-    assert str(plan) == "{'': {'t': " + repr(dp) + "}}"
+
+
+def _two_modules() -> ShardingPlan:
+    row_wise = ParameterSharding(
+        "row_wise",
+        "fused",
+        [0, 1, 2],
+        EnumerableShardingSpec(
+            [
+                ShardMetadata([0, 0], [4, 8], "rank:0/cpu"),
+                ShardMetadata([4, 0], [4, 8], "rank:1/cpu"),
+                ShardMetadata([8, 0], [3, 8], "rank:2/cpu"),
+            ]
+        ),
+    )
+    dp = ParameterSharding("data_parallel", "dense", [0, 1, 2])
+    return ShardingPlan({"": {"ads": _table_wise(1)}, "sparse.ebc": {"user": row_wise, "x": dp}})
+
+
+def test_a_plan_made_by_hand_prints_its_layout_module_by_module():
+    assert str(_two_modules()).splitlines() == [
+        "3 tables in 2 module(s) on 3 ranks",
+        "(no memory or cost estimates: the plan was made by hand or read from JSON; plans the "
+        "planner makes carry them)",
+        "",
+        "rank  shards  parameters  replicated tables",
+        "   0       1          32                  1",
+        "   1       2     262,176                  1",
+        "   2       1          24                  1",
+        "",
+        "table   type           kernel         ranks  shards",
+        "module (the model itself)",
+        "  ads   table_wise     batched_fused  1      1 x [4096, 64]",
+        "module sparse.ebc",
+        "  user  row_wise       batched_fused  0-2    2 x [4, 8], 1 x [3, 8]",
+        "  x     data_parallel  batched_dense  0-2    a replica on each rank",
+    ]
+
+
+def test_module_plans_print_as_tables_and_reprs_are_short():
+    plan = _two_modules()
+    module_plan = plan.plan["sparse.ebc"]
+    assert module_plan.module_path == "sparse.ebc"
+    lines = str(module_plan).splitlines()
+    assert lines[0] == "2 tables in 1 module(s) on 3 ranks"
+    assert lines[-3:] == [
+        "module sparse.ebc",
+        "  user  row_wise       batched_fused  0-2    2 x [4, 8], 1 x [3, 8]",
+        "  x     data_parallel  batched_dense  0-2    a replica on each rank",
+    ]
+    alone = EmbeddingModuleShardingPlan(module_plan)  # not in a plan: no path known
+    assert "module (path unknown)" in str(alone)
+    assert repr(plan) == (
+        "ShardingPlan({'': {'ads': table_wise on 1}, "
+        "'sparse.ebc': {'user': row_wise on 0-2, 'x': data_parallel on 0-2}})"
+    )
+    many = EmbeddingModuleShardingPlan({f"t{i}": _table_wise(0) for i in range(10)})
+    assert repr(many).endswith("'t5': table_wise on 0, ... 4 more}")
+    assert dict(module_plan)["x"] == plan.plan["sparse.ebc"]["x"]  # plain data underneath
 
 
 @pytest.mark.parametrize(

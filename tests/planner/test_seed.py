@@ -8,7 +8,7 @@ import pytest
 from shardkit.planner import EmbeddingShardingPlanner, ShardingType, Topology
 from shardkit.sharding import EmbeddingBagCollectionSharder
 from tests.planner._helpers import gen_constraints, meta_ebc, seed_tables
-from tests.planner._seed_plans import SEED_PLANS
+from tests.planner._seed_plans import SEED_PLANS, check_readable, tutorial_text
 
 
 def _plan(sharding_type: ShardingType, device: str, world_size: int = 2, local: int | None = None):
@@ -21,13 +21,17 @@ def _plan(sharding_type: ShardingType, device: str, world_size: int = 2, local: 
 
 @pytest.mark.parametrize("name", sorted(SEED_PLANS))
 def test_forced_sharding_type_prints_the_seed_plan_on_gpus(name):
-    assert str(_plan(ShardingType[name], "cuda")) == SEED_PLANS[name]
+    plan = _plan(ShardingType[name], "cuda")
+    assert tutorial_text(plan) == SEED_PLANS[name]
+    check_readable(plan)
 
 
 @pytest.mark.parametrize("name", sorted(SEED_PLANS))
 def test_forced_sharding_type_prints_the_seed_plan_on_cpus(name):
     expected = SEED_PLANS[name].replace("/cuda:0", "/cpu").replace("/cuda:1", "/cpu")
-    assert str(_plan(ShardingType[name], "cpu")) == expected
+    plan = _plan(ShardingType[name], "cpu")
+    assert tutorial_text(plan) == expected
+    check_readable(plan)
 
 
 def test_table_wise_puts_one_large_and_one_small_table_on_each_rank():

@@ -158,3 +158,48 @@ def dlrm_batch(step: int, size: int):
     dense = torch.randn(size, 3, generator=g)
     labels = (dense[:, 0] > 0).float()  # learnable, so the loss falls
     return dense, sparse, labels
+
+
+def table_pairs(sharded, reference, prefix: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(what, this rank's value, the unsharded module's value)``, on the CPU, for
+    every table on this rank:
+    each shard's weights and fused optimizer state (step counter included) against the same
+    block of the reference's, each data-parallel replica against the whole table.
+
+    ``prefix`` is the collections' table attribute: ``embedding_bags`` or ``embeddings``.
+    """
+    pairs = []
+    ref_state = reference.fused_optimizer.state_dict()["state"]
+    state = sharded.fused_optimizer.state_dict()["state"] if sharded.fused_optimizer else {}
+    for name, table in getattr(sharded, prefix).items():
+        full = getattr(reference, prefix)[name].weight.detach()
+        if not hasattr(table, "shard_slices"):
+            pairs.append((f"replica of {name}", table.weight.detach().cpu(), full.clone()))
+            continue
+        for k, (shard, param) in enumerate(zip(table.shard_slices, table.shards)):
+            rows = slice(shard.row_start, shard.row_start + shard.rows)
+            cols = slice(shard.col_start, shard.col_start + shard.cols)
+            where = f"{name} rows {rows.start}:{rows.stop} cols {cols.start}:{cols.stop}"
+            pairs.append((where, param.detach().cpu(), full[rows, cols].clone()))
+            expected = ref_state[f"{prefix}.{name}.weight"]
+            mine = state[f"{prefix}.{name}.shards.{k}"]
+            assert sorted(mine) == sorted(expected), (where, sorted(mine), sorted(expected))
+            for key, value in expected.items():
+                block = value if value.dim() == 0 else value[rows]
+                block = block[:, cols] if value.dim() == 2 else block
+                pairs.append((f"{where}: {key}", mine[key].cpu(), block.clone()))
+    return pairs
+
+
+def assert_pairs_close(results, *, atol: float) -> None:
+    """Every rank's ``(what, actual, expected)`` pairs are close (NaN never is)."""
+    assert results and all(results), "no pairs: the test would compare nothing"
+    for rank, pairs in enumerate(results):
+        for what, actual, expected in pairs:
+            torch.testing.assert_close(
+                actual,
+                expected,
+                rtol=0,
+                atol=atol,
+                msg=lambda m, w=what, r=rank: f"rank {r}, {w}: {m}",
+            )

@@ -16,26 +16,32 @@ from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, InputError
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import (
+    assert_pairs_close,
     configs,
     dlrm,
     dlrm_batch,
     global_batch,
     local_part,
     make_plan,
+    table_pairs,
 )
 
 LOCAL_BATCH = 4
 
 
-def _train_dlrm(rank: int, world_size: int, kind: str | None, *, device=None):
-    """DMP on ``device`` (default CPU) against the unsharded model on the CPU: every rank checks
-    its dense parameters and table shards after 20 steps (1e-4) and returns the reference's
-    first and last five losses."""
+def _train_dlrm(rank: int, world_size: int, kind: str | None, optimizer: str, *, device=None):
+    """20 steps of DLRM under DMP on ``device`` (default CPU) and unsharded on the CPU on the
+    global batch. With "sgd" (dense SGD, fused SGD tables) every update is proportional to its
+    gradient, so a gradient divided by the wrong number shows; "adam" (row-wise Adagrad tables)
+    is the usual setting. Returns (on the CPU) this rank's dense parameters and table shards
+    beside the reference's, and the reference's first and last five losses."""
     device = device or torch.device("cpu")
     torch.manual_seed(0)
     model = dlrm()
     reference = copy.deepcopy(model)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+    table_optimizer = {"sgd": EmbOptimType.EXACT_SGD, "adam": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+    lr = {"sgd": 0.2, "adam": 0.01}[optimizer]
+    fused = {"optimizer": table_optimizer[optimizer], "learning_rate": 0.05}
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
     plan = None
     if kind is not None:
@@ -43,12 +49,15 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, *, device=None):
             {"sparse_arch.embedding_bag_collection": _plan_of(model, kind, world_size)}
         )
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    dense_params = [p for n, p in dmp.named_parameters() if ".shards." not in n]
-    optimizer = torch.optim.Adam(dense_params, lr=0.01)
-    ref_ebc = reference.sparse_arch.embedding_bag_collection
+    dense_optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[optimizer]
+    dense_params = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
+    # data-parallel tables step with the dense optimizer, at the rate of the fused tables
+    tables = [(n, p) for n, p in dmp.named_parameters() if "embedding_bags" in n]
+    replicas = [p for n, p in tables if ".shards." not in n]
+    optim = dense_optimizer([{"params": dense_params}, {"params": replicas, "lr": 0.05}], lr=lr)
     ref_ebc = _with_fused(reference, fused)
-    ref_optimizer = torch.optim.Adam(
-        [p for n, p in reference.named_parameters() if "embedding_bags" not in n], lr=0.01
+    ref_optimizer = dense_optimizer(
+        [p for n, p in reference.named_parameters() if "embedding_bags" not in n], lr=lr
     )
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses = []
@@ -57,37 +66,24 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, *, device=None):
         mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
         features = local_part(sparse, rank, world_size).to(device)
         loss = loss_fn(dmp(dense[mine].to(device), features).squeeze(1), labels[mine].to(device))
-        optimizer.zero_grad()
+        optim.zero_grad()
         loss.backward()
-        optimizer.step()
+        optim.step()
         ref_loss = loss_fn(reference(dense, sparse).squeeze(1), labels)
         ref_optimizer.zero_grad()
         ref_loss.backward()
         ref_optimizer.step()
         losses.append(ref_loss.item())
-
-    def close(mine: torch.Tensor, full: torch.Tensor, what: str) -> None:
-        torch.testing.assert_close(
-            mine.detach().cpu(), full.detach(), rtol=0, atol=1e-4,
-            msg=lambda m: f"rank {rank}: {what} differs from the unsharded model's: {m}",
-        )  # fmt: skip
-
-    for (name, a), (_, b) in zip(
-        ((n, p) for n, p in dmp.named_parameters() if "embedding_bags" not in n),
-        ((n, p) for n, p in reference.named_parameters() if "embedding_bags" not in n),
-        strict=True,
-    ):
-        close(a, b, name)
+    ours = {n: p for n, p in dmp.named_parameters() if "embedding_bags" not in n}
+    theirs = {n: p for n, p in reference.named_parameters() if "embedding_bags" not in n}
+    assert len(ours) == len(theirs) > 0
+    pairs = [
+        (f"dense {n}", a.detach().cpu(), b.detach().clone())
+        for (n, a), b in zip(ours.items(), theirs.values())
+    ]
     sharded = dmp.module.sparse_arch.embedding_bag_collection
-    for name, table in sharded.embedding_bags.items():
-        full = ref_ebc.embedding_bags[name].weight.detach()
-        for shard, param in zip(table.shard_slices, table.shards):
-            block = full[
-                shard.row_start : shard.row_start + shard.rows,
-                shard.col_start : shard.col_start + shard.cols,
-            ]
-            close(param, block, f"table {name}")
-    return sum(losses[:5]), sum(losses[-5:])
+    pairs += table_pairs(sharded, ref_ebc, "embedding_bags")
+    return pairs, sum(losses[:5]), sum(losses[-5:])
 
 
 def _with_fused(reference: DLRM, fused) -> EmbeddingBagCollection:
@@ -101,12 +97,19 @@ def _with_fused(reference: DLRM, fused) -> EmbeddingBagCollection:
 
 def _plan_of(model: DLRM, kind: str, world_size: int):
     ebc = model.sparse_arch.embedding_bag_collection
-    from shardkit.sharding import column_wise, construct_module_sharding_plan, row_wise, table_wise
+    from shardkit.sharding import (
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        row_wise,
+        table_wise,
+    )
 
     gens = {
         "table_wise": lambda i: table_wise(rank=i % world_size),
         "row_wise": lambda i: row_wise(),
         "column_wise": lambda i: column_wise(ranks=list(range(world_size))),
+        "data_parallel": lambda i: data_parallel(),
     }[kind]
     return construct_module_sharding_plan(
         ebc, {f"t{i}": gens(i) for i in range(4)}, world_size=world_size, device_type="cpu"
@@ -114,9 +117,20 @@ def _plan_of(model: DLRM, kind: str, world_size: int):
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
-@pytest.mark.parametrize(("world_size", "kind"), [(2, None), (2, "row_wise"), (3, "table_wise")])
-def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, device):
-    for first, last in run_ranks(_train_dlrm, world_size, kind, device=device):
+@pytest.mark.parametrize(
+    ("world_size", "kind", "optimizer"),
+    [
+        (2, None, "adam"),
+        (2, "row_wise", "sgd"),
+        (3, "table_wise", "adam"),
+        (3, "column_wise", "sgd"),
+        (2, "data_parallel", "sgd"),  # replicas' gradients averaged by DDP, as the dense ones
+    ],
+)
+def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, optimizer, device):
+    results = run_ranks(_train_dlrm, world_size, kind, optimizer, device=device)
+    assert_pairs_close([pairs for pairs, _, _ in results], atol=1e-4)
+    for _, first, last in results:
         assert last < first, "training lowers the loss"
 
 
@@ -125,7 +139,9 @@ def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, devi
 def test_dlrm_under_dmp_on_a_device(run_ranks, kind, device):
     """DMP with its dense part under DDP, both on a device that is not the CPU (see
     tests/devices.py), against the unsharded model on the CPU."""
-    for first, last in run_ranks(_train_dlrm, 2, kind, device=device):
+    results = run_ranks(_train_dlrm, 2, kind, "adam", device=device)
+    assert_pairs_close([pairs for pairs, _, _ in results], atol=1e-4)
+    for _, first, last in results:
         assert last < first, "training lowers the loss"
 
 
@@ -154,18 +170,18 @@ def _state_dict_round_trip(rank: int, world_size: int):
     reference.load_state_dict(changed)
     out = dmp(local_part(kjt, rank, world_size)).values()
     expected = reference(kjt).values()[rank * 2 : (rank + 1) * 2]
-    return kinds, (out - expected).abs().max().item()
+    return kinds, out.detach(), expected.detach()
 
 
 def test_state_dict_carries_shards_with_offsets_and_loads_full_tables(run_ranks):
-    for kinds, diff in run_ranks(_state_dict_round_trip, 2):
+    for kinds, out, expected in run_ranks(_state_dict_round_trip, 2):
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
         assert kinds == {
             "embedding_bags.t0.weight": "ShardedTensor",
             "embedding_bags.t1.weight": "ShardedTensor",
             "embedding_bags.t2.weight": "ShardedTensor",
             "embedding_bags.t3.weight": "Tensor",  # data-parallel
         }
-        assert diff < 1e-6
 
 
 def _fused_optimizer_lr(rank: int, world_size: int):
@@ -187,7 +203,7 @@ def _fused_optimizer_lr(rank: int, world_size: int):
 def test_fused_optimizer_learning_rate_changes(run_ranks):
     for lrs, after, keys in run_ranks(_fused_optimizer_lr, 2):
         assert set(lrs) == {0.5}
-        assert all(abs(lr - 0.05) < 1e-12 for lr in after)
+        assert after == pytest.approx([0.05] * len(after), rel=1e-12)
         assert not keys or keys[0].startswith("embedding_bags.")
 
 

@@ -21,7 +21,14 @@ from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
-from tests.sharding.common import configs, global_batch, local_part, make_plan
+from tests.sharding.common import (
+    assert_pairs_close,
+    configs,
+    global_batch,
+    local_part,
+    make_plan,
+    table_pairs,
+)
 
 KINDS = [
     "table_wise",
@@ -38,7 +45,8 @@ STEPS = 3
 
 def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, device=None):
     """The sharded module on ``device`` (default CPU), the unsharded reference on the CPU; every
-    rank checks its pooled output of the first step and its tables after training (1e-5)."""
+    rank returns (on the CPU) its pooled output of the first step and its tables' weights and
+    optimizer state after training, each beside the reference's (see `_check`)."""
     device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1, "eps": 1e-8}
@@ -53,6 +61,7 @@ def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, 
         if not getattr(p, "_shardkit_embedding_table", False) or name.endswith("weight")
     ]
     dense_opt = torch.optim.SGD([p for p in dense if p.requires_grad], lr=0.1) if dense else None
+    pairs = []
     for step in range(STEPS):
         size = LOCAL_BATCH * world_size
         kjt = global_batch(step, size, weighted)
@@ -60,10 +69,7 @@ def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, 
         out = sharded(local_part(kjt, rank, world_size).to(device))
         if step == 0:
             expected = reference(kjt).values()[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
-            torch.testing.assert_close(
-                out.values().detach().cpu(), expected.detach(), rtol=0, atol=1e-5,
-                msg=lambda m: f"rank {rank}: forward differs from the unsharded module: {m}",
-            )  # fmt: skip
+            pairs.append(("forward", out.values().detach().cpu(), expected.detach().clone()))
         mine = scale[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH].to(device)
         (out.values() * mine).sum(1).mean().backward()
         for p in dense:
@@ -73,27 +79,7 @@ def _train(rank, world_size, kind, pooling, weighted, optimizer, local_size, *, 
             dense_opt.step()
             dense_opt.zero_grad()
         (reference(kjt).values() * scale).sum(1).mean().backward()
-    _check_tables(sharded, reference, rank)
-
-
-def _check_tables(sharded, reference, rank: int) -> None:
-    def close(mine: torch.Tensor, full: torch.Tensor, name: str) -> None:
-        torch.testing.assert_close(
-            mine.detach().cpu(), full, rtol=0, atol=1e-5,
-            msg=lambda m: f"rank {rank}: table {name} differs after training: {m}",
-        )  # fmt: skip
-
-    for name, table in sharded.embedding_bags.items():
-        full = reference.embedding_bags[name].weight.detach()
-        if hasattr(table, "shard_slices"):
-            for shard, param in zip(table.shard_slices, table.shards):
-                block = full[
-                    shard.row_start : shard.row_start + shard.rows,
-                    shard.col_start : shard.col_start + shard.cols,
-                ]
-                close(param, block, name)
-        else:
-            close(table.weight, full, name)
+    return pairs + table_pairs(sharded, reference, "embedding_bags")
 
 
 def _optimizer_for(kind: str) -> EmbOptimType:
@@ -108,6 +94,12 @@ def _optimizer_for(kind: str) -> EmbOptimType:
     return EmbOptimType.EXACT_ROWWISE_ADAGRAD
 
 
+def _check(results):
+    """Forward outputs, then every table's weights and optimizer state after training, equal the
+    unsharded module's on every rank (NaN never passes)."""
+    assert_pairs_close(results, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -119,7 +111,7 @@ def test_every_sharding_type_matches_unsharded(
 ):
     optimizer = _optimizer_for(kind)
     local = world_size
-    run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local, device=device)
+    _check(run_ranks(_train, world_size, kind, pooling, weighted, optimizer, local, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICE_TIER)
@@ -128,25 +120,27 @@ def test_every_sharding_type_on_a_device(run_ranks, kind, device):
     """Forward, backward and the fused update of every sharding type, with the shards on a
     device that is not the CPU (see tests/devices.py), against the unsharded module on the CPU."""
     optimizer = _optimizer_for(kind)
-    run_ranks(
+    results = run_ranks(
         _train, 4, kind, PoolingType.MEAN, True, optimizer, 2, local_world_size=2, device=device
     )
+    _check(results)
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("optimizer", list(EmbOptimType))
 @pytest.mark.parametrize("kind", ["row_wise", "table_wise", "table_row_wise"])
 def test_every_fused_optimizer(run_ranks, optimizer, kind, device):
-    run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2, device=device)
+    _check(run_ranks(_train, 2, kind, PoolingType.SUM, True, optimizer, 2, device=device))
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", ["table_row_wise", "grid_shard", "mixed", "row_wise"])
 def test_two_hosts_of_two(run_ranks, kind, device):
     optimizer = _optimizer_for(kind)
-    run_ranks(
+    results = run_ranks(
         _train, 4, kind, PoolingType.SUM, False, optimizer, 2, local_world_size=2, device=device
     )
+    _check(results)
 
 
 def _cw_rowwise(rank: int, world_size: int):
@@ -187,9 +181,12 @@ def _cw_rowwise(rank: int, world_size: int):
             weight.grad = None
     shard = sharded.embedding_bags["t0"]
     (lo, hi) = blocks[rank]
-    return (shard.shards[0].detach() - weight.detach()[:, lo:hi]).abs().max().item()
+    state = sharded.fused_optimizer.state_dict()["state"]["embedding_bags.t0.shards.0"]
+    return [
+        ("t0 columns", shard.shards[0].detach().clone(), weight.detach()[:, lo:hi].clone()),
+        ("t0 accumulator", state["t0.momentum1"].clone(), acc[rank].clone()),
+    ]
 
 
 def test_row_wise_adagrad_on_column_shards_keeps_one_accumulator_per_shard(run_ranks):
-    for diff in run_ranks(_cw_rowwise, 2):
-        assert diff < 1e-5
+    assert_pairs_close(run_ranks(_cw_rowwise, 2), atol=1e-5)

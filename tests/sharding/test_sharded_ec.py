@@ -14,7 +14,13 @@ from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingCollection
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
-from tests.sharding.common import global_batch, local_part, make_plan
+from tests.sharding.common import (
+    assert_pairs_close,
+    global_batch,
+    local_part,
+    make_plan,
+    table_pairs,
+)
 
 B = 3
 KINDS = [
@@ -43,7 +49,8 @@ def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
     coefficients fixed per global id position; each rank computes its part over its B
     examples (the tables' gradient division makes the sum over ranks the global mean).
     The sharded module on ``device`` (default CPU), the unsharded reference on the CPU; every
-    rank checks its rows (within 1e-6) and its tables after training (within 1e-5)."""
+    rank returns (on the CPU) its rows of each step and its tables' weights and optimizer state
+    after training, each beside the reference's."""
     device = device or torch.device("cpu")
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
@@ -58,6 +65,7 @@ def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
         local_world_size=local_size,
     )
     replicas = [p for n, p in sharded.named_parameters() if n.endswith(".weight")]
+    pairs = []
     for step in range(3):
         kjt = global_batch(step, B * world_size, False)
         out = sharded(local_part(kjt, rank, world_size).to(device))
@@ -71,10 +79,8 @@ def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
             mine = slice(lo, lo + jt.values().shape[0])
             lengths = jt.lengths().cpu()
             assert torch.equal(lengths, local_part(kjt, rank, world_size)[feature].lengths())
-            torch.testing.assert_close(
-                jt.values().detach().cpu(), full[mine].detach(), rtol=0, atol=1e-6,
-                msg=lambda m, f=feature, s=step: f"rank {rank}, step {s}, feature {f}: {m}",
-            )  # fmt: skip
+            what = f"step {step} rows of '{feature}'"
+            pairs.append((what, jt.values().detach().cpu(), full[mine].detach().clone()))
             loss = loss + (jt.values() * coef[mine].to(device)).sum() / B
             ref_loss = ref_loss + (full * coef).sum() / (B * world_size)
         loss.backward()
@@ -83,37 +89,20 @@ def _train(rank, world_size, kind, optimizer, local_size, *, device=None):
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
             p.data.add_(p.grad, alpha=-0.1)
             p.grad = None
-    _check_tables(sharded, reference, rank)
-
-
-def _check_tables(sharded, reference, rank: int) -> None:
-    def close(mine: torch.Tensor, full: torch.Tensor, name: str) -> None:
-        torch.testing.assert_close(
-            mine.detach().cpu(), full, rtol=0, atol=1e-5,
-            msg=lambda m: f"rank {rank}: table {name} differs after training: {m}",
-        )  # fmt: skip
-
-    for name, table in sharded.embeddings.items():
-        full = reference.embeddings[name].weight.detach()
-        if hasattr(table, "shard_slices"):
-            for shard, param in zip(table.shard_slices, table.shards):
-                rows = slice(shard.row_start, shard.row_start + shard.rows)
-                cols = slice(shard.col_start, shard.col_start + shard.cols)
-                close(param, full[rows, cols], name)
-        else:
-            close(table.weight, full, name)
+    return pairs + table_pairs(sharded, reference, "embeddings")
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sequence_lookups_match_unsharded(run_ranks, kind, world_size, device):
-    run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size, device=device)
+    results = run_ranks(_train, world_size, kind, EmbOptimType.EXACT_SGD, world_size, device=device)
+    assert_pairs_close(results, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 def test_sequence_two_hosts(run_ranks, device):
-    run_ranks(
+    results = run_ranks(
         _train,
         4,
         "table_row_wise",
@@ -122,6 +111,8 @@ def test_sequence_two_hosts(run_ranks, device):
         local_world_size=2,
         device=device,
     )
+
+    assert_pairs_close(results, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICE_TIER)
@@ -132,4 +123,5 @@ def test_every_sharding_type_on_a_device(run_ranks, kind, device):
     Adagrad keeps state on the device; data-parallel replicas step by SGD (see `_train`)."""
     sgd = kind == "data_parallel"
     optimizer = EmbOptimType.EXACT_SGD if sgd else EmbOptimType.EXACT_ADAGRAD
-    run_ranks(_train, 4, kind, optimizer, 2, local_world_size=2, device=device)
+    results = run_ranks(_train, 4, kind, optimizer, 2, local_world_size=2, device=device)
+    assert_pairs_close(results, atol=1e-5)

@@ -82,7 +82,8 @@ def test_plan_only_with_a_forced_sharding_type(run_ranks, tmp_path, kind):
         tmp_path, plan_only=True, sharding_type=kind, embedding_dim=64, dense_arch=(64,)
     )
     results = run_ranks(train_rank, 2, config)
-    assert results[0]["plan"].count(f"sharding_type='{kind.value}'") == 8
+    rows = [line.split() for line in results[0]["plan"].splitlines() if line.startswith("  t_")]
+    assert len(rows) == 8 and all(row[4] == kind.value for row in rows), rows
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -123,6 +124,7 @@ def test_synthetic_terabyte_shapes(run_ranks, tmp_path):
             {"nproc": 3, "local_world_size": 2},
             r"nproc \(3\) must be a multiple of local_world_size \(2\)",
         ),
+        ({"memory_cap": 0}, r"memory_cap must be a number of bytes >= 1 \(e.g. --memory-cap 8G\)"),
     ],
 )
 def test_bad_configs(changes, pattern):
