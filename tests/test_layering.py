@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"types", "sparse", "modules", "optim"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
-    "fbgemm_gpu": {"optim"},
+    "fbgemm_gpu": {"types", "optim"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
