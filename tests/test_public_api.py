@@ -67,7 +67,17 @@ PUBLIC = {
         "movielens_20m",
         "movielens_25m",
     ],
-    "shardkit.compat": ["NotInShardkitError", "refuse"],
+    "shardkit.compat": [
+        "ALIASES",
+        "NotInShardkitError",
+        "cuda_mapped",
+        "install_aliases",
+        "map_cuda_to_cpu",
+        "refuse",
+        "remove_aliases",
+        "resolve_device",
+        "shardkit_name",
+    ],
     "shardkit.modules": [
         "BaseEmbeddingConfig",
         "BatchedTables",

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from shardkit import comm, launch
+from shardkit.compat import resolve_device
 from shardkit.optim import CombinedOptimizer
 from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
@@ -70,6 +71,7 @@ class DistributedModelParallel(nn.Module):
         _refuse_unsupported(env, model_tracker_configs)
         self._env = env or ShardingEnv.from_process_group(_world())
         self._data_parallel_wrapper = data_parallel_wrapper
+        device = resolve_device(device)  # See [Note: cuda on cpu] in shardkit.compat
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         self._local_world_size = local_world_size or _local_world_size(self._env.world_size)

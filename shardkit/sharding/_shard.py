@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardkit.compat import resolve_device
 from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._comm_helpers import get_local_size
 from shardkit.sharding._model_parallel import _materialize
@@ -37,7 +38,7 @@ def _env_and_device(
         env = ShardingEnv.from_process_group(dist.group.WORLD)
     if device is None:
         device = torch.device(torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    return env, torch.device(device)
+    return env, torch.device(resolve_device(device))
 
 
 def shard(

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sparse import KeyedJaggedTensor
 
@@ -167,6 +168,7 @@ class _Pipeline(TrainPipeline):
         super().__init__()
         self._model = model
         self._optimizer = optimizer
+        device = resolve_device(device)  # See [Note: cuda on cpu] in shardkit.compat
         self._device = None if device is None else torch.device(device)
         self._model_fwd = custom_model_fwd or model
         self._group = group
