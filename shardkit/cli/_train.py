@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardkit.cli._export import QUANTIZE_CHOICES, export
 from shardkit.planner import ShardingType
 from shardkit.train import (
     CRITEO_FORMATS,
@@ -36,6 +37,8 @@ def add_parsers(commands: Any) -> None:
     export = commands.add_parser("export", help="write a checkpoint's model as one unsharded file")
     export.add_argument("checkpoint", type=Path, help="a step-* directory, or a root with 'latest'")
     export.add_argument("output", type=Path, help="the .pt file to write")
+    export.add_argument("--quantize", choices=list(QUANTIZE_CHOICES),
+                        help="store the tables so for serving on CPU (see docs/serving.md)")  # fmt: skip
     export.set_defaults(run=_export)
     imp = commands.add_parser("import", help="turn an unsharded .pt state dict into a checkpoint")
     imp.add_argument("state_file", type=Path, help="a torch.save'd model state dict")
@@ -167,6 +170,12 @@ def _train_parser(commands: Any) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout,
+        help="seconds a collective may wait before the job fails, naming the late rank",
+    )
     p.set_defaults(run=_train)
 
 
@@ -200,6 +209,7 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         log_every=args.log_every,
         max_steps_per_epoch=args.max_steps_per_epoch,
+        timeout=args.timeout,
     )
     run(config, rank_setup=show_training_log)
     return 0
@@ -218,10 +228,7 @@ def show_training_log() -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from shardkit.checkpoint import export_checkpoint
-
-    state = export_checkpoint(args.checkpoint, args.output)
-    print(f"wrote {len(state)} tensors to {args.output}")
+    print(export(args.checkpoint, args.output, args.quantize))
     return 0
 
 

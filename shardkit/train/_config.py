@@ -75,7 +75,10 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 10  # steps between "train" lines (loss over all ranks) in the metrics file
     max_steps_per_epoch: int | None = None
-    timeout: float = 300.0
+    # Seconds a collective waits before the job fails naming the late rank (a warning names it
+    # at a quarter of this). Half an hour, as torch's gloo default: one rank may be away from
+    # collectives for minutes while planning or loading the first batches, or saving its shards.
+    timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         positive = [
@@ -105,6 +108,8 @@ class TrainConfig:
                 )
         if self.data == DataSource.CRITEO and self.data_path is None:
             raise ValueError("--data criteo needs --data-path (a TSV file or a folder of them)")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.lr <= 0 or self.table_lr <= 0:
             raise ValueError(
                 f"learning rates must be > 0, got lr={self.lr}, table_lr={self.table_lr}"
