@@ -6,6 +6,7 @@ from shardkit import distributed  # noqa: F401 (see above)
 from shardkit.modules import (
     DataType,
     EmbeddingBagCollection,
+    EmbeddingBagCollectionInterface,
     EmbeddingBagConfig,
     EmbeddingCollection,
     EmbeddingConfig,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DataType",
     "EmbeddingBagCollection",
+    "EmbeddingBagCollectionInterface",
     "EmbeddingBagConfig",
     "EmbeddingCollection",
     "EmbeddingConfig",

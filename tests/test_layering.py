@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": {"types", "sparse", "modules", "optim", "quant"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
-    "fbgemm_gpu": {"optim"},
+    "fbgemm_gpu": {"types", "optim"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from shardkit.checkpoint import CheckpointError
-from shardkit.cli import _bench, _plan, _train
+from shardkit.cli import _bench, _plan, _run, _train
 from shardkit.launch import RankFailedError
 from shardkit.planner import PlannerError
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train.add_parsers(commands)
     _bench.add_parser(commands)
     _plan.add_parser(commands)
+    _run.add_parser(commands)
     return parser
 
 

@@ -11,6 +11,11 @@ TorchRec's names out says why, and what to use instead, when one is imported::
 
 The error is an `ImportError`, so TorchRec code that probes for an optional name with
 ``try: from ... import X / except ImportError:`` takes its fallback.
+
+``shardkit run`` (no rewrite at all) uses the rest: `install_aliases` makes ``import torchrec``
+and ``import fbgemm_gpu`` resolve to shardkit ([Note: the import aliases]), `map_cuda_to_cpu`
+runs CUDA code on the CPU where there is no GPU ([Note: cuda on cpu]); `resolve_device` is how
+shardkit's entry points honour that.
 """
 
 from __future__ import annotations
@@ -18,7 +23,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["NotInShardkitError", "refuse"]
+from shardkit.compat._aliases import ALIASES, install_aliases, remove_aliases, shardkit_name
+from shardkit.compat._devices import cuda_mapped, map_cuda_to_cpu, resolve_device
+
+__all__ = [
+    "ALIASES",
+    "NotInShardkitError",
+    "cuda_mapped",
+    "install_aliases",
+    "map_cuda_to_cpu",
+    "refuse",
+    "remove_aliases",
+    "resolve_device",
+    "shardkit_name",
+]
 
 
 class NotInShardkitError(ImportError):

@@ -1,5 +1,50 @@
-"""``torchrec.distributed.embedding_types``: compute kernels and the embedding sharder base."""
+"""``torchrec.distributed.embedding_types``: compute kernels, sharder bases, sharded tables and
+the interfaces of sharded embedding modules."""
 
-from shardkit.types import BaseEmbeddingSharder, EmbeddingComputeKernel
+from shardkit.sharding import (
+    BaseEmbeddingLookup,
+    BaseEmbeddingUpdate,
+    BaseGroupedFeatureProcessor,
+    BaseQuantEmbeddingSharder,
+    DTensorMetadata,
+    EmbeddingAttributes,
+    FeatureShardingMixIn,
+    GroupedEmbeddingConfig,
+    InputDistOutputs,
+    KJTList,
+    ListOfKJTList,
+    ModuleShardingMixIn,
+    OptimType,
+    ShardedConfig,
+    ShardedEmbeddingModule,
+    ShardedEmbeddingTable,
+    ShardedMetaConfig,
+    compute_kernel_to_embedding_location,
+)
+from shardkit.types import (
+    BaseEmbeddingSharder,
+    EmbeddingComputeKernel,
+)
 
-__all__ = ["BaseEmbeddingSharder", "EmbeddingComputeKernel"]
+__all__ = [
+    "BaseEmbeddingLookup",
+    "BaseEmbeddingSharder",
+    "BaseEmbeddingUpdate",
+    "BaseGroupedFeatureProcessor",
+    "BaseQuantEmbeddingSharder",
+    "DTensorMetadata",
+    "EmbeddingAttributes",
+    "EmbeddingComputeKernel",
+    "FeatureShardingMixIn",
+    "GroupedEmbeddingConfig",
+    "InputDistOutputs",
+    "KJTList",
+    "ListOfKJTList",
+    "ModuleShardingMixIn",
+    "OptimType",
+    "ShardedConfig",
+    "ShardedEmbeddingModule",
+    "ShardedEmbeddingTable",
+    "ShardedMetaConfig",
+    "compute_kernel_to_embedding_location",
+]

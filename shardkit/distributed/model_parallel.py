@@ -1,5 +1,28 @@
-"""TorchRec's ``torchrec.distributed.model_parallel``."""
+"""``torchrec.distributed.model_parallel``: `DistributedModelParallel`, its data-parallel
+wrappers and unwrapping helpers."""
 
-from shardkit.sharding import DistributedModelParallel
+from shardkit.compat import refuse
+from shardkit.sharding import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+    HybridEvalDMP,
+    get_module,
+    get_unwrapped_module,
+)
 
-__all__ = ["DistributedModelParallel"]
+__all__ = [
+    "DataParallelWrapper",
+    "DefaultDataParallelWrapper",
+    "DistributedModelParallel",
+    "HybridEvalDMP",
+    "get_module",
+    "get_unwrapped_module",
+]
+
+__getattr__ = refuse(
+    __name__,
+    {
+        "DMPCollection": "2D parallelism (sharding groups replicated across replica groups) is not in shardkit; use DistributedModelParallel over all ranks",
+    },
+)

@@ -6,6 +6,17 @@ The batched kernel (`BatchedTables`, `lookup`, its inputs from `kernel_input` an
 read nothing else of a collection.
 """
 
+# TorchRec's `torchrec.modules` imports these submodules: `import torchrec` then
+# `torchrec.modules.mlp.MLP` works, and so it does here.
+from shardkit.modules import (  # noqa: F401 (see above)
+    activation,
+    crossnet,
+    deepfm,
+    embedding_configs,
+    embedding_modules,
+    mlp,
+    utils,
+)
 from shardkit.modules._inputs import kernel_input, mean_as_weights
 from shardkit.modules._kernel import BatchedTables, lookup
 from shardkit.modules._tables import (
@@ -20,10 +31,16 @@ from shardkit.modules.embedding_configs import (
     DataType,
     EmbeddingBagConfig,
     EmbeddingConfig,
+    EmbeddingTableConfig,
     PoolingType,
     data_type_to_dtype,
 )
-from shardkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from shardkit.modules.embedding_modules import (
+    EmbeddingBagCollection,
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollection,
+    get_embedding_names_by_table,
+)
 
 __all__ = [
     "BaseEmbeddingConfig",
@@ -31,14 +48,17 @@ __all__ = [
     "CollectionTables",
     "DataType",
     "EmbeddingBagCollection",
+    "EmbeddingBagCollectionInterface",
     "EmbeddingBagConfig",
     "EmbeddingCollection",
     "EmbeddingConfig",
+    "EmbeddingTableConfig",
     "PoolingType",
     "TableDict",
     "collection_tables",
     "data_type_to_dtype",
     "fused_tables",
+    "get_embedding_names_by_table",
     "kernel_input",
     "lookup",
     "mean_as_weights",

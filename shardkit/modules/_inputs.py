@@ -66,12 +66,11 @@ def make_plan(
     """The key order of the module's groups, and how to get there from ``kjt_keys``."""
     expected = [f for c in configs for f in c.feature_names]
     missing = [f for f in expected if f not in kjt_keys]
-    extra = [k for k in kjt_keys if k not in set(expected)]
-    if missing or extra:
+    if missing:  # keys the module does not read are ignored, as in TorchRec
         raise ValueError(
-            f"the KeyedJaggedTensor's keys do not match the module's features: missing "
-            f"{missing}, extra {extra}. The module looks up {expected}; build the KJT with "
-            "exactly those keys (any order)"
+            f"the KeyedJaggedTensor lacks the module's features {missing} (it has "
+            f"{list(kjt_keys)}). The module looks up {expected}; build the KJT with those keys "
+            "(any order; other keys are ignored)"
         )
     order: list[str] = []
     spec = []

@@ -9,17 +9,36 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
+from shardkit.types import PoolingMode, ShardingType, SparseType
+
 __all__ = [
+    "DATA_TYPE_NUM_BITS",
     "TABLE_NAME_RULE",
     "BaseEmbeddingConfig",
+    "CountBasedEvictionPolicy",
+    "CountTimestampMixedEvictionPolicy",
     "DataType",
     "EmbeddingBagConfig",
     "EmbeddingConfig",
+    "EmbeddingTableConfig",
+    "FeatureL2NormBasedEvictionPolicy",
+    "FeatureScoreBasedEvictionPolicy",
+    "FeatureScoreMapping",
+    "NoEvictionPolicy",
     "PoolingType",
+    "QuantConfig",
+    "ShardingType",
+    "TimestampBasedEvictionPolicy",
+    "VirtualTableEvictionPolicy",
     "data_type_to_dtype",
+    "data_type_to_sparse_type",
+    "dtype_to_data_type",
+    "pooling_type_to_pooling_mode",
+    "pooling_type_to_str",
 ]
 
 
@@ -39,12 +58,20 @@ class DataType(enum.Enum):
     FP32 = "FP32"
     FP16 = "FP16"
     BF16 = "BF16"
+    INT64 = "INT64"
+    INT32 = "INT32"
     INT8 = "INT8"
+    UINT8 = "UINT8"
     INT4 = "INT4"
     INT2 = "INT2"
+    NFP8 = "NFP8"
 
     def __str__(self) -> str:
         return self.value
+
+
+DATA_TYPE_NUM_BITS = {DataType.FP32: 32, DataType.FP16: 16, DataType.BF16: 16, DataType.INT8: 8,
+                      DataType.UINT8: 8, DataType.NFP8: 8, DataType.INT4: 4, DataType.INT2: 2}  # fmt: skip
 
 
 _DTYPES = {
@@ -62,6 +89,36 @@ def data_type_to_dtype(data_type: DataType) -> torch.dtype:
             f"data type {data_type} has no torch dtype for training; use FP32, FP16 or BF16"
         )
     return _DTYPES[data_type]
+
+
+_FROM_DTYPE = {torch.float32: DataType.FP32, torch.float16: DataType.FP16,
+               torch.bfloat16: DataType.BF16, torch.int32: DataType.INT32,
+               torch.int64: DataType.INT64, torch.int8: DataType.INT8, torch.qint8: DataType.INT8,
+               torch.quint8: DataType.INT8, torch.uint8: DataType.UINT8,
+               torch.quint4x2: DataType.INT4, torch.quint2x4: DataType.INT2,
+               torch.float8_e4m3fn: DataType.NFP8}  # fmt: skip
+
+
+def dtype_to_data_type(dtype: torch.dtype) -> DataType:
+    """The `DataType` of a torch dtype."""
+    if dtype not in _FROM_DTYPE:
+        raise ValueError(f"no DataType for {dtype}; DataTypes exist for {list(_FROM_DTYPE)}")
+    return _FROM_DTYPE[dtype]
+
+
+def data_type_to_sparse_type(data_type: DataType) -> SparseType:
+    """FBGEMM's name of the same precision (INT8 and UINT8 are both SparseType.INT8)."""
+    if data_type in (DataType.INT64, DataType.INT32):
+        raise ValueError(f"{data_type} is no embedding precision; FBGEMM has no SparseType for it")
+    return SparseType.INT8 if data_type == DataType.UINT8 else SparseType[data_type.name]
+
+
+class QuantConfig(NamedTuple):
+    """TorchRec's quantization config of a collection (torch observers, per-table dtypes)."""
+
+    activation: Any
+    weight: Any
+    per_table_weight_dtype: dict[str, torch.dtype] | None = None
 
 
 # See [Note: table names] in `_tables`.
@@ -94,6 +151,10 @@ class BaseEmbeddingConfig:
         weight_init_max: upper bound of the uniform init (default ``sqrt(1 / num_embeddings)``).
         weight_init_min: lower bound of the uniform init (default ``-sqrt(1 / num_embeddings)``).
         init_fn: if given, called with the table's weight to initialise it instead.
+        num_embeddings_post_pruning, need_pos, input_dim, total_num_buckets,
+            use_virtual_table, virtual_table_eviction_policy, enable_embedding_update,
+            stash_weights: TorchRec's fields for pruned, position-weighted and key-value
+            tables, which shardkit does not have: only their defaults are accepted.
     """
 
     num_embeddings: int
@@ -103,10 +164,19 @@ class BaseEmbeddingConfig:
     feature_names: list[str] = field(default_factory=list)
     weight_init_max: float | None = None
     weight_init_min: float | None = None
+    num_embeddings_post_pruning: int | None = None
     init_fn: object | None = None
+    need_pos: bool = False
+    input_dim: int | None = None
+    total_num_buckets: int | None = None
+    use_virtual_table: bool = False
+    virtual_table_eviction_policy: Any = None
+    enable_embedding_update: bool = False
+    stash_weights: bool = False
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        _refuse_unsupported(self)
         if self.num_embeddings < 1:
             raise ValueError(
                 f"table '{self.name}': num_embeddings must be >= 1, got {self.num_embeddings}"
@@ -142,6 +212,29 @@ class BaseEmbeddingConfig:
         return len(self.feature_names)
 
 
+# TorchRec fields of a table that shardkit's kernels do not implement: at their default only.
+_UNSUPPORTED = {
+    "num_embeddings_post_pruning": "pruned tables belong to quantized inference",
+    "need_pos": "position-weighted features come with the feature processors",
+    "input_dim": "input_dim sizes tables of TorchRec's virtual (key-value) tables",
+    "total_num_buckets": "bucketized tables belong to TorchRec's key-value tables",
+    "use_virtual_table": "virtual (SSD/key-value) tables are FBGEMM kernels",
+    "virtual_table_eviction_policy": "virtual (SSD/key-value) tables are FBGEMM kernels",
+    "enable_embedding_update": "embedding updates by write_dist are for key-value tables",
+    "stash_weights": "stashed weights are for TorchRec's key-value tables",
+}
+
+
+def _refuse_unsupported(config: Any) -> None:
+    for name, reason in _UNSUPPORTED.items():
+        value = getattr(config, name)
+        if value not in (None, False):
+            raise ValueError(
+                f"table '{config.name}': {name}={value!r} is not in shardkit ({reason}); leave "
+                f"{name} at its default"
+            )
+
+
 @dataclass(frozen=True)
 class EmbeddingBagConfig(BaseEmbeddingConfig):
     """A pooled table: each bag of ids becomes one vector (``pooling`` SUM or MEAN)."""
@@ -164,3 +257,117 @@ class EmbeddingBagConfig(BaseEmbeddingConfig):
 @dataclass(frozen=True)
 class EmbeddingConfig(BaseEmbeddingConfig):
     """A sequence table: every id becomes its own vector (no pooling)."""
+
+
+@dataclass(frozen=True)
+class EmbeddingTableConfig(BaseEmbeddingConfig):
+    """A table with its pooling, weighting and output names (TorchRec's sharded tables' base)."""
+
+    pooling: PoolingType = PoolingType.SUM
+    is_weighted: bool = False
+    has_feature_processor: bool = False
+    embedding_names: list[str] = field(default_factory=list)
+
+
+def pooling_type_to_pooling_mode(
+    pooling_type: PoolingType, sharding_type: ShardingType | None = None
+) -> PoolingMode:
+    """FBGEMM's pooling mode; MEAN is SUM for row-wise shards (each holds part of a bag, and the
+    mean is taken after the partial sums are added, as shardkit does)."""
+    row_wise = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+    mean = pooling_type == PoolingType.MEAN
+    if mean and sharding_type is not None and ShardingType.parse(sharding_type) in row_wise:
+        return PoolingMode.SUM
+    return PoolingMode[PoolingType(pooling_type).name]
+
+
+def pooling_type_to_str(pooling_type: PoolingType) -> str:
+    """``"sum"`` or ``"mean"``."""
+    if pooling_type == PoolingType.NONE:
+        raise ValueError("pooling_type_to_str: PoolingType.NONE does not pool; use SUM or MEAN")
+    return PoolingType(pooling_type).value.lower()
+
+
+@dataclass
+class VirtualTableEvictionPolicy:
+    """How TorchRec's virtual (key-value) tables evict ids (data: shardkit has no virtual
+    tables, and a config that names a policy is refused)."""
+
+    meta_header_len: int = 0
+    embedding_dim: int = 0
+    initialized: bool = False
+
+    def init_metaheader_config(self, data_type: DataType, embedding_dim: int) -> None:
+        """Sets the 16-byte metadata header's length in elements of ``data_type``, once."""
+        if self.initialized:
+            return
+        self.meta_header_len = 16 // data_type_to_dtype(data_type).itemsize
+        self.embedding_dim = embedding_dim
+        self.initialized = True
+
+    def get_meta_header_len(self) -> int:
+        return self.meta_header_len
+
+    def get_embedding_dim(self) -> int:
+        return self.embedding_dim
+
+
+@dataclass
+class NoEvictionPolicy(VirtualTableEvictionPolicy):
+    pass
+
+
+@dataclass
+class CountBasedEvictionPolicy(VirtualTableEvictionPolicy):
+    training_id_eviction_trigger_count: int = 0
+    eviction_threshold: int = 15
+    decay_rate: float = 0.99
+    inference_eviction_threshold: int | None = None
+
+
+@dataclass
+class TimestampBasedEvictionPolicy(VirtualTableEvictionPolicy):
+    training_id_eviction_trigger_count: int = 0
+    eviction_ttl_mins: int = 1440
+    inference_eviction_ttl_mins: int | None = None
+    max_inference_id_num_per_rank: int = 0
+
+
+@dataclass
+class CountTimestampMixedEvictionPolicy(VirtualTableEvictionPolicy):
+    training_id_eviction_trigger_count: int = 0
+    eviction_threshold: int = 15
+    decay_rate: float = 0.99
+    eviction_ttl_mins: int = 1440
+    inference_eviction_threshold: int | None = None
+    inference_eviction_ttl_mins: int | None = None
+
+
+@dataclass
+class FeatureL2NormBasedEvictionPolicy(VirtualTableEvictionPolicy):
+    training_id_eviction_trigger_count: int = 0
+    eviction_threshold: float = 0.0
+    inference_eviction_threshold: float | None = None
+
+
+@dataclass
+class FeatureScoreBasedEvictionPolicy(VirtualTableEvictionPolicy):
+    decay_rate: float = 0.99
+    training_id_eviction_trigger_count: int = 0
+    training_id_keep_count: int = 0
+    eviction_ttl_mins: int = 0
+    max_inference_id_num_per_rank: int = 0
+    inference_eviction_feature_score_threshold: float | None = None
+    inference_eviction_ttl_mins: int | None = None
+    feature_score_mapping: dict[str, float] | None = None
+    feature_score_default_value: float | None = None
+    enable_auto_feature_score_collection: bool = False
+    enable_eviction: bool = True
+
+
+@dataclass
+class FeatureScoreMapping:
+    """Per-feature scores for score-based eviction (data)."""
+
+    feature_score_mapping: dict[str, float] = field(default_factory=dict)
+    eviction_enabled: bool = False

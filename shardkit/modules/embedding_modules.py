@@ -16,6 +16,13 @@ import torch
 from torch import nn
 
 from shardkit.modules._inputs import InputPlan, check_ids, group_input, make_plan
+from shardkit.modules._interfaces import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+    get_embedding_names_by_table,
+    process_pooled_embeddings,
+    reorder_inverse_indices,
+)
 from shardkit.modules._kernel import lookup
 from shardkit.modules._tables import (
     TableDict,
@@ -32,7 +39,15 @@ from shardkit.modules.embedding_configs import (
 from shardkit.optim import FusedOptimizer
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingBagCollectionInterface",
+    "EmbeddingCollection",
+    "EmbeddingCollectionInterface",
+    "get_embedding_names_by_table",
+    "process_pooled_embeddings",
+    "reorder_inverse_indices",
+]
 
 
 class _Collection(nn.Module):
@@ -217,7 +232,11 @@ class EmbeddingCollection(_Collection):
     Each id becomes its own row (no pooling): ``out[feature].values()`` is ``[num_ids, dim]``
     with the input's lengths, e.g. for sequence models.
 
-    Args: as `EmbeddingBagCollection`, with `EmbeddingConfig` tables and no weights.
+    Args: as `EmbeddingBagCollection`, with `EmbeddingConfig` tables and no weights, and:
+        need_indices: TorchRec's outputs carrying the ids as integer weights; shardkit's
+            JaggedTensor weights are floats, so only False (read the ids from the input).
+        use_gather_select, use_gather_select_per_sharding: TorchRec's choice of FBGEMM
+            kernel; shardkit has one kernel, and its output is the same either way.
     """
 
     _TABLES = "embeddings"
@@ -226,12 +245,32 @@ class EmbeddingCollection(_Collection):
         self,
         tables: Sequence[EmbeddingConfig],
         device: torch.device | str | None = None,
+        need_indices: bool = False,
+        use_gather_select: bool = False,
+        use_gather_select_per_sharding: Mapping[str, bool] | None = None,
         *,
         fused_params: Mapping[str, Any] | None = None,
         validate_ids: bool = True,
     ) -> None:
         super().__init__(tables, EmbeddingConfig, device, fused_params, validate_ids)
         self._feature_names = [f for t in tables for f in t.feature_names]
+        if need_indices:
+            raise ValueError(
+                "EmbeddingCollection(need_indices=True): shardkit's JaggedTensor weights are "
+                "floats, not ids; leave need_indices False and read the ids from the input KJT"
+            )
+        self._need_indices = False
+        del use_gather_select, use_gather_select_per_sharding  # one kernel: same output
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_dim(self) -> int:
+        """The dimension every table shares (TorchRec's sequence collections need one)."""
+        dims = sorted({t.embedding_dim for t in self._stack.configs})
+        if len(dims) != 1:
+            raise ValueError(f"the tables have several dimensions {dims}; no single embedding_dim")
+        return dims[0]
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return list(self._stack.configs)  # type: ignore[arg-type]
@@ -251,3 +290,7 @@ class EmbeddingCollection(_Collection):
                 lengths = inputs.lengths[position * stride : (position + 1) * stride]
                 out[plan.keys[spec.first_key + position]] = JaggedTensor(piece, lengths=lengths)
         return {f: out[f] for f in self._feature_names}
+
+
+EmbeddingBagCollectionInterface.register(EmbeddingBagCollection)
+EmbeddingCollectionInterface.register(EmbeddingCollection)

@@ -19,6 +19,7 @@ __all__ = [
     "DENSE_UPDATE_PERF_FACTOR",
     "HBM_CAP",
     "HBM_MEM_BW",
+    "HBM_TO_DDR_MEM_BW",
     "INTRA_NODE_BANDWIDTH",
     "KJT_BUFFER_COPIES",
     "MIN_CW_DIM",
@@ -26,6 +27,7 @@ __all__ = [
     "OPTIMIZER_STATE_DTYPE_SIZE",
     "PER_SAMPLE_WEIGHT_DTYPE",
     "POOLING_FACTOR",
+    "SSD_MEM_BW",
     "STORAGE_RESERVE_PERCENTAGE",
     "WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER",
 ]
@@ -42,6 +44,9 @@ INTRA_NODE_BANDWIDTH: float = 600 * _GIB / 1000
 CROSS_NODE_BANDWIDTH: float = 12.5 * _GIB / 1000
 HBM_MEM_BW: float = 897 * _GIB / 1000
 DDR_MEM_BW: float = 51 * _GIB / 1000
+# TorchRec's SSD and HBM<->DDR (UVM) bandwidths; shardkit has neither kind of table.
+SSD_MEM_BW: float = 100 * 1024**2 / 1000
+HBM_TO_DDR_MEM_BW: float = 32 * _GIB / 1000
 
 # Per-rank batch size and input statistics when the constraints give none (TorchRec's).
 BATCH_SIZE: int = 512

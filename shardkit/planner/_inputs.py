@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
 from shardkit.planner import _machine
 from shardkit.planner._constants import (
@@ -17,13 +18,15 @@ from shardkit.planner._constants import (
     DENSE_PARAMETER_MULTIPLIER,
     HBM_CAP,
     HBM_MEM_BW,
+    HBM_TO_DDR_MEM_BW,
     INTRA_NODE_BANDWIDTH,
     KJT_BUFFER_COPIES,
+    SSD_MEM_BW,
     STORAGE_RESERVE_PERCENTAGE,
     WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
 )
 from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
-from shardkit.types import EmbeddingComputeKernel, ShardingType
+from shardkit.types import EmbeddingComputeKernel, ShardingType, refuse_kernel_settings
 
 __all__ = [
     "COMPUTE_DEVICES",
@@ -61,6 +64,12 @@ class Topology:
         inter_host_bw: bandwidth of a rank's link to other hosts, bytes/ms.
         bwd_compute_multiplier: backward lookup cost / forward lookup cost.
         weighted_feature_bwd_compute_multiplier: extra backward factor for weighted features.
+        ssd_cap, pod_size, ssd_mem_bw, hbm_to_ddr_mem_bw, custom_topology_data,
+            uneven_sharding_perf_multiplier, generalized_comms_bandwidths, created_by_factory:
+            TorchRec 1.8's other fields, in its order. shardkit has no SSD or UVM tables and
+            plans ranks of equal memory: ``ssd_cap`` and ``custom_topology_data`` are refused
+            when set, ``uneven_sharding_perf_multiplier`` unless 1.0; the SSD/UVM bandwidths and
+            ``pod_size`` are kept but unused; a `BasicCommsBandwidths` sets the two bandwidths.
 
     Example::
 
@@ -72,20 +81,26 @@ class Topology:
     compute_device: str
     hbm_cap: int | None = None
     ddr_cap: int | None = None
+    ssd_cap: int | None = None
     local_world_size: int | None = None
-    # TorchRec's first five by position; its next ones include hbm_to_ddr_mem_bw, which shardkit
-    # lacks, so the rest are keywords: a longer positional call fails instead of misfiling.
-    _: KW_ONLY
+    pod_size: int | None = None
     hbm_mem_bw: float = HBM_MEM_BW
     ddr_mem_bw: float = DDR_MEM_BW
+    ssd_mem_bw: float = SSD_MEM_BW
+    hbm_to_ddr_mem_bw: float = HBM_TO_DDR_MEM_BW
     intra_host_bw: float = INTRA_NODE_BANDWIDTH
     inter_host_bw: float = CROSS_NODE_BANDWIDTH
     bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
+    custom_topology_data: Any = None
     weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+    uneven_sharding_perf_multiplier: float = 1.0
+    generalized_comms_bandwidths: Any = None
+    created_by_factory: bool = False
     memory_source: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_int("world_size", self.world_size, 1)
+        self._torchrec_fields()
         if self.compute_device not in COMPUTE_DEVICES:
             raise ValueError(
                 f"compute_device must be one of {list(COMPUTE_DEVICES)}, got {self.compute_device!r}"
@@ -130,6 +145,29 @@ class Topology:
             object.__setattr__(self, "ddr_cap", ddr_cap)
         kind = "hbm_cap" if self.compute_device == "cuda" else "ddr_cap"
         object.__setattr__(self, "memory_source", sources[kind])
+
+    def _torchrec_fields(self) -> None:
+        """TorchRec's fields for SSD, UVM and uneven ranks: refused unless at their defaults;
+        a `generalized_comms_bandwidths` sets the two bandwidths."""
+        if self.ssd_cap:
+            raise ValueError(
+                f"ssd_cap={self.ssd_cap}: SSD tables are FBGEMM kernels, not in shardkit; leave "
+                "ssd_cap None (tables live in HBM on GPUs, host memory on CPUs)"
+            )
+        if self.custom_topology_data is not None:
+            raise ValueError(
+                "custom_topology_data: shardkit plans ranks with equal memory; give "
+                "hbm_cap/ddr_cap (bytes per rank) instead"
+            )
+        if self.uneven_sharding_perf_multiplier != 1.0:
+            raise ValueError(
+                f"uneven_sharding_perf_multiplier={self.uneven_sharding_perf_multiplier}: "
+                "shardkit's cost model has no such factor; leave it 1.0"
+            )
+        comms = self.generalized_comms_bandwidths
+        if comms is not None:
+            object.__setattr__(self, "intra_host_bw", float(comms.intra_host_bw))
+            object.__setattr__(self, "inter_host_bw", float(comms.inter_host_bw))
 
     @property
     def num_hosts(self) -> int:
@@ -182,6 +220,9 @@ class ParameterConstraints:
         is_weighted: the features carry a weight per id.
         feature_names: the features the statistics above are for, in order (documentation:
             the planner takes the table's features in its config's order).
+        cache_params, enforce_hbm, stochastic_rounding, bounds_check_mode, output_dtype,
+            device_group, key_value_params, use_virtual_table: TorchRec's FBGEMM kernel
+            settings; refused unless at their defaults (see `ParameterSharding`).
 
     Example::
 
@@ -195,9 +236,18 @@ class ParameterConstraints:
     num_poolings: Sequence[float] | None = None
     batch_sizes: Sequence[int] | None = None
     is_weighted: bool = False
+    cache_params: Any = None
+    enforce_hbm: bool | None = None
+    stochastic_rounding: bool | None = None
+    bounds_check_mode: Any = None
     feature_names: Sequence[str] | None = None
+    output_dtype: Any = None
+    device_group: str | None = None
+    key_value_params: Any = None
+    use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
+        self._refuse_kernel_settings()
         if self.sharding_types is not None:
             types = _parsed("sharding_types", self.sharding_types, ShardingType.parse)
             object.__setattr__(self, "sharding_types", types)
@@ -235,6 +285,26 @@ class ParameterConstraints:
             raise ValueError(
                 f"pooling_factors, num_poolings and batch_sizes give one value per feature and "
                 f"must have the same length; got lengths {lengths}"
+            )
+
+    def _refuse_kernel_settings(self) -> None:
+        refuse_kernel_settings(
+            "ParameterConstraints",
+            cache_params=self.cache_params,
+            key_value_params=self.key_value_params,
+            stochastic_rounding=self.stochastic_rounding,
+            bounds_check_mode=self.bounds_check_mode,
+            output_dtype=self.output_dtype,
+        )
+        if self.use_virtual_table:
+            raise ValueError(
+                "ParameterConstraints: use_virtual_table=True: virtual (SSD/key-value) tables "
+                "are FBGEMM kernels, not in shardkit; leave it False"
+            )
+        if self.device_group not in (None, "cuda", "cpu"):
+            raise ValueError(
+                f"ParameterConstraints: device_group={self.device_group!r}: shardkit places a "
+                "table's shards on the compute device; leave device_group None"
             )
 
     def num_inputs(self) -> int | None:

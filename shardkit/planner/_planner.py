@@ -13,9 +13,11 @@ from shardkit.modules import BaseEmbeddingConfig
 from shardkit.planner._collective import group_topology, plan_on_rank_zero, process_group
 from shardkit.planner._constants import BATCH_SIZE
 from shardkit.planner._core import PlannerSettings, PlanResult, make_plan
-from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
+from shardkit.planner._inputs import ParameterConstraints, Topology
+from shardkit.planner._resolve import resolve_components
 from shardkit.planner._stats import PlanStats
 from shardkit.planner._tables import TableSource, config_sources, module_sources
+from shardkit.planner._tr_interfaces import EmbeddingPlannerBase
 from shardkit.types import ModuleSharder, ShardingPlan
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ __all__ = ["EmbeddingShardingPlanner"]
 logger = logging.getLogger(__name__)
 
 
-class EmbeddingShardingPlanner:
+class EmbeddingShardingPlanner(EmbeddingPlannerBase):
     """Plans how to shard the embedding tables of a model over ranks (TorchRec's interface).
 
     Planning is a pure function of the tables, the topology and the constraints: it starts no
@@ -42,6 +44,9 @@ class EmbeddingShardingPlanner:
         storage_reservation: what each rank keeps back (default 15% of its memory, plus the
             dense model and input batches).
         debug: log the stats table (at INFO) after planning.
+        enumerator, proposer, partitioner, performance_model, stats, callbacks,
+            timeout_seconds, plan_loader: TorchRec's components, in TorchRec's order; see
+            [Note: TorchRec's planner components] for what shardkit takes from each.
 
     Example::
 
@@ -58,20 +63,36 @@ class EmbeddingShardingPlanner:
         self,
         topology: Topology | None = None,
         batch_size: int | None = None,
-        *,
+        enumerator: Any = None,
+        storage_reservation: Any = None,
+        proposer: Any = None,
+        partitioner: Any = None,
+        performance_model: Any = None,
+        stats: Any = None,
         constraints: Mapping[str, ParameterConstraints] | None = None,
-        storage_reservation: HeuristicalStorageReservation | None = None,
         debug: bool = True,
+        callbacks: Any = None,
+        timeout_seconds: int | None = None,
+        plan_loader: Any = None,
     ) -> None:
         if topology is not None and not isinstance(topology, Topology):
             raise TypeError(f"topology must be a Topology, got {type(topology).__name__}")
+        parts = resolve_components(
+            enumerator=enumerator, storage_reservation=storage_reservation, proposer=proposer,
+            partitioner=partitioner, performance_model=performance_model, stats=stats,
+            callbacks=callbacks, plan_loader=plan_loader, constraints=constraints,
+            batch_size=batch_size,
+        )  # fmt: skip
+        if topology is None and enumerator is not None:
+            topology = enumerator.topology
         self._topology = topology
         self._settings = PlannerSettings(
-            constraints=constraints,
-            batch_size=BATCH_SIZE if batch_size is None else batch_size,
-            storage_reservation=storage_reservation,
+            constraints=parts.constraints,
+            batch_size=BATCH_SIZE if parts.batch_size is None else parts.batch_size,
+            storage_reservation=parts.storage_reservation,
         )
-        self._debug = debug
+        self._debug = debug and parts.log_stats
+        self._timeout_seconds = timeout_seconds  # shardkit's search is bounded: never hit
         self._stats: PlanStats | None = None
 
     @property

@@ -107,6 +107,7 @@ class ShardedCollection(nn.Module):
     ) -> None:
         super().__init__()
         tables = collection_tables(module)
+        self._unsharded_module_type = type(module)
         self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
         self._env = env
@@ -147,6 +148,20 @@ class ShardedCollection(nn.Module):
     @property
     def tables(self) -> TableDict:
         return getattr(self, self._TABLES)
+
+    @property
+    def unsharded_module_type(self) -> type[nn.Module]:
+        """The type of the collection this one shards (TorchRec's `ShardedModule` property)."""
+        return self._unsharded_module_type
+
+    @property
+    def qcomm_codecs_registry(self) -> dict[str, Any]:
+        """Quantized comm codecs: none (shardkit's all-to-alls send float32)."""
+        return {}
+
+    def feature_names(self) -> list[str]:
+        """The features (KJT keys) this collection looks up, in table order."""
+        return [f for c in self._configs for f in c.feature_names]
 
     def _table_keys(self, tables: CollectionTables, plan, fused_params) -> list[tuple]:
         default = None

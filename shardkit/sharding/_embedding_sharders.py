@@ -5,7 +5,8 @@ builds the sharded module for a plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,7 +59,10 @@ class EmbeddingBagCollectionSharder(_CollectionSharder):
     Args:
         fused_params: the fused kernel's parameters, e.g.
             ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}``; the
-            planner counts that optimizer's state (default row-wise Adagrad).
+            planner counts that optimizer's state (default row-wise Adagrad). FBGEMM settings
+            shardkit cannot honour (``cache_load_factor``...) are refused by name when sharding.
+        qcomm_codecs_registry: quantized comm codecs (None; see `ModuleSharder`).
+        sharded_module_order_overwrite: None (see `BaseEmbeddingSharder`).
         shardable_params: names of the tables to shard (default: all).
     """
 
@@ -68,7 +72,20 @@ class EmbeddingBagCollectionSharder(_CollectionSharder):
 
 class EmbeddingCollectionSharder(_CollectionSharder):
     """Shards an `EmbeddingCollection` (TorchRec's name and arguments; see
-    `EmbeddingBagCollectionSharder`)."""
+    `EmbeddingBagCollectionSharder`). ``use_index_dedup`` is TorchRec's deduplication of ids
+    before the input dist, a speed knob: outputs are the same, and shardkit sends ids as they
+    are."""
 
     unsharded = EmbeddingCollection
     sharded = ShardedEmbeddingCollection
+
+    def __init__(
+        self,
+        fused_params: Mapping[str, Any] | None = None,
+        qcomm_codecs_registry: Mapping[str, Any] | None = None,
+        use_index_dedup: bool = False,
+        *,
+        shardable_params: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(fused_params, qcomm_codecs_registry, shardable_params=shardable_params)
+        self.use_index_dedup = use_index_dedup

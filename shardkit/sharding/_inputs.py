@@ -60,11 +60,10 @@ def _check(
     expected = [f for c in configs for f in c.feature_names]
     keys = features.keys()
     missing = [f for f in expected if f not in keys]
-    extra = [k for k in keys if k not in set(expected)]
-    if missing or extra:
+    if missing:  # keys the module does not read are ignored, as in TorchRec
         return (
-            f"the KeyedJaggedTensor's keys do not match the module's features: missing "
-            f"{missing}, extra {extra}. The module looks up {expected}"
+            f"the KeyedJaggedTensor lacks the module's features {missing} (it has {keys}). "
+            f"The module looks up {expected}"
         )
     if features.variable_stride_per_key():
         return f"a sharded collection needs one batch size for all keys, got {features.stride_per_key()}"

@@ -20,11 +20,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from shardkit import comm, launch
+from shardkit.compat import resolve_device
 from shardkit.optim import CombinedOptimizer
 from shardkit.planner import EmbeddingShardingPlanner, Topology
-from shardkit.sharding._device import resolve_device
+from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
+from shardkit.sharding._device import resolve_device as device_of
 from shardkit.sharding._sharding_plan import get_default_sharders
-from shardkit.types import ModuleSharder, ShardingEnv, ShardingPlan
+from shardkit.types import ModuleSharder, ShardingEnv, ShardingEnv2D, ShardingPlan
 
 __all__ = ["DistributedModelParallel"]
 
@@ -43,6 +45,10 @@ class DistributedModelParallel(nn.Module):
         sharders: which module types to shard (default: embedding bag and sequence collections).
         init_data_parallel: wrap the non-sharded parameters in DistributedDataParallel.
         init_parameters: materialise parameters still on the meta device and initialise them.
+        data_parallel_wrapper: how to make the rest data-parallel (a `DataParallelWrapper`);
+            default: torch's DistributedDataParallel with torch's default settings (pass
+            `DefaultDataParallelWrapper()` for TorchRec's: static graph, bucket views).
+        model_tracker_configs: TorchRec's tracking of updated ids; not in shardkit (None).
         local_world_size: ranks per host (default: what `shardkit.launch` knows, else all ranks
             on one host).
         gradient_division: scale sharded tables' gradients by 1 / world size (the DDP
@@ -58,13 +64,18 @@ class DistributedModelParallel(nn.Module):
         sharders: Sequence[ModuleSharder] | None = None,
         init_data_parallel: bool = True,
         init_parameters: bool = True,
+        data_parallel_wrapper: DataParallelWrapper | None = None,
+        model_tracker_configs: Any = None,
         *,
         local_world_size: int | None = None,
         gradient_division: bool = True,
     ) -> None:
         super().__init__()
+        _refuse_unsupported(env, model_tracker_configs)
         self._env = env or ShardingEnv.from_process_group(_world())
-        self.device = resolve_device(device, self._env)
+        self._data_parallel_wrapper = data_parallel_wrapper
+        # cuda under `shardkit run` on a machine without one: see [Note: cuda on cpu]
+        self.device = device_of(resolve_device(device), self._env)
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
         self._local_world_size = local_world_size or _local_world_size(self._env.world_size)
         if plan is None:
@@ -85,7 +96,7 @@ class DistributedModelParallel(nn.Module):
         module.to(self.device)  # the dense rest; the sharded collections are there already
         self._dmp_wrapped_module = module
         if init_data_parallel:
-            self._dmp_wrapped_module = self._data_parallel(module)
+            self.init_data_parallel()
 
     # -- construction --------------------------------------------------------------------
 
@@ -115,19 +126,26 @@ class DistributedModelParallel(nn.Module):
         logger.info("sharded %d module(s): %s", len(targets), [p or "<root>" for p, _ in targets])
         return module
 
-    def _data_parallel(self, module: nn.Module) -> nn.Module:
-        sharded = {
+    def sharded_parameter_names(self) -> list[str]:
+        """Names (in the wrapped module) of this rank's table shards."""
+        module = self.module
+        return [
             f"{path}.{name}" if path else name
             for path in self._sharded_paths
             for name, _ in module.get_submodule(path).named_parameters()
             if ".shards." in name
-        }
-        dense = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
-        if self._env.world_size == 1 or not dense:
-            return module
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
-        device_ids = [self.device] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, process_group=self._env.pg)
+        ]
+
+    def init_data_parallel(self) -> None:
+        """Wrap the unsharded parameters in data parallelism (once; TorchRec's lazy init)."""
+        if isinstance(self._dmp_wrapped_module, DistributedDataParallel):
+            return
+        if self._data_parallel_wrapper is not None:
+            self._data_parallel_wrapper.wrap(self, self._env, self.device)
+            return
+        self._dmp_wrapped_module = wrap_data_parallel(
+            self._dmp_wrapped_module, self._env, self.device, self.sharded_parameter_names()
+        )
 
     # -- the model's interface -----------------------------------------------------------
 
@@ -165,6 +183,20 @@ class DistributedModelParallel(nn.Module):
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, torch.Tensor]]:
         return self.module.named_buffers(prefix, recurse, remove_duplicate)
+
+
+def _refuse_unsupported(env: ShardingEnv | None, model_tracker_configs: Any) -> None:
+    if isinstance(env, ShardingEnv2D):
+        raise ValueError(
+            "DistributedModelParallel got a ShardingEnv2D: 2D parallelism (sharding groups "
+            "replicated across replica groups, TorchRec's DMPCollection) is not in shardkit; "
+            "shard over all ranks with ShardingEnv.from_process_group"
+        )
+    if model_tracker_configs is not None:
+        raise ValueError(
+            "DistributedModelParallel(model_tracker_configs=...): tracking updated ids is not "
+            "in shardkit; leave it None"
+        )
 
 
 def _world() -> dist.ProcessGroup:

@@ -20,6 +20,7 @@ from torch import nn
 
 from shardkit.modules import BatchedTables, kernel_input, stack_tables
 from shardkit.optim import FusedOptimizerConfig
+from shardkit.optim.fused import EmptyFusedOptimizer
 from shardkit.sharding._input_dist import Received
 from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
 
@@ -110,6 +111,10 @@ def build_shard_group(
             initial(shard, view)
         param = nn.Parameter(view, requires_grad=True)
         param._shardkit_embedding_table = True  # type: ignore[attr-defined]
+        if spec.config is not None:
+            # TorchRec's marker: in_backward_optimizer_filter leaves this shard to the fused
+            # optimizer (See [Note: in-backward markers] in shardkit.optim).
+            param._in_backward_optimizers = [EmptyFusedOptimizer()]  # type: ignore[attr-defined]
         params.append(param)
     return ShardGroup(spec, tables, params)
 

@@ -1,35 +1,39 @@
-"""`TrainPipelineSparseDist`: batch i+1's ids travel while batch i computes (TorchRec's name).
+"""TorchRec's train pipelines: `TrainPipelineBase` (one batch at a time) and
+`TrainPipelineSparseDist` (batch i+1's ids travel while batch i computes).
 
 [Note: pipelined input dist]
-Each `progress` call first fetches the next batch and starts its input dist (the header
-all-to-all, then the ids all-to-alls left in flight) on every sharded collection of the model,
-then runs forward, backward and the optimizer step of the current batch, whose ids arrived
-during the previous step. The prefetched input is used by the forward that receives the very
-same KeyedJaggedTensor object (``batch.sparse_features``), which is how DLRM-style models pass
-it; a collection fed another KJT runs its input dist in its forward, correct but not overlapped.
+Each `TrainPipelineSparseDist.progress` call first fetches the next batch and starts its input
+dist (the header all-to-all, then the ids all-to-alls left in flight) on every sharded
+collection of the model, then runs forward, backward and the optimizer step of the current
+batch, whose ids arrived during the previous step. Which KJT goes to which collection is read
+off the batch: every KeyedJaggedTensor the batch holds (``batch.sparse_features``, a dataclass
+field or attribute, a dict value) is prefetched for every sharded collection whose features it
+has. A collection's forward uses a prefetched input only for the very KJT object it was started
+for (the way DLRM-style models pass ``batch.sparse_features`` on); a collection fed another KJT
+runs its input dist in its forward: correct, not overlapped.
 
 Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
 out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
 a collective the others never call.
 
-[Note: pipeline streams]
-On a GPU the fetch runs on two side streams, as TorchRec's pipeline does: the host-to-device
-copy of batch i+1 on a copy stream, then its input dist (and the agreement on data) on a
-data-dist stream that waits only for that copy. So the input dist's host reads (see
-[Note: host-side sizes]) wait for the copy and the ids' exchange, not for batch i's forward and
-backward queued on the main stream, and the host runs ahead. Before batch i+1's forward, the
-main stream waits for the data-dist stream, and every tensor made on a side stream is marked
-as used by the main stream (``record_stream``) so that the caching allocator does not reuse its
-memory early. Copies overlap compute only from pinned host memory (``batch.pin_memory()``, or
-a DataLoader with ``pin_memory=True``). On the CPU, or any other device, everything runs in
-order on the one stream and none of this applies.
+As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
+``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
+.backward()`` and steps the optimizer (the sharded tables' fused optimizers run inside
+backward); in eval mode it only runs forward. `progress` returns ``output``.
+
+When the next batch's input dist starts early, and on which streams, is in
+`shardkit.sharding._pipeline_schedule` ([Note: when the pipeline overlaps],
+[Note: pipeline streams]).
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,9 +41,27 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.compat import resolve_device
+from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._pipeline_schedule import (
+    SideStreams,
+    choose_overlap,
+    host_cores,
+    local_ranks,
+)
+from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["DataExhaustedError", "TrainPipelineSparseDist"]
+__all__ = [
+    "DataExhaustedError",
+    "TorchCompileConfig",
+    "TrainPipeline",
+    "TrainPipelineBase",
+    "TrainPipelineContext",
+    "TrainPipelineSparseDist",
+    "batch_kjts",
+    "choose_overlap",
+    "prefetch_batch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,119 +70,92 @@ class DataExhaustedError(RuntimeError):
     """Some ranks ran out of batches while others had more."""
 
 
-class TrainPipelineSparseDist:
-    """Train ``model`` batch by batch with the input dist of the next batch overlapped.
+@dataclass
+class TrainPipelineContext:
+    """What TorchRec's pipelines keep per batch (shardkit keeps its prefetched inputs in the
+    collections; ``index`` counts the batches, ``version`` is TorchRec's context version)."""
 
-    ``model(batch)`` must return ``(loss, output)`` (like `shardkit.models.DLRMTrain`); the
-    pipeline runs ``loss.backward()`` and ``optimizer.step()`` (the sharded tables' optimizers
-    run inside backward).
+    input_dist_splits_requests: dict[str, Any] = field(default_factory=dict)
+    input_dist_tensors_requests: dict[str, Any] = field(default_factory=dict)
+    module_contexts: dict[str, Any] = field(default_factory=dict)
+    module_contexts_next_batch: dict[str, Any] = field(default_factory=dict)
+    fused_splits_awaitables: list[Any] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    postproc_fwd_results: dict[str, Any] = field(default_factory=dict)
+    index: int | None = None
+    version: int = 0
 
-    Args:
-        model: usually a `DistributedModelParallel`.
-        optimizer: the dense parameters' optimizer.
-        device: where batches go (``batch.to(device, non_blocking=True)``; None: left where
-            they are). On a GPU, the copy and the input dist run on side streams (see
-            [Note: pipeline streams]).
-        group: the process group the ranks agree through (default: the world).
-    """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        device: torch.device | None = None,
-        *,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        self._model = model
-        self._optimizer = optimizer
-        self._device = None if device is None else torch.device(device)
-        self._streams = _SideStreams.on(self._device)
-        self._group = group
-        self._sharded = [m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
-        self._next: Any = None
-        self._started = False
-        self._batches = 0
+@dataclass
+class TorchCompileConfig:
+    """How `TrainPipelinePT2` compiles the model: ``torch.compile(model, fullgraph=...,
+    dynamic=..., backend=...)`` before batch ``compile_on_iter``."""
 
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    backend: str = "inductor"
+    compile_on_iter: int = 3
+
+
+class TrainPipeline(abc.ABC):
+    """A training loop driven one step at a time: ``progress(dataloader_iter)`` trains on the
+    next batch and returns the model's output; StopIteration when the data is done."""
+
+    def __init__(self) -> None:
+        logger.info("train pipeline: %s", type(self).__name__)
+
+    @abc.abstractmethod
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
-        """One training step on the next batch; raises StopIteration when every rank is done."""
-        if not self._started:
-            self._next = self._fetch(dataloader_iter)
-            self._started = True
-        batch = self._next
-        if batch is None:
-            raise StopIteration
-        self._next = self._fetch(dataloader_iter)  # See [Note: pipelined input dist]
-        if self._streams is not None:
-            self._streams.hand_over(batch)
-        self._model.train()
-        self._optimizer.zero_grad()
-        loss, output = self._model(batch)
-        loss.backward()
-        self._optimizer.step()
-        return output
+        """One step; raises StopIteration when every batch is done."""
 
-    def _fetch(self, dataloader_iter: Iterator[Any]) -> Any:
-        try:
-            batch = next(dataloader_iter)
-        except StopIteration:
-            batch = None
-        streams = self._streams
-        with streams.copying() if streams else contextlib.nullcontext():
-            if batch is not None and self._device is not None and hasattr(batch, "to"):
-                batch = batch.to(self._device, non_blocking=True)
-        with streams.distributing() if streams else contextlib.nullcontext():
-            _agree_on_data(batch is not None, self._batches, self._group)
-            if batch is None:
-                return None
-            self._batches += 1
-            features = getattr(batch, "sparse_features", None)
-            if features is not None:
-                for sharded in self._sharded:
-                    sharded.prefetch(features)
+    def sync_embeddings(self, model: nn.Module, interval_batches: int | None, context=None):
+        """Syncs replicas of 2D parallelism (``DMPCollection``, not in shardkit): nothing."""
+        return None
+
+    def reset(self) -> None:
+        """Forget the data iterator: the next `progress` starts from a new one."""
+        return None
+
+
+def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
+    """The KeyedJaggedTensors a batch holds (see [Note: pipelined input dist])."""
+    if isinstance(batch, KeyedJaggedTensor):
+        return [batch]
+    if isinstance(batch, dict):
+        values = list(batch.values())
+    elif isinstance(batch, list | tuple):
+        values = list(batch)
+    elif dataclasses.is_dataclass(batch):
+        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    else:
+        values = list(getattr(batch, "__dict__", {}).values())
+    return [v for v in values if isinstance(v, KeyedJaggedTensor)]
+
+
+def prefetch_batch(model: nn.Module, batch: Any) -> int:
+    """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
+    read them; returns how many were started."""
+    started = 0
+    for kjt in batch_kjts(batch):
+        keys = set(kjt.keys())
+        for module in model.modules():
+            if isinstance(module, ShardedCollection) and set(module.feature_names()) <= keys:
+                module.prefetch(kjt)
+                started += 1
+    return started
+
+
+def _to_device(batch: Any, device: torch.device | None) -> Any:
+    if device is None or not hasattr(batch, "to"):
         return batch
-
-
-class _SideStreams:
-    """The copy and data-dist streams of a GPU pipeline. See [Note: pipeline streams]."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.copy = torch.cuda.Stream(device=device)
-        self.dist = torch.cuda.Stream(device=device)
-        self.device = device
-        self._ready: list[torch.cuda.Event] = []  # per fetched batch: its input dist is queued
-
-    @classmethod
-    def on(cls, device: torch.device | None) -> _SideStreams | None:
-        return cls(device) if device is not None and device.type == "cuda" else None
-
-    @contextlib.contextmanager
-    def copying(self) -> Iterator[None]:
-        with torch.cuda.stream(self.copy):  # new memory only: no need to wait for the main
-            yield
-
-    @contextlib.contextmanager
-    def distributing(self) -> Iterator[None]:
-        self.dist.wait_stream(self.copy)
-        with torch.cuda.stream(self.dist):
-            yield
-        ready = torch.cuda.Event()
-        ready.record(self.dist)
-        self._ready.append(ready)
-
-    def hand_over(self, batch: Any) -> None:
-        """The main stream takes the oldest fetched batch: it waits for that batch's input dist
-        (not for the newer one just started) and keeps the batch's memory alive; the
-        prefetched ids are marked by `PendingInput.wait`, which runs on the main stream."""
-        main = torch.cuda.current_stream(self.device)
-        main.wait_event(self._ready.pop(0))
-        if hasattr(batch, "record_stream"):
-            batch.record_stream(main)
+    return batch.to(device, non_blocking=True)
 
 
 def _agree_on_data(have: bool, count: int, group: dist.ProcessGroup | None) -> None:
     """All ranks learn which ranks have a batch; raise on every rank if only some do. The
     flags travel on the device the group carries (a GPU's for NCCL)."""
+    if not dist.is_initialized():
+        return
     flags = comm.all_gather_sizes(int(have), group=group)
     if all(flags) or not any(flags):
         return
@@ -170,3 +165,198 @@ def _agree_on_data(have: bool, count: int, group: dist.ProcessGroup | None) -> N
         "every rank must see the same number of batches (drop the last partial batch, or "
         "split the data evenly across ranks)"
     )
+
+
+class _Pipeline(TrainPipeline):
+    """What both pipelines share: fetching (with the ranks agreeing), the step itself."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | str | None,
+        custom_model_fwd: Callable[[Any], tuple[torch.Tensor, Any]] | None,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        super().__init__()
+        self._model = model
+        self._optimizer = optimizer
+        device = resolve_device(device)  # See [Note: cuda on cpu] in shardkit.compat
+        self._device = None if device is None else torch.device(device)
+        self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
+        self._model_fwd = custom_model_fwd or model
+        self._group = group
+        self._batch_count = 0
+        self._next: Any = None
+        self._connected = False
+
+    def _fetch(self, dataloader_iter: Iterator[Any]) -> Any:
+        try:
+            batch = next(dataloader_iter)
+        except StopIteration:
+            batch = None
+        streams = self._streams
+        with streams.copying() if streams else contextlib.nullcontext():
+            if batch is not None:
+                batch = _to_device(batch, self._device)
+        with streams.distributing() if streams else contextlib.nullcontext():
+            _agree_on_data(batch is not None, self._batch_count, self._group)
+            if batch is None:
+                return None
+            self._batch_count += 1
+            self._started(batch)
+        return batch
+
+    def _started(self, batch: Any) -> None:
+        """What a pipeline starts for a fetched batch on the data-dist stream (nothing here)."""
+
+    def _step(self, batch: Any, between: Callable[[], None]) -> Any:
+        """Forward (and, in training mode, backward and optimizer step) of ``batch``;
+        ``between`` runs after the forward."""
+        if self._streams is not None:
+            self._streams.hand_over(batch)
+        training = self._model.training
+        if training:
+            self._optimizer.zero_grad()
+        losses, output = self._model_fwd(batch)
+        between()
+        if training:
+            torch.sum(losses, dim=0).backward()
+            self._optimizer.step()
+        return output
+
+    def reset(self) -> None:
+        self._connected = False
+        self._next = None
+
+
+class TrainPipelineBase(_Pipeline):
+    """One batch at a time: fetch, move to ``device``, forward, backward, optimizer step.
+
+    Args:
+        model: returns ``(losses, output)`` for a batch (e.g. `DLRMTrain`).
+        optimizer: steps the parameters that are not updated in backward.
+        device: where batches go (``batch.to(device)``).
+        custom_model_fwd: called instead of ``model(batch)``.
+        enable_inplace_copy_batch: TorchRec's copy into preallocated memory (a speed knob; the
+            batch is the same).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | str | None = None,
+        custom_model_fwd: Callable[[Any], tuple[torch.Tensor, Any]] | None = None,
+        enable_inplace_copy_batch: bool = False,
+        *,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(model, optimizer, device, custom_model_fwd, group)
+        del enable_inplace_copy_batch  # same batch either way
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        if not self._connected:
+            self._next, self._connected = self._fetch(dataloader_iter), True
+        batch = self._next
+        if batch is None:
+            raise StopIteration
+        self._next = None
+
+        def fetch_next() -> None:
+            self._next = self._fetch(dataloader_iter)
+
+        return self._step(batch, fetch_next)
+
+
+class TrainPipelineSparseDist(_Pipeline):
+    """Train ``model`` batch by batch with the next batch's input dist overlapped (see
+    [Note: pipelined input dist]).
+
+    Args:
+        model: usually a `DistributedModelParallel`; ``model(batch)`` returns
+            ``(losses, output)``.
+        optimizer: the dense parameters' optimizer.
+        device: where batches go (``batch.to(device)``; default: where they are).
+        execute_all_batches: TorchRec's switch to run the last batches after the data ends;
+            shardkit always runs every batch.
+        apply_jit: TorchScript the unsharded modules; not in shardkit (False only).
+        context_type: a `TrainPipelineContext` class for the per-batch contexts.
+        custom_model_fwd: called instead of ``model(batch)``.
+        pipeline_postproc, dmp_collection_sync_interval_batches, enqueue_batch_after_forward,
+            enable_inplace_copy_batch, free_features_storage_early, clear_data_dist_inputs:
+            TorchRec's scheduling and memory knobs; the results are the same.
+        group: the process group the ranks agree through (default: the world).
+        overlap: start each batch's input dist one step ahead (True) or in its own forward
+            (False); default: overlap where it can help (see [Note: when the pipeline overlaps]).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | str | None = None,
+        execute_all_batches: bool = True,
+        apply_jit: bool = False,
+        context_type: type[TrainPipelineContext] = TrainPipelineContext,
+        pipeline_postproc: bool = False,
+        custom_model_fwd: Callable[[Any], tuple[torch.Tensor, Any]] | None = None,
+        dmp_collection_sync_interval_batches: int | None = 1,
+        enqueue_batch_after_forward: bool = False,
+        enable_inplace_copy_batch: bool = False,
+        free_features_storage_early: bool = False,
+        clear_data_dist_inputs: bool = False,
+        *,
+        group: dist.ProcessGroup | None = None,
+        overlap: bool | None = None,
+    ) -> None:
+        if apply_jit:
+            raise ValueError(
+                f"{type(self).__name__}(apply_jit=True): TorchScript compilation of the "
+                "unsharded modules is not in shardkit; leave apply_jit False"
+            )
+        if not (isinstance(context_type, type) and issubclass(context_type, TrainPipelineContext)):
+            raise TypeError(
+                f"context_type must be a TrainPipelineContext class, got {context_type!r}"
+            )
+        super().__init__(model, optimizer, device, custom_model_fwd, group)
+        self._context_type = context_type
+        self.contexts: list[TrainPipelineContext] = []
+        self._overlap = self._choose_overlap(model, overlap)
+
+    def _choose_overlap(self, model: nn.Module, overlap: bool | None) -> bool:
+        """See [Note: when the pipeline overlaps]; one INFO line either way."""
+        if overlap is None:
+            where = self._device if self._device is not None else getattr(model, "device", None)
+            overlap, why = choose_overlap(
+                torch.device(where if where is not None else "cpu"),
+                cores=host_cores(),
+                local_ranks=local_ranks(self._group),
+                threads=torch.get_num_threads(),
+            )
+        else:
+            why = "as asked (overlap=)"
+        logger.info(
+            "train pipeline: %s (%s)",
+            "next batch's input dist overlaps this step" if overlap else "synchronous",
+            why,
+        )
+        return overlap
+
+    def _started(self, batch: Any) -> None:
+        if self._overlap:
+            prefetch_batch(self._model, batch)  # See [Note: pipelined input dist]
+        self.contexts.append(self._context_type(index=self._batch_count - 1, version=1))
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        """One training step on the next batch; raises StopIteration when every rank is done."""
+        if not self._connected:
+            self._next, self._connected = self._fetch(dataloader_iter), True
+        batch = self._next
+        if batch is None:
+            raise StopIteration
+        self._next = self._fetch(dataloader_iter)  # the next batch's ids start travelling
+        output = self._step(batch, lambda: None)
+        if self.contexts:
+            self.contexts.pop(0)
+        return output

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._params import ModuleShardingPlan
 from shardkit.types._plan_text import layout_text, short_sharding
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ShardPlacement",
     "ShardingPlan",
     "placement",
+    "refuse_kernel_settings",
 ]
 
 _JSON_FORMAT = "shardkit.sharding_plan"
@@ -158,14 +160,33 @@ class ParameterSharding:
         compute_kernel: an `EmbeddingComputeKernel` (or ``"batched_fused"``, ``"fused"``...).
         ranks: the rank of each shard, in shard order (every rank for data-parallel).
         sharding_spec: the shards; None for data-parallel (a full replica on each rank).
+        cache_params, key_value_params, stochastic_rounding, bounds_check_mode, output_dtype,
+            enforce_hbm: TorchRec's FBGEMM kernel settings. shardkit keeps every shard whole in
+            its rank's memory, in the table's dtype, and checks ids itself: these are None (or
+            what that already means: ``enforce_hbm``, ``output_dtype=DataType.FP32``); other
+            values are refused by name.
     """
 
     sharding_type: ShardingType
     compute_kernel: EmbeddingComputeKernel
     ranks: list[int] | None = None
     sharding_spec: EnumerableShardingSpec | None = None
+    cache_params: Any = None
+    enforce_hbm: bool | None = None
+    stochastic_rounding: bool | None = None
+    bounds_check_mode: Any = None
+    output_dtype: Any = None
+    key_value_params: Any = None
 
     def __post_init__(self) -> None:
+        refuse_kernel_settings(
+            "ParameterSharding",
+            cache_params=self.cache_params,
+            key_value_params=self.key_value_params,
+            stochastic_rounding=self.stochastic_rounding,
+            bounds_check_mode=self.bounds_check_mode,
+            output_dtype=self.output_dtype,
+        )
         object.__setattr__(self, "sharding_type", ShardingType.parse(self.sharding_type))
         object.__setattr__(
             self, "compute_kernel", EmbeddingComputeKernel.parse(self.compute_kernel)
@@ -187,10 +208,13 @@ class ParameterSharding:
             )
 
     def __repr__(self) -> str:
+        extra = "".join(
+            f", {name}={getattr(self, name)!r}" for name in _KERNEL_SETTINGS if getattr(self, name)
+        )
         return (
             f"ParameterSharding(sharding_type={self.sharding_type.value!r}, "
             f"compute_kernel={self.compute_kernel.value!r}, ranks={self.ranks!r}, "
-            f"sharding_spec={self.sharding_spec!r})"
+            f"sharding_spec={self.sharding_spec!r}{extra})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,10 +246,37 @@ class ParameterSharding:
         return cls(data["sharding_type"], data["compute_kernel"], data.get("ranks"), spec)
 
 
+_KERNEL_SETTINGS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode",
+                    "output_dtype", "key_value_params")  # fmt: skip
+_REFUSED = {
+    "cache_params": "UVM caching is an FBGEMM kernel feature; shardkit keeps every shard whole "
+    "in its rank's memory: leave cache_params None (and give the ranks the memory, or more ranks)",
+    "key_value_params": "SSD and parameter-server tables are FBGEMM kernels, not in shardkit: "
+    "leave key_value_params None",
+    "stochastic_rounding": "shardkit's kernel updates tables in their own dtype with "
+    "round-to-nearest: leave stochastic_rounding None (or False)",
+    "bounds_check_mode": "shardkit checks ids itself (the collection's validate_ids): leave "
+    "bounds_check_mode None",
+    "output_dtype": "shardkit's lookups output the table's dtype: leave output_dtype None (or "
+    "DataType.FP32 for float32 tables)",
+}
+
+
+def refuse_kernel_settings(where: str, **settings: Any) -> None:
+    """ValueError naming the first FBGEMM kernel setting in ``settings`` that shardkit cannot
+    honour (see `ParameterSharding`); None, False and FP32 outputs pass."""
+    for name, value in settings.items():
+        if value is None or value is False:
+            continue
+        if name == "output_dtype" and str(getattr(value, "value", value)).upper() == "FP32":
+            continue
+        raise ValueError(f"{where}: {name}={value!r}: {_REFUSED[name]}")
+
+
 _REPR_TABLES = 6  # tables named in a repr; the rest are counted
 
 
-class EmbeddingModuleShardingPlan(dict[str, ParameterSharding]):
+class EmbeddingModuleShardingPlan(ModuleShardingPlan, dict[str, ParameterSharding]):
     """One module's plan: table name -> `ParameterSharding`.
 
     Prints as a table (see `ShardingPlan`); inside a `ShardingPlan` it also knows its module's
@@ -246,6 +297,9 @@ class EmbeddingModuleShardingPlan(dict[str, ParameterSharding]):
         if len(names) > _REPR_TABLES:
             parts.append(f"... {len(names) - _REPR_TABLES} more")
         return "{" + ", ".join(parts) + "}"
+
+    def _serialize(self) -> dict[str, Any]:
+        return {name: sharding.to_dict() for name, sharding in self.items()}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.types._qcomm import QuantizedCommCodecs, nonempty_codecs
 
 __all__ = [
     "BaseEmbeddingSharder",
@@ -56,7 +57,28 @@ class ModuleSharder(abc.ABC, Generic[M]):
     Subclasses say which module type they handle (`module_type`, matched exactly, as in
     TorchRec), which of its parameters are tables, and which sharding types and kernels they
     implement.
+
+    Args:
+        qcomm_codecs_registry: quantized comm codecs by comm op name (TorchRec's argument).
+            shardkit's collectives run no codecs yet: None or a registry of no-op codecs only;
+            one with codecs is refused by name.
     """
+
+    def __init__(self, qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None):
+        codecs = nonempty_codecs(dict(qcomm_codecs_registry or {}))
+        if codecs:
+            raise ValueError(
+                f"qcomm_codecs_registry has codecs {codecs}: quantized comms are not in "
+                "shardkit yet (its all-to-alls send float32); pass qcomm_codecs_registry=None"
+            )
+        self._qcomm_codecs_registry = (
+            None if qcomm_codecs_registry is None else dict(qcomm_codecs_registry)
+        )
+
+    @property
+    def qcomm_codecs_registry(self) -> dict[str, QuantizedCommCodecs] | None:
+        """The registry given (no-op codecs only)."""
+        return getattr(self, "_qcomm_codecs_registry", None)
 
     @property
     @abc.abstractmethod
@@ -103,14 +125,26 @@ class BaseEmbeddingSharder(ModuleSharder):
     Args:
         fused_params: the fused kernel's parameters, TorchRec's dict; the planner reads
             ``"optimizer"`` (default row-wise Adagrad) to count optimizer state.
+        qcomm_codecs_registry: see `ModuleSharder`.
+        sharded_module_order_overwrite: TorchRec's order of sharded submodules (None; shardkit
+            shards in module order, and a list is refused).
         shardable_params: tables to shard (default: all).
     """
 
     def __init__(
         self,
         fused_params: Mapping[str, Any] | None = None,
+        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
+        sharded_module_order_overwrite: Sequence[str] | None = None,
+        *,
         shardable_params: Sequence[str] | None = None,
     ) -> None:
+        super().__init__(qcomm_codecs_registry)
+        if sharded_module_order_overwrite is not None:
+            raise ValueError(
+                f"sharded_module_order_overwrite={list(sharded_module_order_overwrite)}: shardkit "
+                "shards a collection's submodules in module order; leave it None"
+            )
         self._fused_params = copy.deepcopy(dict(fused_params)) if fused_params is not None else None
         self._shardable_params = list(shardable_params or [])
 

@@ -154,5 +154,31 @@ def _total(reports: list[ModuleReport]) -> ModuleReport:
     return total
 
 
+def other_work(entries: dict[str, list[Entry]]) -> set[tuple[str, str]]:
+    """``(module, name)`` of names pending on work outside issue 12 (e.g. prod-a's)."""
+    return {
+        (e.module, e.name)
+        for module_entries in entries.values()
+        for e in module_entries
+        if e.mark == "pending" and "issue 12" not in e.reason
+    }
+
+
+def coverage(reports: list[ModuleReport], pending_elsewhere: set[tuple[str, str]]) -> str:
+    """One line: names present of all names, and of those not pending on other work."""
+    total = _total(reports)
+    ours = total.total - len(pending_elsewhere)
+    return (
+        f"present and working: {len(total.present)} of {total.total} names "
+        f"({100 * len(total.present) / total.total:.1f}%); of the {ours} not pending on other "
+        f"work: {100 * len(total.present) / ours:.1f}%; refused {len(total.refused)}, pending "
+        f"{len(total.pending)}, missing {len(total.missing)}"
+    )
+
+
 if __name__ == "__main__":
-    print(table([check_module(m, e) for m, e in read_list().items()]))
+    modules = read_list()
+    reports = [check_module(m, e) for m, e in modules.items()]
+    print(table(reports))
+    print()
+    print(coverage(reports, other_work(modules)))

@@ -49,9 +49,12 @@ def test_id_check_can_be_switched_off():
     assert ebc(_kjt([1, 2, 3, 4])).values().shape == (2, 8)
 
 
-def test_keys_must_match_features():
-    with pytest.raises(ValueError, match=r"missing \['user'\], extra \['item'\]"):
+def test_keys_must_include_the_features_and_others_are_ignored_as_in_torchrec():
+    with pytest.raises(ValueError, match=r"lacks the module's features \['user'\] \(it has"):
         EmbeddingBagCollection(tables=TABLES)(_kjt([1, 2, 3, 4], keys=("product", "item")))
+    ebc = EmbeddingBagCollection(tables=TABLES)
+    extra = KeyedJaggedTensor.concat([_kjt([1, 2, 3, 4]), _kjt([1, 2, 3, 4], keys=("a", "b"))])
+    torch.testing.assert_close(ebc(extra).values(), ebc(_kjt([1, 2, 3, 4])).values())
 
 
 def test_weighted_module_needs_weights():

@@ -137,13 +137,31 @@ def test_topology_errors(kwargs, message):
         Topology(**kwargs)
 
 
-def test_topology_takes_torchrecs_first_five_arguments_by_position():
-    by_position = Topology(4, "cpu", None, 2**30, 2)
+def test_topology_takes_torchrec_1_8s_arguments_in_its_order():
+    by_position = Topology(4, "cpu", None, 2**30, None, 2)  # ssd_cap is fifth in TorchRec 1.8
     assert by_position == Topology(
         world_size=4, compute_device="cpu", ddr_cap=2**30, local_world_size=2
     )
-    with pytest.raises(TypeError):  # beyond TorchRec's first five: keywords
-        Topology(4, "cpu", None, None, 2, 1.0)  # type: ignore[misc]
+    assert by_position.local_world_size == 2 and by_position.num_hosts == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ssd_cap": 2**40}, r"ssd_cap=1099511627776: SSD tables are FBGEMM kernels"),
+        (
+            {"custom_topology_data": object()},
+            r"custom_topology_data: shardkit plans ranks with equal",
+        ),
+        (
+            {"uneven_sharding_perf_multiplier": 2.0},
+            r"uneven_sharding_perf_multiplier=2.0: shardkit",
+        ),
+    ],
+)
+def test_topology_refuses_torchrec_fields_it_cannot_honour(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Topology(world_size=2, compute_device="cpu", **kwargs)
 
 
 def test_constraints_take_torchrec_strings_and_enums():

@@ -239,7 +239,7 @@ def _disagree(rank: int, world_size: int, case: str):
     ("case", "expected"),
     [
         ("batch size", [r"ranks disagree on the batch size: \{0: 2, 1: 3\}"] * 2),
-        ("keys", [r"rank\(s\) \[1\] refused", r"missing \['e'\], extra \[\]"]),
+        ("keys", [r"rank\(s\) \[1\] refused", r"lacks the module's features \['e'\]"]),
         ("ids", [r"feature 'a' \(table 't0'\): id 99", r"rank\(s\) \[0\] refused"]),
     ],
 )

@@ -76,7 +76,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, *, device=None):
                 optimizer.step()
                 losses.append(loss.item())
         else:
-            pipeline = TrainPipelineSparseDist(model, optimizer, device)
+            pipeline = TrainPipelineSparseDist(model, optimizer, device, overlap=True)
             batches = _batches(rank, world_size, 6)
             while True:
                 try:

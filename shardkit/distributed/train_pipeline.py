@@ -1,5 +1,0 @@
-"""TorchRec's ``torchrec.distributed.train_pipeline``."""
-
-from shardkit.sharding import DataExhaustedError, TrainPipelineSparseDist
-
-__all__ = ["DataExhaustedError", "TrainPipelineSparseDist"]

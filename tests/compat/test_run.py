@@ -1,0 +1,137 @@
+"""``shardkit run``'s pieces: the import aliases (in this process, removed after each test) and
+cuda-on-cpu (process-wide for good, so only in child processes under ``shardkit run``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shardkit.compat import install_aliases, remove_aliases, resolve_device, shardkit_name
+from tests.scripts import ROOT
+
+SHARDKIT = Path(sys.executable).with_name("shardkit")
+
+
+@pytest.fixture
+def aliases():
+    install_aliases()
+    yield
+    remove_aliases()
+
+
+def test_alias_names():
+    assert shardkit_name("torchrec") == "shardkit"
+    assert shardkit_name("torchrec.distributed.comm") == "shardkit.distributed.comm"
+    assert shardkit_name("fbgemm_gpu.split_embedding_configs") == (
+        "shardkit.fbgemm_gpu.split_embedding_configs"
+    )
+    assert shardkit_name("torchrecx") is None and shardkit_name("torch.distributed.fsdp") is None
+
+
+def test_torchrec_imports_are_shardkits_very_modules(aliases):
+    import torchrec  # noqa: F401 (the alias itself)
+    import torchrec.distributed.comm as comm
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    import shardkit
+    import shardkit.distributed.comm
+
+    assert comm is shardkit.distributed.comm
+    assert sys.modules["torchrec"] is shardkit
+    assert DistributedModelParallel is shardkit.distributed.DistributedModelParallel
+    assert EmbOptimType is shardkit.optim.EmbOptimType
+    assert comm.__name__ == "shardkit.distributed.comm"  # the module keeps its own spec
+
+
+def test_a_module_shardkit_lacks_is_a_module_not_found_error_naming_both(aliases):
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"No module named 'torchrec.nope': shardkit run maps it to shardkit.nope, which "
+        r"shardkit does not have",
+    ):
+        import torchrec.nope  # noqa: F401
+
+
+def test_removing_the_aliases_forgets_them(aliases):
+    import torchrec.optim  # noqa: F401
+
+    remove_aliases()
+    assert not [n for n in sys.modules if n.split(".")[0] == "torchrec"]
+    install_aliases()  # the fixture removes them again
+
+
+def test_resolve_device_is_the_identity_until_cuda_is_mapped():
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device(None) is None
+
+
+def _shardkit_run(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [str(SHARDKIT), "run", str(script), *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="cuda is mapped only without a GPU"
+)
+def test_cuda_code_runs_on_the_cpu_and_says_so_once(tmp_path):
+    result = _shardkit_run(
+        tmp_path,
+        """
+        import sys, torch, torch.distributed as dist
+        from torchrec.distributed.comm import get_local_size
+        x = torch.zeros(2, device="cuda")
+        y = torch.ones(2).to("cuda:0").cuda()
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+        print(x.device, y.device, dist.get_backend(), get_local_size(), sys.argv[2])
+        dist.destroy_process_group()
+        """,
+        str(tmp_path / "rendezvous"),
+        "--flag",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cpu", "cpu", "gloo", "1", "--flag"]
+    assert result.stderr.count("no GPU here: 'cuda' runs on 'cpu' and 'nccl' on 'gloo'") == 1
+
+
+def test_the_programs_exit_status_and_traceback_come_back(tmp_path):
+    assert _shardkit_run(tmp_path, "raise SystemExit(3)").returncode == 3
+    failed = _shardkit_run(tmp_path, "import torchrec\nraise KeyError('boom')")
+    assert failed.returncode == 1 and "KeyError: 'boom'" in failed.stderr
+    missing = subprocess.run([str(SHARDKIT), "run", str(tmp_path / "absent.py")],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode != 0 and "no such program" in missing.stderr
+
+
+def test_fsdp_stays_torchs_and_the_program_is_told(tmp_path):
+    result = _shardkit_run(
+        tmp_path,
+        "import torch.distributed.fsdp as f\nprint(f.__name__)\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torch.distributed.fsdp"
+    assert "rewrite it to shardkit.fsdp" in result.stderr
+
+
+def test_one_failing_rank_stops_the_others(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import os, time\nif os.environ['RANK'] == '1':\n    raise SystemExit(5)\ntime.sleep(120)\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(SHARDKIT), "run", "--nproc-per-node", "2", str(script)],
+        capture_output=True, text=True, timeout=100, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 5, result.stderr
+    assert "rank 1 exited with 5; stopping the others" in result.stderr
+    assert time.monotonic() - started < 90  # rank 0 did not sleep its 120 s

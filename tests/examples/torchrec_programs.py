@@ -1,0 +1,49 @@
+"""Running programs written for TorchRec both ways shardkit supports: after the README's import
+rewrite (under torchrun), and unchanged under ``shardkit run``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from tests.scripts import ROOT, run_script
+
+SHARDKIT = Path(sys.executable).with_name("shardkit")
+
+# The README's table, "Running TorchRec and FSDP code" (this machine has no GPU, and the
+# programs pick cpu/gloo themselves when torch.cuda.is_available() is False).
+REWRITE = [
+    (r"\bfrom fbgemm_gpu\b", "from shardkit.fbgemm_gpu"),
+    (r"\bimport fbgemm_gpu\b", "import shardkit.fbgemm_gpu"),
+    (r"\btorch\.distributed\.fsdp\b", "shardkit.fsdp"),
+    (r"\btorchrec\b", "shardkit"),
+]
+
+
+def rewrite(source: str) -> str:
+    """``source`` with its TorchRec (and FBGEMM, FSDP) imports pointing at shardkit."""
+    for pattern, replacement in REWRITE:
+        source = re.sub(pattern, replacement, source)
+    return source
+
+
+def run_rewritten(program: Path, tmp_path: Path, *args: str, nproc: int = 2) -> str:
+    """``program`` rewritten, on ``nproc`` ranks under torchrun; its standard output."""
+    rewritten = tmp_path / program.name
+    rewritten.write_text(rewrite(program.read_text()))
+    return run_script(
+        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        str(rewritten), *args, cwd=ROOT,
+    )  # fmt: skip
+
+
+def run_unchanged(program: Path, *args: str, nproc: int = 2) -> str:
+    """``program`` as it is, on ``nproc`` ranks under ``shardkit run``; its standard output."""
+    return run_script(SHARDKIT, "run", f"--nproc-per-node={nproc}", str(program), *args, cwd=ROOT)
+
+
+def results(output: str) -> dict[str, str]:
+    """``RESULT <name> <rest>`` lines as ``{name: rest}``."""
+    found = re.findall(r"^RESULT (\S+) (.*)$", output, flags=re.MULTILINE)
+    return dict(found)
