@@ -8,6 +8,15 @@ during the previous step. The prefetched input is used by the forward that recei
 same KeyedJaggedTensor object (``batch.sparse_features``), which is how DLRM-style models pass
 it; a collection fed another KJT runs its input dist in its forward, correct but not overlapped.
 
+[Note: when the pipeline overlaps]
+Overlap only pays when the ids can travel while the step computes: on a GPU (NCCL runs beside
+the kernels), or on CPU when each rank has a core its compute threads leave free for gloo's
+transfer. Two single-threaded ranks on two cores have none: gloo's work lands on the core the
+other rank computes on, and starting the next batch's input dist early only adds a second
+synchronisation point per step (measured slower than the plain loop, `bench_dmp.py`). There the
+pipeline runs synchronously: each batch's input dist runs in its own forward, exactly a plain
+loop. `choose_overlap` decides once, at construction, with one INFO line; ``overlap=`` forces it.
+
 Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
 out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
 a collective the others never call.
@@ -16,6 +25,7 @@ a collective the others never call.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,10 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardkit import comm
+from shardkit import comm, launch
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 
-__all__ = ["DataExhaustedError", "TrainPipelineSparseDist"]
+__all__ = ["DataExhaustedError", "TrainPipelineSparseDist", "choose_overlap"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +57,8 @@ class TrainPipelineSparseDist:
         optimizer: the dense parameters' optimizer.
         device: where batches go (``batch.to(device)``).
         group: the process group the ranks agree through (default: the world).
+        overlap: start each batch's input dist one step ahead (True) or in its own forward
+            (False); default: overlap where it can help (see [Note: when the pipeline overlaps]).
     """
 
     def __init__(
@@ -56,6 +68,7 @@ class TrainPipelineSparseDist:
         device: torch.device | None = None,
         *,
         group: dist.ProcessGroup | None = None,
+        overlap: bool | None = None,
     ) -> None:
         self._model = model
         self._optimizer = optimizer
@@ -65,6 +78,22 @@ class TrainPipelineSparseDist:
         self._next: Any = None
         self._started = False
         self._batches = 0
+        if overlap is None:
+            where = device if device is not None else getattr(model, "device", None)
+            overlap, why = choose_overlap(
+                torch.device(where if where is not None else "cpu"),
+                cores=_cores(),
+                local_ranks=_local_ranks(group),
+                threads=torch.get_num_threads(),
+            )
+        else:
+            why = "as asked (overlap=)"
+        self._overlap = overlap
+        logger.info(
+            "train pipeline: %s (%s)",
+            "next batch's input dist overlaps this step" if overlap else "synchronous",
+            why,
+        )
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """One training step on the next batch; raises StopIteration when every rank is done."""
@@ -94,10 +123,47 @@ class TrainPipelineSparseDist:
         if self._device is not None and hasattr(batch, "to"):
             batch = batch.to(self._device, non_blocking=True)
         features = getattr(batch, "sparse_features", None)
-        if features is not None:
+        if features is not None and self._overlap:
             for sharded in self._sharded:
                 sharded.prefetch(features)
         return batch
+
+
+def choose_overlap(
+    device: torch.device, *, cores: int, local_ranks: int, threads: int
+) -> tuple[bool, str]:
+    """Whether overlapping the input dist can help, and why (see [Note: when the pipeline
+    overlaps]): on an accelerator always; on CPU when this rank's share of the host's ``cores``
+    leaves at least one core beside its ``threads`` compute threads."""
+    if device.type != "cpu":
+        return True, f"{device.type}: collectives run beside the computation"
+    share = cores // max(local_ranks, 1)
+    spare = share - threads
+    why = (
+        f"{cores} core(s) for {local_ranks} rank(s) of {threads} thread(s): {max(spare, 0)} "
+        "spare core(s) per rank for the transfer"
+    )
+    return spare >= 1, why
+
+
+def _cores() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup CPU quota."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def _local_ranks(group: dist.ProcessGroup | None) -> int:
+    if launch.is_initialized():
+        return launch.current().local_world_size
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def _agree_on_data(have: bool, count: int, group: dist.ProcessGroup | None) -> None:

@@ -16,6 +16,7 @@ from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     TrainPipelineSparseDist,
 )
+from shardkit.sharding._train_pipeline import choose_overlap
 from tests.sharding.common import dlrm, dlrm_batch, local_part
 
 B = 4
@@ -32,7 +33,7 @@ def _batches(rank: int, world_size: int, count: int):
         )
 
 
-def _pipelined_vs_plain(rank: int, world_size: int):
+def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None):
     torch.manual_seed(0)
     base = DLRMTrain(dlrm())
     runs = {}
@@ -65,7 +66,7 @@ def _pipelined_vs_plain(rank: int, world_size: int):
                 optimizer.step()
                 losses.append(loss.item())
         else:
-            pipeline = TrainPipelineSparseDist(model, optimizer)
+            pipeline = TrainPipelineSparseDist(model, optimizer, overlap=overlap)
             batches = _batches(rank, world_size, 6)
             while True:
                 try:
@@ -82,15 +83,39 @@ def _pipelined_vs_plain(rank: int, world_size: int):
     return runs
 
 
-def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ranks):
-    for runs in run_ranks(_pipelined_vs_plain, 2):
+@pytest.mark.parametrize(
+    "overlap, expected",
+    [(True, "prefetch"), (None, "forward"), (False, "forward")],
+    ids=["overlap", "default", "synchronous"],
+)
+def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
+    """With overlap, every batch's ids are sent one step ahead of its forward; by default the
+    test's ranks use every core of their share for compute (cores / ranks threads each), so
+    overlap cannot help and the pipeline runs synchronously: each input dist in its forward."""
+    for runs in run_ranks(_pipelined_vs_plain, 2, overlap):
         plain_losses, plain_state, plain_calls = runs["plain"]
         losses, state, calls = runs["pipelined"]
         assert losses == pytest.approx(plain_losses, abs=1e-6)
         for key in plain_state:
             torch.testing.assert_close(state[key], plain_state[key])
         assert plain_calls == ["forward"] * 6
-        assert calls == ["prefetch"] * 6, "every batch's ids were sent ahead of its forward"
+        assert calls == [expected] * 6
+
+
+def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
+    cpu = torch.device("cpu")
+    on_two_cores = choose_overlap(cpu, cores=2, local_ranks=2, threads=1)
+    assert on_two_cores == (
+        False,
+        "2 core(s) for 2 rank(s) of 1 thread(s): 0 spare core(s) per rank for the transfer",
+    )
+    assert choose_overlap(cpu, cores=16, local_ranks=2, threads=4)[0]
+    assert not choose_overlap(cpu, cores=16, local_ranks=2, threads=8)[0]
+    assert not choose_overlap(cpu, cores=1, local_ranks=2, threads=1)[0]
+    assert choose_overlap(torch.device("cuda"), cores=2, local_ranks=2, threads=1) == (
+        True,
+        "cuda: collectives run beside the computation",
+    )
 
 
 def _uneven_data(rank: int, world_size: int):
