@@ -35,6 +35,7 @@ from shardkit.sharding._shard_groups import (
     build_shard_group,
     classes,
     shard_group_specs,
+    slot_row_bases,
 )
 from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
@@ -121,6 +122,7 @@ class ShardedCollection(nn.Module):
         )
         keys = self._table_keys(tables, plan, fused_params)
         self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
+        self._row_bases = slot_row_bases(self._specs)
         self._classes = classes(self._layout)
         self._shard_groups = self._build_shard_groups(tables)
         self._hosts = None
@@ -270,7 +272,12 @@ class ShardedCollection(nn.Module):
             validate_ids=self._validate_ids,
         )
         pending = exchange_start(
-            source, self._layout, self._env.rank, self._env.pg, with_weights=self._with_weights
+            source,
+            self._layout,
+            self._env.rank,
+            self._env.pg,
+            with_weights=self._with_weights,
+            row_bases=self._row_bases,
         )
         return DistributedInput(features, pending)
 

@@ -9,7 +9,9 @@ Three all-to-alls per batch, all ranks in step:
    ``B`` bag lengths, then all the slots' ids.
 3. float32 per-id weights, when the collection has any (weighted input or MEAN pooling, whose
    ``1 / bag length`` is applied at the source, where whole bags are still known).
-Row-wise ids are bucketed by row range at the source and sent rebased to shard-local rows.
+Row-wise ids are bucketed by row range at the source. Every id is sent as a row of the
+destination's kernel stack (its shard's first row in the stack added at the source, while the
+send buffer is written: the receiver's ids are ready for the kernel without another pass).
 The receiver gets, from each source in rank order, the same slot list: lengths ``[W, S, B]``.
 """
 
@@ -98,13 +100,17 @@ def exchange_start(
     group: dist.ProcessGroup | None,
     *,
     with_weights: bool,
+    row_bases: dict[Slot, int],
 ) -> PendingInput:
-    """Send this rank's ids to the shards' ranks; returns a handle on what it receives."""
+    """Send this rank's ids to the shards' ranks; returns a handle on what it receives.
+
+    ``row_bases[slot]``: the first row of the slot's shard in its rank's kernel stack.
+    """
     world = layout.world_size
     payload, sent_counts, orders = None, [], {}
     if batch.error is None:
-        payload, sent_counts, orders = _payload(batch, layout, world, with_weights)
-    sent_ids = [0] * world if payload is None else [p.ids.numel() for p in payload]
+        payload, sent_counts, orders = _payload(batch, layout, world, with_weights, row_bases)
+    sent_ids = [0] * world if payload is None else [sum(sent) for sent in sent_counts]
     status = _OK if batch.error is None else _BAD_INPUT
     header = torch.tensor([[batch.batch_size, n, status] for n in sent_ids], dtype=torch.int64)
     got = comm.all_to_all_single(header.view(-1), group=group).view(world, 3)
@@ -114,14 +120,12 @@ def exchange_start(
     received_ids = got[:, 1].tolist()
     ints_out = [len(slots) * size + n for n in received_ids]
     assert payload is not None
-    ints = torch.cat([torch.cat([p.lengths, p.ids]) for p in payload])
-    ints_in = [p.lengths.numel() + p.ids.numel() for p in payload]
+    ints, ints_in, weights = payload
     ints_handle = comm.all_to_all_single(
         ints, input_split_sizes=ints_in, output_split_sizes=ints_out, group=group, async_op=True
     )
     weights_handle = None
     if with_weights:
-        weights = torch.cat([p.weights for p in payload])
         weights_handle = comm.all_to_all_single(
             weights,
             input_split_sizes=sent_ids,
@@ -136,19 +140,16 @@ def exchange_start(
     return PendingInput(finish, sent_counts, orders)
 
 
-@dataclass(frozen=True)
-class _Payload:
-    lengths: torch.Tensor  # [S_d * B]
-    ids: torch.Tensor  # [n_d]
-    weights: torch.Tensor | None  # [n_d]
+Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]  # lengths, ids, weights, base
 
 
 def _payload(
-    batch: SourceBatch, layout: Layout, world: int, with_weights: bool
-) -> tuple[list[_Payload], list[list[int]], dict[int, torch.Tensor]]:
-    """Per destination rank: its slots' lengths, ids and weights (see [Note: routes]); the ids
-    sent per slot; each bucketed unit's sort order."""
-    per_rank: list[list[tuple]] = [[] for _ in range(world)]
+    batch: SourceBatch, layout: Layout, world: int, with_weights: bool, row_bases: dict
+) -> tuple[tuple[torch.Tensor, list[int], torch.Tensor | None], list[list[int]], dict]:
+    """The send buffers: int64 ``[lengths of its slots, their ids]`` per destination rank, one
+    after the other, and the weights likewise (see [Note: routes]); the ints sent to each rank;
+    the ids sent per slot; each bucketed unit's sort order."""
+    per_rank: list[list[Part]] = [[] for _ in range(world)]
     orders: dict[int, torch.Tensor] = {}
     for unit in layout.units:
         if unit.route == Route.LOCAL:
@@ -160,23 +161,36 @@ def _payload(
         parts, order = _split_unit(unit, lengths, values, weights)
         if order is not None:
             orders[unit.index] = order
-        for shard, part in zip(unit.shards, parts):
-            per_rank[shard.rank].append(part)
-    empty_ids = torch.empty(0, dtype=torch.int64)
-    empty_w = torch.empty(0, dtype=torch.float32)
-    out = []
-    for parts in per_rank:
-        out.append(
-            _Payload(
-                lengths=torch.cat([p[0] for p in parts]) if parts else empty_ids,
-                ids=torch.cat([p[1] for p in parts]) if parts else empty_ids,
-                weights=(torch.cat([p[2] for p in parts]) if parts else empty_w)
-                if with_weights
-                else None,
-            )
-        )
+        for shard, (n, ids, w) in zip(unit.shards, parts):
+            per_rank[shard.rank].append((n, ids, w, row_bases[Slot(unit, shard)]))
     sent_counts = [[part[1].numel() for part in parts] for parts in per_rank]
-    return out, sent_counts, orders
+    ints, ints_in = _int_buffer(per_rank)
+    weights_out = None
+    if with_weights:
+        pieces = [part[2] for parts in per_rank for part in parts]
+        weights_out = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.float32)
+    return (ints, ints_in, weights_out), sent_counts, orders
+
+
+def _int_buffer(per_rank: list[list[Part]]) -> tuple[torch.Tensor, list[int]]:
+    """One int64 buffer, written once: per rank its parts' lengths, then their ids shifted to
+    rows of the destination's stack."""
+    ints_in = [sum(p[0].numel() + p[1].numel() for p in parts) for parts in per_rank]
+    device = next((p[1].device for parts in per_rank for p in parts), None)
+    ints = torch.empty(sum(ints_in), dtype=torch.int64, device=device)
+    offset = 0
+    for parts in per_rank:
+        for lengths, *_ in parts:
+            ints[offset : offset + lengths.numel()].copy_(lengths)
+            offset += lengths.numel()
+        for _, ids, _, base in parts:
+            dest = ints[offset : offset + ids.numel()]
+            if base:
+                torch.add(ids, base, out=dest)
+            else:
+                dest.copy_(ids)
+            offset += ids.numel()
+    return ints, ints_in
 
 
 def _split_unit(

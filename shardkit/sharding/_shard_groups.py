@@ -30,6 +30,7 @@ __all__ = [
     "classes",
     "shard_group_input",
     "shard_group_specs",
+    "slot_row_bases",
 ]
 
 TableKey = tuple[torch.dtype, FusedOptimizerConfig | None]  # per table: dtype, fused optimizer
@@ -73,6 +74,20 @@ def shard_group_specs(
     return sorted(specs, key=ShardGroupSpec.sort_key)
 
 
+def slot_row_bases(specs_per_rank: Sequence[Sequence[ShardGroupSpec]]) -> dict[Slot, int]:
+    """Every slot's first row in its rank's kernel stack (the order `build_shard_group` stacks
+    a group's shards in): what the source adds to the ids it sends (see [Note: input exchange])."""
+    bases = {}
+    for specs in specs_per_rank:
+        for spec in specs:
+            starts, row = {}, 0
+            for shard in spec.shards:
+                starts[shard] = row
+                row += shard.rows
+            bases.update({slot: starts[slot.shard] for slot in spec.slots})
+    return bases
+
+
 def classes(layout: Layout) -> list[tuple[Route, int]]:
     """Every output class in the job, in the order all ranks run their collectives."""
     found = {(u.route, u.cols) for u in layout.units if u.route != Route.LOCAL}
@@ -91,9 +106,6 @@ class ShardGroup:
     spec: ShardGroupSpec
     tables: BatchedTables
     params: list[nn.Parameter]
-
-    def row_base(self, shard: ShardSlice) -> int:
-        return self.tables.row_starts[self.spec.shards.index(shard)]
 
 
 def build_shard_group(
@@ -120,12 +132,11 @@ def shard_group_input(
     shard_group: ShardGroup, received: Received
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The kernel's ``(ids, offsets, per-sample weights)`` for ``shard_group``'s slots, bags ordered
-    (source, slot, bag): ids shifted from shard rows to rows of the group's stack."""
+    (source, slot, bag); the ids arrive as rows of the group's stack (shifted at the source)."""
     slots = received.slots
     positions = [slots.index(s) for s in shard_group.spec.slots]
     lengths = received.lengths[:, positions, :]  # [W, S_g, B]
     counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
-    bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
     if len(positions) == len(slots):
         values = received.values
         weights = received.weights
@@ -135,10 +146,8 @@ def shard_group_input(
         values = received.values.index_select(0, index)
         weights = None if received.weights is None else received.weights.index_select(0, index)
         chosen_counts = counts[:, positions]
-    # one segment per (source, slot), each shifted by its shard's first row in the stack
-    ids, offsets = kernel_input(
-        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts.reshape(-1)
-    )
+    segments = chosen_counts.reshape(-1)  # one per (source, slot), already shifted
+    ids, offsets = kernel_input(values, lengths.reshape(-1), [0] * segments.numel(), segments)
     return ids, offsets, weights
 
 
