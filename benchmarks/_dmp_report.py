@@ -63,13 +63,22 @@ def render(report: dict[str, Any]) -> str:
         "other library, never the better of the two.",
         f"Machine: {json.dumps(report['machine'])}",
         "",
-        "## shardkit / TorchRec (< 1 is faster)",
-        "",
-        "| sharding type | plain loop | pipeline |",
-        "|---|---:|---:|",
     ]
-    by_key = {(r["type"], r["loop"]): r for r in report["ratios"]}
-    for kind in args["types"]:
+    lines += _ratio_table("shardkit / TorchRec, wall time per step (< 1 is faster)", report)
+    if "cpu" in report:
+        lines += _ratio_table(
+            "shardkit / TorchRec, CPU time per step of all ranks (< 1 is less work)", report["cpu"]
+        )
+    lines += _times_table("Step times (wall ms, the slower rank)", report)
+    if "cpu" in report:
+        lines += _times_table("CPU ms per step, all ranks' processes", report["cpu"])
+    return "\n".join(lines) + "\n"
+
+
+def _ratio_table(title: str, summary: dict[str, Any]) -> list[str]:
+    lines = ["", f"## {title}", "", "| sharding type | plain loop | pipeline |", "|---|---:|---:|"]
+    by_key = {(r["type"], r["loop"]): r for r in summary["ratios"]}
+    for kind in dict.fromkeys(r["type"] for r in summary["rows"] if r["type"] != "-"):
         cells = [kind]
         for loop in LOOPS:
             r = by_key.get((kind, loop))
@@ -80,21 +89,20 @@ def render(report: dict[str, Any]) -> str:
             value = f"**{r['ratio']:.2f}**" if r["ratio"] > 1 else f"{r['ratio']:.2f}"
             cells.append(f"{value} (rounds {spread})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Step times",
-        "",
-        "| sharding type | library | loop | ms/step | rounds (ms) |",
-        "|---|---|---|---:|---|",
-    ]
-    for row in report["rows"]:
+    return lines
+
+
+def _times_table(title: str, summary: dict[str, Any]) -> list[str]:
+    lines = ["", f"## {title}", "", "| sharding type | library | loop | ms/step | rounds (ms) |"]
+    lines.append("|---|---|---|---:|---|")
+    for row in summary["rows"]:
         head = f"| {row['type']} | {row['library']} | {row['loop']} |"
         if "skipped" in row:
             lines.append(f"{head} skipped: {row['skipped']} | |")
             continue
         rounds = ", ".join(f"{ms:.1f}" for ms in row["ms_rounds"])
         lines.append(f"{head} {row['ms_per_step']:.1f} | {rounds} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def chart(report: dict[str, Any], path: str) -> bool:

@@ -251,16 +251,25 @@ def _input_wait_ms(step, steps: int = 6) -> float:
 def _time(step, args, input_wait: bool = False) -> dict:
     for _ in range(args.warmup):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(args.iters):
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    # CPU seconds of all ranks' processes (gloo's threads included): the work a step costs,
+    # which a loaded machine inflates far less than wall time.
+    total_cpu = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(total_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result = {"ms": statistics.median(slowest.tolist()) * 1e3, "peak_bytes": peak}
+    result = {
+        "ms": statistics.median(slowest.tolist()) * 1e3,
+        "cpu_ms": statistics.median(total_cpu.tolist()) * 1e3,
+        "peak_bytes": peak,
+    }
     if input_wait:
         result["input_wait_ms"] = _input_wait_ms(step)
     return result
@@ -292,6 +301,7 @@ def main() -> None:
     # Contenders take turns, round after round, so a slow spell of this shared machine does not
     # land on one of them; each reports the median of its rounds and their spread.
     times: dict[tuple, list[float]] = {}
+    cpu_times: dict[tuple, list[float]] = {}
     failed: dict[tuple, str] = {}
     waits: dict[tuple, list[float]] = {}
     for round_ in range(args.rounds):
@@ -305,14 +315,16 @@ def main() -> None:
                     if result is None:
                         continue
                     times.setdefault(key, []).append(result["ms"])
+                    cpu_times.setdefault(key, []).append(result["cpu_ms"])
                     if result.get("input_wait_ms") is not None:
                         waits.setdefault(key, []).append(result["input_wait_ms"])
                     print(
                         f"round {round_ + 1}: {kind:18} {library:9} {loop:9} "
-                        f"{result['ms']:8.1f} ms/step",
+                        f"{result['ms']:8.1f} ms/step  {result['cpu_ms']:8.1f} CPU ms/step",
                         flush=True,
                     )
     report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, args.types)}
+    report["cpu"] = summarize(cpu_times, failed, args.types)
     report["input_wait_ms"] = [
         {"type": k[0], "library": k[1], "loop": k[2], "ms": statistics.median(v)}
         for k, v in waits.items()
