@@ -4,13 +4,14 @@
     python benchmarks/bench_dmp.py          # shardkit only, when torchrec is not installed
     python benchmarks/bench_dmp.py --device cuda --out benchmarks/results/dmp_cuda.md  # GPUs, NCCL
 
-2 ranks on gloo (CPU), 8 tables x 100,000 rows x dim 64, batch 1,024 per rank, ~20 ids per bag,
-a dense MLP (512 -> 256 -> 1) over the pooled embeddings, BCE loss, fused row-wise Adagrad for the
-tables (data-parallel tables: their dense gradients are all-reduced and stepped by Adagrad), Adam
-for the MLP. Each (library, sharding type) runs in fresh processes so that the peak resident
-memory per rank (ru_maxrss) is its own. Reported: median step time after warm-up, global
-samples/s, peak RSS per rank. shardkit runs twice: with TrainPipelineSparseDist (the next batch's
-ids in flight during the step) and with a plain loop, to show what the overlap buys.
+2 ranks on gloo (CPU), ONE thread per rank (``--threads``), 8 tables x 100,000 rows x dim 64,
+batch 1,024 per rank, ~20 ids per bag, a dense MLP (512 -> 256 -> 1) over the pooled embeddings,
+BCE loss, fused row-wise Adagrad for the tables (data-parallel tables: their dense gradients are
+all-reduced and stepped by Adagrad), Adam for the MLP. Every sharding type, each library with a
+plain loop and with its TrainPipelineSparseDist; each (library, loop, type) runs in fresh
+processes, contenders taking turns round after round, and each loop kind is compared with the
+same loop kind of the other library. Writes the markdown report, its JSON and (with matplotlib)
+a chart of the ratios beside ``--out``.
 
 ``--device cuda``: one GPU per rank on NCCL (TorchRec then needs its CUDA build and FBGEMM's CUDA
 kernels), both planners told the device, the batches resident on the GPU before timing (the
@@ -28,15 +29,23 @@ import time
 
 import torch
 import torch.distributed as dist
+from _dmp_report import LOOPS, chart, render, summarize
 
 from shardkit.bench import machine_info
 from shardkit.launch import RankFailedError, current, spawn
 
-TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
+TYPES = [
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "data_parallel",
+    "table_column_wise",
+    "grid_shard",
+]
 
 
 def make_batches(rank: int, args) -> list[dict]:
-    """Distinct batches of this rank, made on the CPU from its seed, then put on its device."""
     g = torch.Generator().manual_seed(1000 + rank)
     batches = []
     for _ in range(args.distinct_batches):
@@ -86,6 +95,41 @@ class Batch:
             self.labels.to(device, non_blocking=non_blocking),
         )
 
+    def record_stream(self, stream) -> None:
+        pass
+
+
+class _Optimizers:
+    """The head's and the replicas' optimizers as one, for either library's pipeline."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+
+def _stepper(dmp, optimizers, batches, loop: str, pipeline_type):
+    """One training step per call: the plain loop, or the library's pipeline."""
+    if loop == "pipeline":
+        pipeline = pipeline_type(dmp, _Optimizers(optimizers), current().device)
+        return lambda: pipeline.progress(batches)
+
+    def step():
+        for opt in optimizers:
+            opt.zero_grad()
+        loss, _ = dmp(next(batches))
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+
+    return step
+
 
 def _optimizers(dmp, fused_marker) -> list[torch.optim.Optimizer]:
     """Adam for the MLP; Adagrad for data-parallel tables' replicas (dense gradients)."""
@@ -101,7 +145,18 @@ def _optimizers(dmp, fused_marker) -> list[torch.optim.Optimizer]:
     return optimizers
 
 
-def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -> dict:
+def _cycle(rank: int, args, make_kjt, batch_type=None):
+    """The rank's few distinct batches, round and round."""
+    batch_type = batch_type or Batch
+    raw = make_batches(rank, args)
+    i = 0
+    while True:
+        b = raw[i % len(raw)]
+        i += 1
+        yield batch_type(make_kjt(b["values"], b["lengths"]), b["labels"])
+
+
+def run_shardkit(rank: int, world_size: int, args, kind: str, loop: str) -> dict:
     from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -110,10 +165,10 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -
         ParameterConstraints,
         Topology,
     )
-    from shardkit.optim import CombinedOptimizer, EmbOptimType
+    from shardkit.optim import EmbOptimType
     from shardkit.sharding import TrainPipelineSparseDist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     tables = [
         EmbeddingBagConfig(
             name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
@@ -135,46 +190,25 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, pipelined: bool) -
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
     optimizers = _optimizers(dmp, lambda name, p: ".shards." in name)
     keys = [f"f{t}" for t in range(args.tables)]
-
-    def batches():
-        raw = make_batches(rank, args)
-        i = 0
-        while True:
-            b = raw[i % len(raw)]
-            i += 1
-            yield Batch(
-                KeyedJaggedTensor(keys=keys, values=b["values"], lengths=b["lengths"]), b["labels"]
-            )
-
-    it = batches()
-    if pipelined:
-        combined = CombinedOptimizer([(str(i), o) for i, o in enumerate(optimizers)])
-        pipeline = TrainPipelineSparseDist(dmp, combined)
-
-        def step():
-            pipeline.progress(it)
-    else:
-
-        def step():
-            for opt in optimizers:
-                opt.zero_grad()
-            loss, _ = dmp(next(it))
-            loss.backward()
-            for opt in optimizers:
-                opt.step()
-
+    batches = _cycle(rank, args, lambda v, n: KeyedJaggedTensor(keys=keys, values=v, lengths=n))
+    step = _stepper(dmp, optimizers, batches, loop, TrainPipelineSparseDist)
     return _time(step, args, input_wait=True)
 
 
-def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
+def run_torchrec(rank: int, world_size: int, args, kind: str, loop: str) -> dict:
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.streamable import Pipelineable
 
-    torch.set_num_threads(1)
+    class PipelineableBatch(Batch, Pipelineable):
+        """TorchRec's pipeline checks for its interface by type."""
+
+    torch.set_num_threads(args.threads)
     tables = [
         torchrec.EmbeddingBagConfig(
             name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
@@ -186,12 +220,11 @@ def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
 
     class AllTypesSharder(EmbeddingBagCollectionSharder):
-        """TorchRec's sharder offers row-wise and table-row-wise only for "cuda"; its CPU
+        """TorchRec's sharder offers row-wise, table-row-wise and grid only for "cuda"; its CPU
         kernels and collectives run them all the same."""
 
         def sharding_types(self, compute_device_type: str) -> list[str]:
-            types = super().sharding_types("cuda")
-            return [t for t in types if t != "grid_shard"]
+            return super().sharding_types("cuda")
 
     sharders = [AllTypesSharder(fused_params=fused)]
     constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
@@ -206,20 +239,13 @@ def run_torchrec(rank: int, world_size: int, args, kind: str) -> dict:
     fused = kind != "data_parallel"  # torchrec's sharded tables step inside backward
     optimizers = _optimizers(dmp, lambda name, p: fused and "head" not in name)
     keys = [f"f{t}" for t in range(args.tables)]
-    raw = make_batches(rank, args)
-    state = {"i": 0}
-
-    def step():
-        b = raw[state["i"] % len(raw)]
-        state["i"] += 1
-        kjt = torchrec.KeyedJaggedTensor(keys=keys, values=b["values"], lengths=b["lengths"])
-        for opt in optimizers:
-            opt.zero_grad()
-        loss, _ = dmp(Batch(kjt, b["labels"]))
-        loss.backward()
-        for opt in optimizers:
-            opt.step()
-
+    batches = _cycle(
+        rank,
+        args,
+        lambda v, n: torchrec.KeyedJaggedTensor(keys=keys, values=v, lengths=n),
+        PipelineableBatch,
+    )
+    step = _stepper(dmp, optimizers, batches, loop, TrainPipelineSparseDist)
     return _time(step, args)
 
 
@@ -240,18 +266,27 @@ def _time(step, args, input_wait: bool = False) -> dict:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(args.iters):
         sync()
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         sync()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    # CPU seconds of all ranks' processes (gloo's threads included): the work a step costs,
+    # which a loaded machine inflates far less than wall time.
+    total_cpu = torch.tensor(cpu, dtype=torch.float64, device=device)
+    dist.all_reduce(total_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result = {"ms": statistics.median(slowest.tolist()) * 1e3, "peak_bytes": peak}
+    result = {
+        "ms": statistics.median(slowest.tolist()) * 1e3,
+        "cpu_ms": statistics.median(total_cpu.tolist()) * 1e3,
+        "peak_bytes": peak,
+    }
     if device.type == "cuda":
         result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
     if input_wait:
@@ -262,6 +297,7 @@ def _time(step, args, input_wait: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--tables", type=int, default=8)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=64)
@@ -271,119 +307,82 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--distinct-batches", type=int, default=4)
     parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
+    parser.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     parser.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, NCCL")  # fmt: skip
-    parser.add_argument("--out", help="write the markdown report here (and .json beside it)")
+    parser.add_argument("--out", help="write the markdown report here (.json, .png beside it)")
     args = parser.parse_args()
     try:
         import torchrec  # noqa: F401
 
-        have_torchrec = True
+        libraries = {"shardkit": run_shardkit, "torchrec": run_torchrec}
     except ImportError:
-        have_torchrec = False
+        libraries = {"shardkit": run_shardkit}
     # Contenders take turns, round after round, so a slow spell of this shared machine does not
-    # land on one of them; each reports the median of its rounds' medians and their spread.
-    times: dict[tuple[str, str], list[float]] = {}
-    peaks: dict[tuple[str, str], float] = {}
-    failed: dict[tuple[str, str], str] = {}
-    waits: dict[tuple[str, str], list[float]] = {}
-    gpu_peaks: dict[tuple[str, str], int] = {}
+    # land on one of them; each reports the median of its rounds and their spread.
+    times: dict[tuple, list[float]] = {}
+    cpu_times: dict[tuple, list[float]] = {}
+    failed: dict[tuple, str] = {}
+    waits: dict[tuple, list[float]] = {}
     for round_ in range(args.rounds):
         for kind in args.types:
-            runs = [
-                ("shardkit (pipelined)", lambda r, w, k=kind: run_shardkit(r, w, args, k, True)),
-                ("shardkit (plain loop)", lambda r, w, k=kind: run_shardkit(r, w, args, k, False)),
-            ]
-            if have_torchrec:
-                runs.append(("torchrec", lambda r, w, k=kind: run_torchrec(r, w, args, k)))
-            for name, fn in runs:
-                if (kind, name) in failed:
-                    continue
-                try:
-                    results = spawn(
-                        fn,
-                        world_size=args.world_size,
-                        backend="nccl" if args.device == "cuda" else "gloo",
-                        timeout=900,
-                        threads_per_rank=1,
+            for loop in args.loops:
+                for library, fn in libraries.items():
+                    key = (kind, library, loop)
+                    if key in failed:
+                        continue
+                    result = _run_one(fn, args, kind, loop, failed, key)
+                    if result is None:
+                        continue
+                    times.setdefault(key, []).append(result["ms"])
+                    cpu_times.setdefault(key, []).append(result["cpu_ms"])
+                    if result.get("input_wait_ms") is not None:
+                        waits.setdefault(key, []).append(result["input_wait_ms"])
+                    print(
+                        f"round {round_ + 1}: {kind:18} {library:9} {loop:9} "
+                        f"{result['ms']:8.1f} ms/step  {result['cpu_ms']:8.1f} CPU ms/step",
+                        flush=True,
                     )
-                except RankFailedError as exc:
-                    failed[(kind, name)] = str(exc).splitlines()[0].split(": ", 2)[-1][:160]
-                    print(f"{kind:16} {name:24} failed: {failed[(kind, name)]}", flush=True)
-                    continue
-                ms = results[0]["ms"]
-                peak = max(r["peak_bytes"] for r in results)
-                times.setdefault((kind, name), []).append(ms)
-                if "input_wait_ms" in results[0]:
-                    wait = max(r["input_wait_ms"] for r in results)
-                    waits.setdefault((kind, name), []).append(wait)
-                peaks[(kind, name)] = max(peaks.get((kind, name), 0), peak)
-                if "peak_gpu_bytes" in results[0]:
-                    gpu = max(r["peak_gpu_bytes"] for r in results)
-                    gpu_peaks[(kind, name)] = max(gpu_peaks.get((kind, name), 0), gpu)
-                print(
-                    f"round {round_ + 1}: {kind:16} {name:24} {ms:8.1f} ms/step  "
-                    f"{peak / 1e9:5.2f} GB",
-                    flush=True,
-                )
-    rows = []
-    for kind in args.types:
-        for name in ("shardkit (pipelined)", "shardkit (plain loop)", "torchrec"):
-            if (kind, name) in failed:
-                rows.append({"type": kind, "impl": name, "skipped": failed[(kind, name)]})
-            elif (kind, name) in times:
-                ms = statistics.median(times[(kind, name)])
-                rows.append(
-                    {
-                        "type": kind,
-                        "impl": name,
-                        "ms_per_step": ms,
-                        "ms_rounds": times[(kind, name)],
-                        "samples_per_s": args.batch * args.world_size / (ms / 1e3),
-                        "peak_rss_gb": peaks[(kind, name)] / 1e9,
-                        "peak_gpu_gb": gpu_peaks[(kind, name)] / 1e9
-                        if (kind, name) in gpu_peaks
-                        else None,
-                        "input_wait_ms": statistics.median(waits[(kind, name)])
-                        if (kind, name) in waits
-                        else None,
-                    }
-                )
-    if not have_torchrec:
-        rows.append({"type": "-", "impl": "torchrec", "skipped": "torchrec is not importable here"})
-    report = render(rows, args)
-    print(report)
+    report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, args.types)}
+    report["cpu"] = summarize(cpu_times, failed, args.types)
+    report["input_wait_ms"] = [
+        {"type": k[0], "library": k[1], "loop": k[2], "ms": statistics.median(v)}
+        for k, v in waits.items()
+    ]
+    if "torchrec" not in libraries:
+        report["rows"].append(
+            {"type": "-", "library": "torchrec", "loop": "-", "skipped": "torchrec not importable"}
+        )
+    text = render(report)
+    print(text)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(report)
+            f.write(text)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"args": vars(args), "machine": machine_info(), "rows": rows}, f, indent=1)
+            json.dump(report, f, indent=1)
+        chart(report, os.path.splitext(args.out)[0] + ".png")
 
 
-def render(rows, args) -> str:
-    lines = [
-        "# DistributedModelParallel training step (bench_dmp.py)",
-        "",
-        f"{args.world_size} ranks on {'NCCL, one GPU each' if args.device == 'cuda' else 'gloo'}, {args.tables} tables x {args.rows:,} x {args.dim}, batch {args.batch} per rank, "
-        f"~{args.ids_per_bag} ids per bag, MLP 512-256-1, BCE, fused row-wise Adagrad; median of {args.iters} steps "
-        f"after {args.warmup} warm-up, 1 thread per rank; contenders take turns in {args.rounds} "
-        "rounds: the median over rounds, and the rounds' range. *Waiting for ids*: the slower rank's time per step in shardkit's input-dist wait, from a short profiled run after the timed one (what the pipeline hides).",
-        f"Machine: {json.dumps(machine_info())}",
-        "",
-        "| sharding type | implementation | ms/step | rounds (ms) | waiting for ids (ms/step) | samples/s (global) | peak RSS per rank (GB) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        if "skipped" in row:
-            lines.append(f"| {row['type']} | {row['impl']} | skipped: {row['skipped']} | | | | |")
-            continue
-        spread = f"{min(row['ms_rounds']):.1f}-{max(row['ms_rounds']):.1f}"
-        wait = "-" if row.get("input_wait_ms") is None else f"{row['input_wait_ms']:.2f}"
-        lines.append(
-            f"| {row['type']} | {row['impl']} | {row['ms_per_step']:.1f} | {spread} | {wait} | {row['samples_per_s']:,.0f} | {row['peak_rss_gb']:.2f} |"
+def _run_one(fn, args, kind: str, loop: str, failed: dict, key: tuple) -> dict | None:
+    """One contender's turn on fresh ranks; its result from rank 0 (the slower rank's times)."""
+    try:
+        results = spawn(
+            lambda r, w: fn(r, w, args, kind, loop),
+            world_size=args.world_size,
+            backend="nccl" if args.device == "cuda" else "gloo",
+            timeout=900,
+            threads_per_rank=args.threads,
         )
-    return "\n".join(lines) + "\n"
+    except RankFailedError as exc:
+        failed[key] = str(exc).splitlines()[0].split(": ", 2)[-1][:160]
+        print(f"{' '.join(key)} failed: {failed[key]}", flush=True)
+        return None
+    result = dict(results[0])
+    result["peak_bytes"] = max(r["peak_bytes"] for r in results)
+    if "input_wait_ms" in results[0]:
+        result["input_wait_ms"] = max(r["input_wait_ms"] for r in results)
+    return result
 
 
 if __name__ == "__main__":

@@ -92,28 +92,41 @@ def test_bench_dmp_runs_at_toy_size(tmp_path):
         "bench_dmp.py", "--tables", "2", "--rows", "1000", "--batch", "32", "--iters", "2",
         "--warmup", "1", "--rounds", "1", "--types", "row_wise", "--out", str(out),
     )  # fmt: skip
-    report = out.read_text()
-    assert "| row_wise | shardkit (pipelined) |" in report
-    assert "| row_wise | shardkit (plain loop) |" in report
-    data = json.loads(out.with_suffix(".json").read_text())
-    args = data["args"]
-    assert (args["world_size"], args["batch"], args["types"], args["rounds"]) == (
-        2,
-        32,
-        ["row_wise"],
-        1,
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["args"]["threads"] == 1, "one thread per rank unless --threads says otherwise"
+    _machine(report["machine"])
+    contenders = [(r["type"], r["library"], r["loop"]) for r in report["rows"]]
+    assert contenders == [
+        ("row_wise", "shardkit", "plain"),
+        ("row_wise", "shardkit", "pipeline"),
+        ("-", "torchrec", "-"),
+    ], "each loop kind runs on its own; torchrec is skipped where it is not installed"
+    for summary in (report, report["cpu"]):  # wall time, and CPU time of all ranks
+        for row in summary["rows"][:2]:
+            assert len(row["ms_rounds"]) == 1 and row["ms_per_step"] > 0
+    assert report["rows"][2]["skipped"] == "torchrec not importable"
+    assert report["ratios"] == [], "no ratio without the other library"
+    text = out.read_text()
+    assert (
+        "| row_wise | shardkit | plain |" in text and "| row_wise | shardkit | pipeline |" in text
     )
-    _machine(data["machine"])
-    rows = {(r["type"], r["impl"]): r for r in data["rows"]}
-    assert rows[("-", "torchrec")]["skipped"]
-    for impl in ("shardkit (pipelined)", "shardkit (plain loop)"):
-        r = rows[("row_wise", impl)]
-        assert _positive(r["ms_per_step"], r["samples_per_s"], r["peak_rss_gb"]), r
-        assert len(r["ms_rounds"]) == args["rounds"] and r["ms_per_step"] in r["ms_rounds"]
-        global_batch = args["batch"] * args["world_size"]
-        assert r["samples_per_s"] == pytest.approx(global_batch * 1000 / r["ms_per_step"])
-        assert 0 <= r["input_wait_ms"] <= r["ms_per_step"], r
-        assert r["peak_rss_gb"] < 64, r  # a toy run: GB, not bytes or KB
+
+
+def test_bench_dmp_compares_each_loop_with_the_same_loop():
+    spec = importlib.util.spec_from_file_location("_dmp_report", BENCHMARKS / "_dmp_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    times = {
+        ("table_wise", "shardkit", "plain"): [10.0, 12.0],
+        ("table_wise", "torchrec", "plain"): [20.0, 20.0],
+        ("table_wise", "shardkit", "pipeline"): [30.0, 30.0],
+        ("table_wise", "torchrec", "pipeline"): [15.0, 10.0],
+    }
+    summary = report.summarize(times, {}, ["table_wise"])
+    assert summary["ratios"] == [
+        {"type": "table_wise", "loop": "plain", "ratio": 11 / 20, "ratio_rounds": [0.5, 0.6]},
+        {"type": "table_wise", "loop": "pipeline", "ratio": 30 / 12.5, "ratio_rounds": [2.0, 3.0]},
+    ], "never the better shardkit loop against TorchRec's"
 
 
 def test_bench_fsdp_runs_the_small_model(tmp_path):

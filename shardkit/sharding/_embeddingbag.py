@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 
 from shardkit.modules import EmbeddingBagConfig, lookup
+from shardkit.sharding._assemble import Block, assemble
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
+from shardkit.sharding._layout import Route
 from shardkit.sharding._output_dist import distribute
 from shardkit.sharding._shard_groups import shard_group_input
-from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
+from shardkit.sparse import KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]
 
@@ -42,28 +44,57 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             ids, offsets, weights = shard_group_input(shard_group, received)
             out = lookup(shard_group.tables, ids, offsets, weights, shard_group.params)
             rows.setdefault(shard_group.spec.output_class, []).append(out)
-        units: dict[int, torch.Tensor] = {}
+        sources, first_rows = [], {}
         for output_class in self._classes:
-            units.update(
-                distribute(
-                    output_class,
-                    rows.get(output_class, []),
-                    self._specs,
-                    rank=self._env.rank,
-                    batch_size=batch_size,
-                    group=self._env.pg,
-                    hosts=self._hosts,
-                    device=self._device,
-                )
+            got, first = distribute(
+                output_class,
+                rows.get(output_class, []),
+                self._specs,
+                rank=self._env.rank,
+                batch_size=batch_size,
+                group=self._env.pg,
+                hosts=self._hosts,
+                device=self._device,
             )
-        return self._assemble(units, dist_input.features)
+            first_rows.update({unit: (len(sources), row) for unit, row in first.items()})
+            sources.append(got)
+        scales = [self._gradient_scale] * len(sources)
+        local_cols: dict[str, int] = {}
+        if self._local is not None:
+            local = self._local(self._local_features(dist_input.features))  # KeyedTensor
+            local_cols = dict(zip(local.keys(), local.offset_per_key()))
+            sources.append(local.values())  # [B, D_local]
+            scales.append(1.0)
+        blocks = self._blocks(first_rows, local_cols, len(sources) - 1)
+        values = assemble(sources, scales, blocks, batch_size=batch_size, width=self._width)
+        return KeyedTensor(self._feature_names, self._feature_dims, values)
 
-    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
-        assert self._local is not None
-        return self._local(self._local_features(features)).to_dict()
+    def _blocks(self, first_rows, local_cols: dict[str, int], local_source: int) -> list[Block]:
+        """Where each unit's ``[B, cols]`` comes from and goes to (see [Note: one-pass assembly])."""
+        out_cols = dict(zip(self._feature_names, self._feature_offsets))
+        blocks = []
+        for unit in self._layout.units:
+            out_col = out_cols[unit.feature] + unit.col_start
+            if unit.route == Route.LOCAL:
+                src_col = local_cols[unit.feature] + unit.col_start
+                blocks.append(Block(local_source, 0, src_col, unit.cols, out_col))
+            else:
+                source, row = first_rows[unit.index]
+                blocks.append(Block(source, row, 0, unit.cols, out_col))
+        return blocks
 
-    def _assemble(self, units: dict[int, torch.Tensor], features) -> KeyedTensor:
-        rows = self._feature_rows(features, lambda unit: units[unit.index])
-        names = [f for c in self._configs for f in c.feature_names]
-        dims = [c.embedding_dim for c in self._configs for _ in c.feature_names]
-        return KeyedTensor(names, dims, torch.cat([rows[f] for f in names], dim=1))
+    @property
+    def _feature_names(self) -> list[str]:
+        return [f for c in self._configs for f in c.feature_names]
+
+    @property
+    def _feature_dims(self) -> list[int]:
+        return [c.embedding_dim for c in self._configs for _ in c.feature_names]
+
+    @property
+    def _feature_offsets(self) -> list[int]:
+        return [sum(self._feature_dims[:k]) for k in range(len(self._feature_dims))]
+
+    @property
+    def _width(self) -> int:
+        return sum(self._feature_dims)

@@ -20,6 +20,7 @@ from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 __all__ = ["HostGroups", "distribute"]
 
 OutputClass = tuple[Route, int]
+ClassRows = tuple[torch.Tensor, dict[int, int]]  # rows [R, cols], {unit index: first row}
 
 
 class HostGroups:
@@ -50,8 +51,11 @@ def distribute(
     group: dist.ProcessGroup | None,
     hosts: HostGroups | None,
     device: torch.device,
-) -> dict[int, torch.Tensor]:
-    """Send one class's pooled rows home; returns ``{unit index: [B, cols]}`` for this rank.
+) -> ClassRows:
+    """Send one class's pooled rows home.
+
+    Returns ``[R, cols]`` rows for this rank and ``{unit index: first row}``: unit ``u``'s pooled
+    rows are ``[first, first + B)`` (handed whole to `assemble`, which slices them in one pass).
 
     ``rows``: this rank's kernel outputs of the class, one per group in class order, each
     ``[W * S_g * B, cols]`` ordered (source, slot, bag). ``device``: where a rank with no rows
@@ -89,7 +93,7 @@ def _by_source(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _placed(cls, local, specs_per_rank, rank, batch_size, group) -> dict[int, torch.Tensor]:
+def _placed(cls, local, specs_per_rank, rank, batch_size, group) -> ClassRows:
     world, per_source, cols = local.shape
     receive = [len(class_slots(specs, cls)) * batch_size for specs in specs_per_rank]
     got = comm.all_to_all_single(
@@ -98,25 +102,22 @@ def _placed(cls, local, specs_per_rank, rank, batch_size, group) -> dict[int, to
         output_split_sizes=receive,
         group=group,
     )
-    out, offset = {}, 0
+    first, offset = {}, 0
     for specs in specs_per_rank:
         for slot in class_slots(specs, cls):
-            out[slot.unit.index] = got[offset : offset + batch_size]
+            first[slot.unit.index] = offset
             offset += batch_size
-    return out
+    return got, first
 
 
-def _summed(cls, local, my_specs, batch_size, group) -> dict[int, torch.Tensor]:
+def _summed(cls, local, my_specs, batch_size, group) -> ClassRows:
     cols = local.shape[2]
     summed = comm.reduce_scatter_tensor(local.reshape(-1, cols), group=group)
     slots = class_slots(my_specs, cls)
-    return {
-        slot.unit.index: summed[k * batch_size : (k + 1) * batch_size]
-        for k, slot in enumerate(slots)
-    }
+    return summed, {slot.unit.index: k * batch_size for k, slot in enumerate(slots)}
 
 
-def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts) -> dict[int, torch.Tensor]:
+def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts) -> ClassRows:
     _, per_source, cols = local.shape
     num_local, num_hosts = hosts.local_world_size, hosts.num_hosts
     index = rank % num_local
@@ -136,9 +137,9 @@ def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts) -> dict[in
             output_split_sizes=receive,
             group=hosts.cross,
         )
-    out, offset = {}, 0
+    first, offset = {}, 0
     for peer in peers:
         for slot in class_slots(specs_per_rank[peer], cls):
-            out[slot.unit.index] = stage[offset : offset + batch_size]
+            first[slot.unit.index] = offset
             offset += batch_size
-    return out
+    return stage, first

@@ -18,6 +18,7 @@ from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     TrainPipelineSparseDist,
 )
+from shardkit.sharding._pipeline_schedule import choose_overlap
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
@@ -35,7 +36,7 @@ def _batches(rank: int, world_size: int, count: int):
         )
 
 
-def _pipelined_vs_plain(rank: int, world_size: int, *, device=None):
+def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, device=None):
     """The same DMP trained by a plain loop and by the pipeline, both on ``device`` (default
     CPU; batches come from the CPU, as from a data loader). Row-wise tables: their ids are
     bucketed in the input dist the pipeline runs ahead."""
@@ -76,7 +77,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, *, device=None):
                 optimizer.step()
                 losses.append(loss.item())
         else:
-            pipeline = TrainPipelineSparseDist(model, optimizer, device, overlap=True)
+            pipeline = TrainPipelineSparseDist(model, optimizer, device, overlap=overlap)
             batches = _batches(rank, world_size, 6)
             while True:
                 try:
@@ -95,7 +96,8 @@ def _pipelined_vs_plain(rank: int, world_size: int, *, device=None):
 
 @pytest.mark.parametrize("device", ALL)
 def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ranks, device):
-    for runs in run_ranks(_pipelined_vs_plain, 2, device=device):
+    """Overlap forced on, on every device kind: every batch's ids are sent one step ahead."""
+    for runs in run_ranks(_pipelined_vs_plain, 2, True, device=device):
         plain_losses, plain_state, plain_calls = runs["plain"]
         losses, state, calls = runs["pipelined"]
         assert losses == pytest.approx(plain_losses, abs=1e-6)
@@ -103,6 +105,41 @@ def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ra
             torch.testing.assert_close(state[key], plain_state[key])
         assert plain_calls == ["forward"] * 6
         assert calls == ["prefetch"] * 6, "every batch's ids were sent ahead of its forward"
+
+
+@pytest.mark.parametrize(
+    "overlap, expected",
+    [(None, "forward"), (False, "forward")],
+    ids=["default", "synchronous"],
+)
+def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
+    """By default the test's ranks use every core of their share for compute (cores / ranks
+    threads each), so overlap cannot help and the pipeline runs synchronously: each input dist
+    in its forward; overlap=False forces that anywhere."""
+    for runs in run_ranks(_pipelined_vs_plain, 2, overlap):
+        plain_losses, plain_state, plain_calls = runs["plain"]
+        losses, state, calls = runs["pipelined"]
+        assert losses == pytest.approx(plain_losses, abs=1e-6)
+        for key in plain_state:
+            torch.testing.assert_close(state[key], plain_state[key])
+        assert plain_calls == ["forward"] * 6
+        assert calls == [expected] * 6
+
+
+def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
+    cpu = torch.device("cpu")
+    on_two_cores = choose_overlap(cpu, cores=2, local_ranks=2, threads=1)
+    assert on_two_cores == (
+        False,
+        "2 core(s) for 2 rank(s) of 1 thread(s): 0 spare core(s) per rank for the transfer",
+    )
+    assert choose_overlap(cpu, cores=16, local_ranks=2, threads=4)[0]
+    assert not choose_overlap(cpu, cores=16, local_ranks=2, threads=8)[0]
+    assert not choose_overlap(cpu, cores=1, local_ranks=2, threads=1)[0]
+    assert choose_overlap(torch.device("cuda"), cores=2, local_ranks=2, threads=1) == (
+        True,
+        "cuda: collectives run beside the computation",
+    )
 
 
 def _uneven_data(rank: int, world_size: int):

@@ -1,0 +1,134 @@
+"""bench_dmp.py's report: step times per (sharding type, library, loop), the ratio table (each
+loop kind against the same loop kind), and a chart when matplotlib is importable."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+LOOPS = ("plain", "pipeline")
+LIBRARIES = ("shardkit", "torchrec")
+
+
+def summarize(
+    times: dict[tuple, list[float]], failed: dict[tuple, str], types: list[str]
+) -> dict[str, list]:
+    """``times[(type, library, loop)]``: ms per round (round k of every contender ran in turn).
+
+    Returns ``rows`` (one per contender: median, rounds) and ``ratios`` (one per type and loop:
+    shardkit / torchrec of the medians, and the range of the per-round ratios).
+    """
+    rows, ratios = [], []
+    for kind in types:
+        for loop in LOOPS:
+            for library in LIBRARIES:
+                key = (kind, library, loop)
+                row = {"type": kind, "library": library, "loop": loop}
+                if key in failed:
+                    row["skipped"] = failed[key]
+                elif key in times:
+                    row["ms_per_step"] = statistics.median(times[key])
+                    row["ms_rounds"] = times[key]
+                else:
+                    continue
+                rows.append(row)
+            ours, theirs = times.get((kind, "shardkit", loop)), times.get((kind, "torchrec", loop))
+            if ours and theirs:
+                per_round = [a / b for a, b in zip(ours, theirs)]
+                ratios.append(
+                    {
+                        "type": kind,
+                        "loop": loop,
+                        "ratio": statistics.median(ours) / statistics.median(theirs),
+                        "ratio_rounds": per_round,
+                    }
+                )
+    return {"rows": rows, "ratios": ratios}
+
+
+def render(report: dict[str, Any]) -> str:
+    args = report["args"]
+    lines = [
+        "# DistributedModelParallel training step (bench_dmp.py)",
+        "",
+        f"{args['world_size']} ranks on gloo, **{args['threads']} thread(s) per rank**, "
+        f"{args['tables']} tables x {args['rows']:,} x {args['dim']}, batch {args['batch']} per "
+        f"rank, ~{args['ids_per_bag']} ids per bag, MLP {args['tables'] * args['dim']}-256-1, BCE, "
+        "fused row-wise Adagrad (data-parallel tables: dense Adagrad), Adam for the MLP. Each "
+        f"contender: median of {args['iters']} steps (the slower rank's) after {args['warmup']} "
+        f"warm-up, in fresh processes; contenders take turns in {args['rounds']} round(s). "
+        "*plain*: zero_grad, forward, backward, step; *pipeline*: each library's "
+        "`TrainPipelineSparseDist.progress`. Each loop is compared with the same loop of the "
+        "other library, never the better of the two.",
+        f"Machine: {json.dumps(report['machine'])}",
+        "",
+    ]
+    lines += _ratio_table("shardkit / TorchRec, wall time per step (< 1 is faster)", report)
+    if "cpu" in report:
+        lines += _ratio_table(
+            "shardkit / TorchRec, CPU time per step of all ranks (< 1 is less work)", report["cpu"]
+        )
+    lines += _times_table("Step times (wall ms, the slower rank)", report)
+    if "cpu" in report:
+        lines += _times_table("CPU ms per step, all ranks' processes", report["cpu"])
+    return "\n".join(lines) + "\n"
+
+
+def _ratio_table(title: str, summary: dict[str, Any]) -> list[str]:
+    lines = ["", f"## {title}", "", "| sharding type | plain loop | pipeline |", "|---|---:|---:|"]
+    by_key = {(r["type"], r["loop"]): r for r in summary["ratios"]}
+    for kind in dict.fromkeys(r["type"] for r in summary["rows"] if r["type"] != "-"):
+        cells = [kind]
+        for loop in LOOPS:
+            r = by_key.get((kind, loop))
+            if r is None:
+                cells.append("-")
+                continue
+            spread = f"{min(r['ratio_rounds']):.2f}-{max(r['ratio_rounds']):.2f}"
+            value = f"**{r['ratio']:.2f}**" if r["ratio"] > 1 else f"{r['ratio']:.2f}"
+            cells.append(f"{value} (rounds {spread})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _times_table(title: str, summary: dict[str, Any]) -> list[str]:
+    lines = ["", f"## {title}", "", "| sharding type | library | loop | ms/step | rounds (ms) |"]
+    lines.append("|---|---|---|---:|---|")
+    for row in summary["rows"]:
+        head = f"| {row['type']} | {row['library']} | {row['loop']} |"
+        if "skipped" in row:
+            lines.append(f"{head} skipped: {row['skipped']} | |")
+            continue
+        rounds = ", ".join(f"{ms:.1f}" for ms in row["ms_rounds"])
+        lines.append(f"{head} {row['ms_per_step']:.1f} | {rounds} |")
+    return lines
+
+
+def chart(report: dict[str, Any], path: str) -> bool:
+    """Bars of shardkit / TorchRec per sharding type, plain loop and pipeline side by side;
+    False (no file) without matplotlib or without ratios."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    if not report["ratios"]:
+        return False
+    types = [t for t in report["args"]["types"] if any(r["type"] == t for r in report["ratios"])]
+    by_key = {(r["type"], r["loop"]): r["ratio"] for r in report["ratios"]}
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(types)), 4))
+    for k, loop in enumerate(LOOPS):
+        xs = [i + k * 0.4 for i in range(len(types))]
+        ax.bar(xs, [by_key.get((t, loop), 0) for t in types], width=0.4, label=loop)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xticks([i + 0.2 for i in range(len(types))], types, rotation=30)
+    ax.set_ylabel("shardkit step / TorchRec's (lower is faster)")
+    ax.set_title(f"DMP step, {report['args']['threads']} thread(s) per rank")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
