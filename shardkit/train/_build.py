@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,12 @@ def build_data(config: TrainConfig, rank: int, world_size: int) -> Data:
     if config.data == DataSource.SYNTHETIC:
         synthetic = SyntheticConfig(num_examples=config.synthetic_examples,
                                     num_embeddings=config.num_embeddings, seed=config.seed)  # fmt: skip
-        held_out = SyntheticConfig(num_examples=max(b * world_size, config.synthetic_examples // 8),
-                                   num_embeddings=config.num_embeddings, seed=config.seed + 1)  # fmt: skip
+        # the same world (row effects, hot rows), the examples after the training ones
+        held_out = dataclasses.replace(
+            synthetic,
+            num_examples=max(b * world_size, config.synthetic_examples // 8),
+            first_example=synthetic.num_examples,
+        )
         train = GlobalBatchIterator(SyntheticDataset(synthetic), batch_size=b, rank=rank,
                                     world_size=world_size, shuffle=False)  # fmt: skip
         val = GlobalBatchIterator(SyntheticDataset(held_out), batch_size=b, rank=rank,
