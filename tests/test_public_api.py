@@ -59,6 +59,7 @@ PUBLIC = {
         "import_checkpoint",
         "latest",
         "load",
+        "read_extra",
         "save",
         "verify",
     ],

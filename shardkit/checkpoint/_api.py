@@ -41,7 +41,7 @@ from shardkit.checkpoint._store import (
 )
 from shardkit.sharding._state import quiet_sharded_tensor
 
-__all__ = ["load", "save"]
+__all__ = ["load", "read_extra", "save"]
 
 _DENSE_META = "__dense_optimizer__"
 
@@ -156,6 +156,22 @@ def load(
     if "rng" in state:
         torch.set_rng_state(state["rng"][f"rank{rank}"])
     logger.info("loaded checkpoint %s", directory)
+    return extra
+
+
+def read_extra(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``extra`` values a checkpoint was saved with (a ``step-*`` directory, or a root with
+    ``latest``), read in this process alone (no process group, no model): what a job needs to
+    know before it starts ranks (e.g. ``shardkit train`` a table's fitted schema), or after."""
+    directory = _resolve(Path(path))
+    verify(directory, names=[".metadata"])
+    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    if "extra" not in metadata:
+        return {}
+    state = {"extra": torch.empty(metadata["extra"].size, dtype=torch.uint8)}
+    dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    extra = _unpack(state["extra"])
+    extra.pop(_DENSE_META, None)
     return extra
 
 
