@@ -2,6 +2,16 @@
 
 from shardkit.train._config import DataSource, DenseOptimizer, ModelKind, TrainConfig
 from shardkit.train._loop import train_rank
+from shardkit.train._prepare import Prepared, prepare
 from shardkit.train._run import run
 
-__all__ = ["DataSource", "DenseOptimizer", "ModelKind", "TrainConfig", "run", "train_rank"]
+__all__ = [
+    "DataSource",
+    "DenseOptimizer",
+    "ModelKind",
+    "Prepared",
+    "TrainConfig",
+    "prepare",
+    "run",
+    "train_rank",
+]

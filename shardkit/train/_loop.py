@@ -28,6 +28,7 @@ from shardkit.train._build import (
     sharders_for,
 )
 from shardkit.train._config import TrainConfig
+from shardkit.train._prepare import Prepared, prepare_on_ranks
 from shardkit.train._progress import Progress
 
 __all__ = ["train_rank"]
@@ -35,11 +36,22 @@ __all__ = ["train_rank"]
 logger = logging.getLogger(__name__)
 
 
-def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
-    """Train on this rank; returns the last validation metrics (and plan text) on every rank."""
+def train_rank(
+    rank: int, world_size: int, config: TrainConfig, prepared: Prepared | None = None
+) -> dict[str, Any]:
+    """Train on this rank; returns the last validation metrics (and plan text) on every rank.
+
+    ``prepared`` is what `prepare` found before the ranks started (`run` passes it); without
+    it, rank 0 prepares now and tells the others (see [Note: refusing input before ranks
+    start]).
+    """
     torch.manual_seed(config.seed)
     say = logger.info if rank == 0 else (lambda *a, **k: None)  # the CLI shows shardkit.train
-    data = build_data(config, rank, world_size)
+    if prepared is None:
+        prepared = prepare_on_ranks(config, rank, world_size)
+    if prepared.table is not None:
+        say(prepared.table.summary())
+    data = build_data(config, rank, world_size, prepared.table)
     model = build_model(config, data)
     sharders = sharders_for(config)
     planner = planner_for(config, model, world_size)
@@ -51,42 +63,43 @@ def train_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any
         return {"plan": str(plan)}
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
     optimizer = dense_optimizer(config, dmp)
-    start_epoch, step = _maybe_resume(config, dmp, optimizer, data, say)
+    start_epoch, step = _maybe_resume(config, prepared.resume_from, dmp, optimizer, data, say)
     history = []
     metrics = JsonlWriter(config.metrics_file) if rank == 0 else None
     for epoch in range(start_epoch, config.epochs):
-        step, loss, speed = _train_epoch(config, dmp, optimizer, data, epoch, step, rank, metrics)
-        results = _validate(dmp, data)
-        results.update(epoch=epoch, step=step, train_loss=loss, samples_per_s=speed)
+        step, results = _train_epoch(config, dmp, optimizer, data, epoch, step, rank, metrics)
+        results = {**_validate(dmp, data), **results}
         history.append(results)
-        say(
-            f"epoch {epoch}: validation AUC {results['auc']:.4f}, log loss "
-            f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
-            f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
-            f"train {results['samples_per_s']:,.0f} samples/s"
-        )
+        say(_epoch_line(results))
         if metrics is not None:
             metrics.write({"kind": "validation", **results})
-        path = checkpoint.save(
-            config.checkpoint_dir,
-            step=step,
-            model=dmp,
-            optimizer=optimizer,
-            extra={"epoch": epoch + 1, "step": step, "data": data.train.state_dict()},
-            keep=config.keep_checkpoints,
-        )
+        extra = {"epoch": epoch + 1, "step": step, "data": data.train.state_dict()}
+        if data.fitted is not None:  # export, evaluation and serving map raw values with it
+            extra["schema"] = data.fitted.to_dict()
+        path = checkpoint.save(config.checkpoint_dir, step=step, model=dmp, optimizer=optimizer,
+                               extra=extra, keep=config.keep_checkpoints)  # fmt: skip
         say(f"checkpoint: {path}")
     if metrics is not None:
         metrics.close()
+        plot = config.checkpoint_dir if config.metrics_path is None else config.metrics_path
+        say(f"metrics: {config.metrics_file}; draw them with: shardkit plot {plot}")
     return {"history": history, "plan": str(plan)}
 
 
-def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
-    if not config.resume:
-        return 0, 0
-    found = checkpoint.latest(config.checkpoint_dir)
+def _epoch_line(results: dict[str, Any]) -> str:
+    return (
+        f"epoch {results['epoch']}: validation AUC {results['auc']:.4f}, log loss "
+        f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
+        f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
+        f"train {results['samples_per_s']:,.0f} samples/s, reading alone "
+        f"{results['data_samples_per_s']:,.0f} samples/s"
+    )
+
+
+def _maybe_resume(config, found, dmp, optimizer, data, say) -> tuple[int, int]:
     if found is None:
-        say(f"--resume: no checkpoint in {config.checkpoint_dir} yet, starting afresh")
+        if config.resume:
+            say(f"--resume: no checkpoint in {config.checkpoint_dir} yet, starting afresh")
         return 0, 0
     step = int(found.name.rsplit("-", 1)[-1])  # an imported checkpoint's own number
     extra = checkpoint.load(
@@ -100,12 +113,13 @@ def _maybe_resume(config, dmp, optimizer, data, say) -> tuple[int, int]:
 
 def _train_epoch(
     config, dmp, optimizer, data, epoch, step, rank, metrics
-) -> tuple[int, float, float]:
+) -> tuple[int, dict[str, float]]:
     pipeline = TrainPipelineSparseDist(dmp, optimizer)
     total = len(data.train) if hasattr(data.train, "__len__") else None  # streams: unknown
     if config.max_steps_per_epoch is not None:
         total = min(total or config.max_steps_per_epoch, config.max_steps_per_epoch)
-    batches = iter(data.train)
+    reading = _Timed(data.train)
+    batches = iter(reading)
     progress = Progress(total, epoch, enabled=config.progress and rank == 0)
     meter = ThroughputMeter(warmup_steps=2 if total is None else min(2, max(total - 1, 0)))
     global_batch = config.batch_size * torch.distributed.get_world_size()
@@ -134,13 +148,46 @@ def _train_epoch(
                      "samples_per_s": speed}
                 )  # fmt: skip
     progress.close()
+    data_rate = reading.samples_per_s()
     if config.max_steps_per_epoch is not None:
         for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
     # the epoch's mean loss over all ranks' examples (each rank's batch is the same size)
     mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64)
     mean = comm.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
-    return step, float(mean), meter.compute().get("samples_per_s", float("nan"))
+    return step, {
+        "epoch": epoch,
+        "step": step,
+        "train_loss": float(mean),
+        "samples_per_s": meter.compute().get("samples_per_s", float("nan")),
+        "data_samples_per_s": data_rate,
+    }
+
+
+class _Timed:
+    """The data iterator, timed: how fast this rank reads, parses and batches alone (without
+    training), to compare with the training speed: the slower one bounds the run."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches, self.seconds, self.samples = batches, 0.0, 0
+
+    def __iter__(self) -> Any:
+        batches = iter(self.batches)
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, None)
+            self.seconds += time.perf_counter() - start
+            if batch is None:
+                return
+            self.samples += batch.batch_size
+            yield batch
+
+    def samples_per_s(self) -> float:
+        """All ranks together, at the slowest rank's rate (a collective)."""
+        rate = self.samples / self.seconds if self.seconds > 0 else float("inf")
+        slowest = comm.all_reduce(torch.tensor([rate], dtype=torch.float64),
+                                  op=torch.distributed.ReduceOp.MIN)  # fmt: skip
+        return float(slowest) * torch.distributed.get_world_size()
 
 
 @torch.no_grad()

@@ -2,7 +2,8 @@
 
 Row ``i``: a user (with age, gender, occupation, zip), a movie (with 1-3 genres), a rating 1-5
 that depends on the user's and the movie's taste (so a model can learn it), and a timestamp
-that grows with ``i``.
+``T0 + 64 * i`` (seconds near 2001, as MovieLens's; exact in float32, so a test can read the
+row back from a batch's dense features).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 COLUMNS = ("user_id", "movie_id", "rating", "timestamp", "genres", "age", "gender", "occupation",
            "zip")  # fmt: skip
+T0 = 978_300_032  # a multiple of 64: float32 holds T0 + 64 * i exactly below 2**30
 GENRES = ("Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller", "War")
 
 SCHEMA = {
@@ -32,6 +34,24 @@ SCHEMA = {
     "split": {"validation_fraction": 0.2},
 }
 
+# The same schema as a user writes it: TOML.
+SCHEMA_TOML = """
+label = "rating >= 4"
+
+[columns]
+user_id = { type = "categorical", min_count = 2 }
+movie_id = { type = "categorical" }
+genres = { type = "multi_hot", separator = "|", pooling = "mean" }
+occupation = "categorical"
+gender = "categorical"
+zip = { type = "categorical", ids = "hash", num_embeddings = 50 }
+age = { type = "dense", transform = "standardize" }
+timestamp = { type = "dense", transform = ["log1p", "standardize"] }
+
+[split]
+validation_fraction = 0.2
+"""
+
 
 def ratings_rows(num_rows: int, *, seed: int = 0, num_users: int = 40, num_movies: int = 60):
     """The rows (lists of strings, in `COLUMNS` order)."""
@@ -46,7 +66,7 @@ def ratings_rows(num_rows: int, *, seed: int = 0, num_users: int = 40, num_movie
         quality, genres = movies[movie]
         score = 3.2 + 0.9 * taste + 0.9 * quality + rng.gauss(0, 0.6)
         rating = min(5, max(1, round(score)))
-        rows.append([str(user), str(movie), str(rating), str(978_300_000 + 37 * i),
+        rows.append([str(user), str(movie), str(rating), str(T0 + 64 * i),
                      "|".join(genres), str(age), gender, str(occupation), zip_code])  # fmt: skip
     return rows
 

@@ -14,7 +14,7 @@ import torch
 from shardkit.data import FittedSchema, TableReader, scan_table
 from shardkit.data._table_rows import hash_id
 from shardkit.data._table_schema_load import schema_from_dict
-from tests.data.ratings import SCHEMA, write_ratings, write_ratings_parquet
+from tests.data.ratings import SCHEMA, T0, write_ratings, write_ratings_parquet
 
 TINY = """user,item,tags,age,clicked,day
 u1,a,x|y,20,1,1
@@ -182,7 +182,7 @@ def test_gzip_tsv_several_files_and_folders_read_alike(tmp_path):
     lines = whole.read_text().splitlines(keepends=True)
     for part, start in ((10, 401), (2, 201), (1, 1)):  # natural order: part_1, part_2, part_10
         (folder / f"part_{part}.csv").write_text(lines[0] + "".join(lines[start : start + 200]))
-    schema = schema_from_dict({**SCHEMA, "split": {"time_column": "timestamp", "time_cut": 978_300_000 + 37 * 500}})  # fmt: skip
+    schema = schema_from_dict({**SCHEMA, "split": {"time_column": "timestamp", "time_cut": T0 + 64 * 500}})  # fmt: skip
     reference = scan_table([whole], schema).fitted.to_dict()
     assert scan_table([tsv], schema).fitted.to_dict() == reference
     files = [folder / f"part_{part}.csv" for part in (1, 2, 10)]

@@ -11,23 +11,7 @@ import pytest
 from shardkit.data import ColumnType, load_schema
 from shardkit.data._table_schema_load import schema_from_dict
 from tests.data.ratings import SCHEMA
-
-TOML = """
-label = "rating >= 4"
-
-[columns]
-user_id = { type = "categorical", min_count = 2 }
-movie_id = { type = "categorical" }
-genres = { type = "multi_hot", separator = "|", pooling = "mean" }
-occupation = "categorical"
-gender = "categorical"
-zip = { type = "categorical", ids = "hash", num_embeddings = 50 }
-age = { type = "dense", transform = "standardize" }
-timestamp = { type = "dense", transform = ["log1p", "standardize"] }
-
-[split]
-validation_fraction = 0.2
-"""
+from tests.data.ratings import SCHEMA_TOML as TOML
 
 YAML = """
 label: rating >= 4
