@@ -71,6 +71,7 @@ PUBLIC = {
         "TrainConfig",
         "prepare",
         "run",
+        "table_model",
         "train_rank",
     ],
     "shardkit.launch": [

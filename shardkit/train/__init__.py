@@ -1,5 +1,6 @@
 """The main job: train a recommendation model end to end (``shardkit train``)."""
 
+from shardkit.train._build import table_model
 from shardkit.train._config import DataSource, DenseOptimizer, ModelKind, TrainConfig
 from shardkit.train._loop import train_rank
 from shardkit.train._prepare import Prepared, prepare
@@ -13,5 +14,6 @@ __all__ = [
     "TrainConfig",
     "prepare",
     "run",
+    "table_model",
     "train_rank",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "fitted_data",
     "planner_for",
     "sharders_for",
+    "table_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,21 @@ def fitted_data(fitted: FittedSchema, train: Any = None, validation: Any = None)
     )
     return Data(fitted.keys, fitted.num_embeddings_per_feature, len(fitted.dense), train,
                 validation, tables=tables, fitted=fitted)  # fmt: skip
+
+
+def table_model(
+    fitted: FittedSchema, config: TrainConfig | None = None, *, device: str = "cpu"
+) -> DLRMTrain:
+    """The whole (unsharded) model that ``shardkit train --data table`` trains for a fitted
+    schema: load an export into it and serve (``config``: the architecture flags trained
+    with; default: the defaults)::
+
+        fitted = FittedSchema.load("model.schema.json")
+        model = table_model(fitted)
+        model.load_state_dict(torch.load("model.pt"))
+        loss, (_, logits, _) = model(fitted.batch([{"user_id": "42", ...}]))
+    """
+    return build_model(config or TrainConfig(), fitted_data(fitted), device=device)
 
 
 def build_model(config: TrainConfig, data: Data, *, device: str = "meta") -> DLRMTrain:

@@ -91,8 +91,9 @@ def _epoch_line(results: dict[str, Any]) -> str:
         f"epoch {results['epoch']}: validation AUC {results['auc']:.4f}, log loss "
         f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
         f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
-        f"train {results['samples_per_s']:,.0f} samples/s, reading alone "
-        f"{results['data_samples_per_s']:,.0f} samples/s"
+        f"train {results['samples_per_s']:,.0f} samples/s; reading alone "
+        f"{results['data_samples_per_s']:,.0f} samples/s, {results['data_time_share']:.0%} of the "
+        "epoch's time"
     )
 
 
@@ -148,7 +149,7 @@ def _train_epoch(
                      "samples_per_s": speed}
                 )  # fmt: skip
     progress.close()
-    data_rate = reading.samples_per_s()
+    data_rate, data_share = reading.rates(time.perf_counter() - start)
     if config.max_steps_per_epoch is not None:
         for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
@@ -161,6 +162,7 @@ def _train_epoch(
         "train_loss": float(mean),
         "samples_per_s": meter.compute().get("samples_per_s", float("nan")),
         "data_samples_per_s": data_rate,
+        "data_time_share": data_share,
     }
 
 
@@ -182,12 +184,13 @@ class _Timed:
             self.samples += batch.batch_size
             yield batch
 
-    def samples_per_s(self) -> float:
-        """All ranks together, at the slowest rank's rate (a collective)."""
+    def rates(self, epoch_seconds: float) -> tuple[float, float]:
+        """(samples/s all ranks together would read at the slowest rank's rate, the largest
+        share of a rank's epoch spent reading); a collective."""
         rate = self.samples / self.seconds if self.seconds > 0 else float("inf")
-        slowest = comm.all_reduce(torch.tensor([rate], dtype=torch.float64),
-                                  op=torch.distributed.ReduceOp.MIN)  # fmt: skip
-        return float(slowest) * torch.distributed.get_world_size()
+        mine = torch.tensor([-rate, self.seconds / max(epoch_seconds, 1e-9)], dtype=torch.float64)
+        worst = comm.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+        return -float(worst[0]) * torch.distributed.get_world_size(), float(worst[1])
 
 
 @torch.no_grad()

@@ -10,8 +10,7 @@ import sys
 import torch
 
 from shardkit.data import FittedSchema
-from shardkit.train import TrainConfig
-from shardkit.train._build import build_model, fitted_data
+from shardkit.train import table_model
 from tests.data.ratings import SCHEMA_TOML as TOML
 from tests.data.ratings import write_ratings, write_ratings_parquet
 from tests.scripts import run_script
@@ -46,7 +45,7 @@ def test_train_export_and_serve_a_csv_log(tmp_path):
     out = _shardkit("export", run, model_file, cwd=tmp_path)
     assert f"fitted schema (vocabularies, transforms) to {tmp_path / 'model.schema.json'}" in out
     fitted = FittedSchema.load(tmp_path / "model.schema.json")
-    model = build_model(TrainConfig(), fitted_data(fitted), device="cpu")
+    model = table_model(fitted)
     model.load_state_dict(torch.load(model_file, weights_only=True))  # strict: the same model
     batch = fitted.batch([{"user_id": "3", "movie_id": "7", "genres": "Drama|War", "zip": "12345",
                            "occupation": "4", "gender": "F", "age": "31", "timestamp": "978300000"}])  # fmt: skip
