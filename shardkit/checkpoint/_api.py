@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,9 @@ def read_extra(path: str | os.PathLike) -> dict[str, Any]:
     if "extra" not in metadata:
         return {}
     state = {"extra": torch.empty(metadata["extra"].size, dtype=torch.uint8)}
-    dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory), no_dist=True)
     extra = _unpack(state["extra"])
     extra.pop(_DENSE_META, None)
     return extra

@@ -4,6 +4,8 @@ Parquet giving the same batches, and resuming mid-epoch."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -161,3 +163,16 @@ def test_too_little_data_for_one_batch(data):
         match=r"the train split has \d+ rows, \d+ on the rank with the fewest of 4: not one batch of 200",
     ):
         TableReader(data, split="train", batch_size=200, rank=0, world_size=4)
+
+
+def test_the_shuffle_buffer_mixes_within_its_window():
+    """Every row comes out once; a row leaves at most `size` rows late... and the order is not
+    the input's with a delay (a buffer that always emitted the same slot would be)."""
+    out = list(table_reader._buffered(iter(range(2000)), 100, 7))
+    assert sorted(out) == list(range(2000))
+    early = out[:1800]  # before the final drain
+    assert all(row < position + 101 for position, row in enumerate(early))
+    ascents = sum(a < b for a, b in itertools.pairwise(early)) / len(early)
+    assert 0.35 < ascents < 0.65, ascents  # about half, as in a random order
+    assert out == list(table_reader._buffered(iter(range(2000)), 100, 7))  # seeded
+    assert out != list(table_reader._buffered(iter(range(2000)), 100, 8))

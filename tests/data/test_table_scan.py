@@ -62,6 +62,8 @@ def test_vocabularies_are_frequency_ordered_with_an_unseen_row(tmp_path):
     assert kjt["item"].values().tolist() == [2, 0]
     assert kjt["tags"].values().tolist() == [2, 0, 1] and kjt["tags"].lengths().tolist() == [3, 0]
     assert batch.labels.tolist() == [1.0, 0.0]
+    missing = data.fitted.batch([{"user": "", "item": " ", "tags": "|"}]).sparse_features
+    assert missing.lengths().tolist() == [0, 0, 0]  # a missing value is an empty bag
 
 
 def test_num_embeddings_caps_a_vocabulary_and_hashing_needs_none(tmp_path):
