@@ -102,7 +102,9 @@ def train_flags() -> dict[str, dict[str, Any]]:
             kwargs.update(choices=[m.value for m in kind], default=getattr(default, "value", None))
         elif typing.get_origin(kind) is tuple:
             if typing.get_args(kind)[0] is int:
-                kwargs.update(type=_ints, default=",".join(map(str, default)), metavar="N,N,...")
+                kwargs.update(
+                    type=_ints, default=",".join(map(str, default or ())), metavar="N,N,..."
+                )
             else:
                 kwargs.update(type=Path, nargs="+", metavar="PATH")
         else:

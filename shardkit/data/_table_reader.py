@@ -248,7 +248,8 @@ class _Segments:
     group) and its rank within the segment in the epoch's order."""
 
     def __init__(self, data: TableData) -> None:
-        self.files, self.parquet = data.files, {}
+        self.files = data.files
+        self.parquet: dict[tuple[int, int], ParquetBlocks] = {}
 
     def of(self, block: list[int]) -> tuple[tuple[int, ...], int]:
         source, file, record = block[SOURCE], block[FILE], block[RECORD]

@@ -79,7 +79,7 @@ class RowParser:
         except ValueError as exc:
             raise RowProblem(self.label_rule.column, str(exc)) from None
         dense = [_number(values[i], c) for i, c in self.dense]
-        items = []
+        items: list[tuple[str, ...]] = []
         for i, multi, separator, missing in self.sparse:
             value = values[i]
             if type(value) is not str:

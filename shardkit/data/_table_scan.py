@@ -114,7 +114,7 @@ def scan_table(
         validation_paths = [spec.split.validation_path]
     open_ = dict(needed=spec.needed, delimiter=spec.delimiter, names=spec.names)
     train_files = open_table_files(list_table_files(paths), **open_)  # type: ignore[arg-type]
-    val_files = ()
+    val_files: tuple[TableFile, ...] = ()
     if validation_paths:
         listed = list_table_files(validation_paths, what="validation data")
         val_files = open_table_files(listed, **open_)  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ class _Scan:
         keys = [c.name for columns in table_order(schema).values() for c in columns]
         self.parser = RowParser(schema, schema.needed, keys)
         self.blocks: list[list[int]] = []
-        self.skipped, self.examples = 0, []
+        self.skipped, self.examples = 0, list[str]()
 
     def rows(self, files: Sequence[TableFile], *, count_skipped: bool = True):
         """``(file index, record, line, offset, parsed row or None)`` of every record."""

@@ -138,6 +138,7 @@ class LabelRule:
             number = math.nan
         if math.isnan(number):
             raise ValueError(f"{text!r} is not a number, which the label rule '{self}' needs")
+        assert isinstance(self.value, (int, float))
         return float(_COMPARE[self.op](number, self.value))
 
 

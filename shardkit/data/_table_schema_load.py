@@ -43,6 +43,7 @@ def load_schema(path: str | Path) -> TableSchema:
                                 "or YAML file (see docs/data.md)")  # fmt: skip
     text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
+    errors: tuple[type[BaseException], ...] = (ValueError, *_parse_errors())
     try:
         if suffix == ".toml":
             data = _toml().loads(text)
@@ -52,7 +53,7 @@ def load_schema(path: str | Path) -> TableSchema:
             data = json.loads(text)
         else:
             raise ValueError(f"{path}: a schema file ends in .toml, .json, .yaml or .yml")
-    except (ValueError, *_parse_errors()) as exc:
+    except errors as exc:
         if str(exc).startswith(str(path)):
             raise
         raise ValueError(f"{path}: not valid {suffix[1:].upper()}: {exc}") from None
@@ -75,7 +76,7 @@ def _toml() -> Any:
         import tomllib  # Python >= 3.11
     except ImportError:
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib
         except ImportError:
             raise ValueError(
                 "reading a TOML schema on Python 3.10 needs tomli: pip install tomli (or give "

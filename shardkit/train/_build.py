@@ -113,7 +113,11 @@ def _synthetic_data(config: TrainConfig, rank: int, world_size: int) -> Data:
 
 
 def _table_data(config: TrainConfig, rank: int, world_size: int, table: TableData) -> Data:
-    common = {"batch_size": config.batch_size, "rank": rank, "world_size": world_size}
+    common: dict[str, Any] = {
+        "batch_size": config.batch_size,
+        "rank": rank,
+        "world_size": world_size,
+    }
     train = TableReader(table, split="train", shuffle_buffer=config.shuffle_buffer,
                         seed=config.seed, **common)  # fmt: skip
     val = TableReader(table, split="validation", **common)

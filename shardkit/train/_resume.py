@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 def resume_point(config: TrainConfig) -> Path | None:
     """The verified checkpoint to resume from, or None (no resuming, or nothing to resume)."""
+    found: Path | None
     if config.resume_from is not None:
         found = _named(config)
     elif config.resume:
