@@ -91,6 +91,10 @@ def train_flags() -> dict[str, dict[str, Any]]:
     for f in dataclasses.fields(TrainConfig):
         default = f.default if f.default is not dataclasses.MISSING else None
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        assert f.name in docs, (
+            f"TrainConfig.{f.name} has no entry in the Attributes of TrainConfig's docstring; "
+            "add one: it is the flag's help"
+        )
         kwargs: dict[str, Any] = {"dest": f.name, "help": docs[f.name], "default": default}
         kind = _base(hints[f.name])
         if kind is bool:
