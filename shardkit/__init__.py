@@ -12,6 +12,12 @@ from shardkit.modules import (
     PoolingType,
 )
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from shardkit.streamable import Multistreamable, Pipelineable
+
+# TorchRec's KJT, JT and KT are Pipelineable: so are ours (a train pipeline moves them).
+for _cls in (JaggedTensor, KeyedJaggedTensor, KeyedTensor):
+    Pipelineable.register(_cls)
+del _cls
 
 __version__ = "0.1.0"
 
@@ -24,6 +30,8 @@ __all__ = [
     "JaggedTensor",
     "KeyedJaggedTensor",
     "KeyedTensor",
+    "Multistreamable",
+    "Pipelineable",
     "PoolingType",
     "__version__",
 ]

@@ -47,6 +47,26 @@ def test_bench_fsdp_runs_the_small_model(tmp_path):
     assert out.read_text().strip()
 
 
+def test_bench_recorder_runs_at_toy_size(tmp_path):
+    out = tmp_path / "recorder.md"
+    _run(
+        "bench_recorder.py", "--tables", "2", "--rows", "1000", "--batch", "32", "--iters", "2",
+        "--warmup", "1", "--rounds", "1", "--calls", "5", "--repeats", "1", "--out", str(out),
+    )  # fmt: skip
+    assert "| DMP training step | µs/step |" in out.read_text()
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [row["what"].split(" (")[0] for row in rows] == [
+        "small all-reduce",
+        "the same on 1 rank",
+        "small all-to-all",
+        "DMP training step",
+        "collectives per DMP step",
+    ]
+    for row in rows[:-1]:
+        assert row["recorded"] > 0 and row["not_recorded"] > 0, row
+    assert rows[-1]["count"] == [4], rows[-1]  # row-wise: ids, lengths, pooled rows, gradients
+
+
 def test_bench_table_runs_at_toy_size(tmp_path):
     out = tmp_path / "table.md"
     _run("bench_table.py", "--rows", "3000", "--rounds", "1", "--keep", str(tmp_path / "log"),

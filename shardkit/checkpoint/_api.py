@@ -40,7 +40,7 @@ from shardkit.checkpoint._store import (
     verify,
     write_manifest,
 )
-from shardkit.sharding._state import quiet_sharded_tensor
+from shardkit.sharding import quiet_sharded_tensor
 
 __all__ = ["load", "read_extra", "save"]
 

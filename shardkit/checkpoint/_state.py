@@ -22,8 +22,7 @@ from shardkit.fsdp import (
     optim_state_dict_to_load,
     state_dict_type,
 )
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._state import fused_state, load_fused_state
+from shardkit.sharding import ShardedCollection, fused_state, load_fused_state
 
 __all__ = [
     "apply_dense_optimizer",
@@ -69,7 +68,7 @@ def fused_states(model: nn.Module) -> dict[str, dict[str, Any]]:
 
 
 def apply_fused(model: nn.Module, states: dict[str, dict[str, Any]]) -> None:
-    """Write loaded fused-optimizer state back (see `shardkit.sharding._state.load_fused_state`)."""
+    """Write loaded fused-optimizer state back (see `shardkit.sharding.load_fused_state`)."""
     for path, collection in _collections(_unwrapped(model)).items():
         load_fused_state(collection, states.get(path or "root", {}))  # {}: no fused shards
 

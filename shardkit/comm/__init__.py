@@ -16,6 +16,7 @@ from shardkit.comm._api import (
 from shardkit.comm._autograd import Handle
 from shardkit.comm._debug import CollectiveMismatchError, set_debug
 from shardkit.comm._errors import CollectiveError
+from shardkit.comm._label import label
 from shardkit.comm._objects import all_gather_object, broadcast_object
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object",
+    "label",
     "reduce_scatter_tensor",
     "set_debug",
 ]

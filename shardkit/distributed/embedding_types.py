@@ -1,5 +1,5 @@
 """``torchrec.distributed.embedding_types``: compute kernels and the embedding sharder base."""
 
-from shardkit.planner import BaseEmbeddingSharder, EmbeddingComputeKernel
+from shardkit.types import BaseEmbeddingSharder, EmbeddingComputeKernel
 
 __all__ = ["BaseEmbeddingSharder", "EmbeddingComputeKernel"]

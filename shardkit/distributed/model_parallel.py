@@ -1,5 +1,5 @@
 """TorchRec's ``torchrec.distributed.model_parallel``."""
 
-from shardkit.sharding.model_parallel import DistributedModelParallel
+from shardkit.sharding import DistributedModelParallel
 
 __all__ = ["DistributedModelParallel"]

@@ -1,5 +1,5 @@
 """TorchRec's ``torchrec.distributed.train_pipeline``."""
 
-from shardkit.sharding.train_pipeline import DataExhaustedError, TrainPipelineSparseDist
+from shardkit.sharding import DataExhaustedError, TrainPipelineSparseDist
 
 __all__ = ["DataExhaustedError", "TrainPipelineSparseDist"]

@@ -1,6 +1,6 @@
 """``torchrec.distributed.types``: plans, sharding types, environments, sharders."""
 
-from shardkit.planner import (
+from shardkit.types import (
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
     ModuleSharder,

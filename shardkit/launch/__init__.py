@@ -1,16 +1,27 @@
-"""Starting ranks: from Python (`spawn`, `RankPool`) or under torchrun (`init_from_env`)."""
+"""Starting ranks: from Python (`spawn`, `RankPool`) or under torchrun (`init_from_env`).
+
+Ranks started here record their collectives and name the rank a collective waits for
+(`Watchdog`, `hang_report`; see docs/launch-and-comm.md).
+"""
 
 from shardkit.launch._context import RankInfo, current, is_initialized, select_backend_and_device
 from shardkit.launch._env import init_from_env, local_world_size, shutdown
 from shardkit.launch._errors import RankFailedError, RendezvousTimeoutError
+from shardkit.launch._hang import HangReport, LateRankError
+from shardkit.launch._intercept import hang_report
 from shardkit.launch._pool import RankPool, spawn
+from shardkit.launch._watch import Watchdog
 
 __all__ = [
+    "HangReport",
+    "LateRankError",
     "RankFailedError",
     "RankInfo",
     "RankPool",
     "RendezvousTimeoutError",
+    "Watchdog",
     "current",
+    "hang_report",
     "init_from_env",
     "is_initialized",
     "local_world_size",

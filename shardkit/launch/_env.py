@@ -5,6 +5,7 @@ This is the only module in shardkit that reads the launcher's environment variab
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
+from shardkit.launch import _intercept
 from shardkit.launch._context import (
     DEFAULT_TIMEOUT_S,
     RankInfo,
@@ -21,6 +23,7 @@ from shardkit.launch._context import (
     is_initialized,
     select_backend_and_device,
 )
+from shardkit.launch._watch import Watchdog
 
 __all__ = ["init_from_env", "local_world_size", "shutdown"]
 
@@ -38,18 +41,21 @@ def init_from_env(
     backend: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     environ: Mapping[str, str] | None = None,
+    watchdog: Watchdog | None = Watchdog(),  # noqa: B008 (frozen, so one instance is safe)
 ) -> RankInfo:
     """Join the process group described by torchrun's environment variables.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (default: ``WORLD_SIZE``),
     ``MASTER_ADDR`` and ``MASTER_PORT``; picks NCCL on ``cuda:<LOCAL_RANK>`` when every local rank
     has a GPU, else gloo on the CPU (``backend`` overrides); sets the CUDA device; creates the
-    default process group with ``timeout`` seconds for every collective.
+    default process group with ``timeout`` seconds for every collective; records this rank's
+    collectives so that a timeout names the rank it waited for (see `Watchdog`).
 
     Args:
         backend: ``"gloo"``, ``"nccl"`` or None (choose from the hardware).
         timeout: seconds a collective may wait before it fails.
         environ: the variables to read (default: ``os.environ``); for tests.
+        watchdog: how this rank names the ranks its collectives wait for; None: no recording.
 
     Returns:
         This rank's `RankInfo` (also available later from `shardkit.launch.current()`).
@@ -68,10 +74,10 @@ def init_from_env(
         import torch
 
         torch.cuda.set_device(device)
-    master = f"tcp://{variables['MASTER_ADDR']}:{variables['MASTER_PORT']}"
+    store = _store(variables, timeout)
     dist.init_process_group(
         backend,
-        init_method=master,
+        store=dist.PrefixStore("default_pg", store),  # what init_method would have made
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout),
@@ -87,6 +93,11 @@ def init_from_env(
         timeout_s=timeout,
     )
     _set_current(info)
+    if watchdog is not None:
+        _intercept.install(
+            store, rank=info.rank, world_size=info.world_size, timeout_s=timeout, watchdog=watchdog
+        )
+        atexit.register(_intercept.uninstall, ended=True)  # for scripts that do not call shutdown
     logger.info(
         "rank %d/%d joined (%s on %s, %d ranks per host)",
         rank,
@@ -107,11 +118,25 @@ def local_world_size(world_size: int) -> int:
 
 
 def shutdown() -> None:
-    """Tear down the process group that `init_from_env` created (safe to call twice)."""
+    """Tear down the process group that `init_from_env` created (safe to call twice); ranks
+    still waiting for this one learn that its program ended."""
+    _intercept.uninstall(ended=True)
     _set_current(None)
     if dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def _store(variables: Mapping[str, int | str], timeout: float) -> dist.Store:
+    """The job's TCP store (torchrun's agent hosts it, or rank 0), the one ``init_method``
+    would connect to, kept so that the flight recorder can use it too."""
+    url = f"tcp://{variables['MASTER_ADDR']}:{variables['MASTER_PORT']}"
+    rank, world_size = variables["RANK"], variables["WORLD_SIZE"]
+    assert isinstance(rank, int) and isinstance(world_size, int)
+    limit = datetime.timedelta(seconds=timeout)
+    store, _, _ = next(dist.rendezvous(url, rank, world_size, timeout=limit))
+    store.set_timeout(limit)
+    return store
 
 
 def _read(environ: Mapping[str, str]) -> dict[str, int | str]:

@@ -17,9 +17,11 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from shardkit.launch._context import DEFAULT_TIMEOUT_S
-from shardkit.launch._errors import RankFailedError, RankFailure
+from shardkit.launch._errors import RankFailedError, RankFailure, dump_stacks
+from shardkit.launch._hang import PEER_LOSS
 from shardkit.launch._pickle import dumps, main_is_reimportable
-from shardkit.launch._worker import WorkerConfig, worker_main
+from shardkit.launch._watch import Watchdog
+from shardkit.launch._worker import START_ALLOWANCE_S, WorkerConfig, worker_main
 
 __all__ = ["RankPool", "spawn"]
 
@@ -28,10 +30,9 @@ logger = logging.getLogger(__name__)
 # After the first failure, how long to keep listening for the failure that caused it: a rank
 # that raised reports at once, while its peers only notice when their collective breaks.
 _GRACE_S = 1.0
-# Start-up (importing torch in every rank) is not covered by the collective timeout.
-_START_ALLOWANCE_S = 120.0
-# What a backend says when the rank at the other end of a connection has died.
-_PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# The parent waits a little longer than the ranks wait for each other at the start, so that
+# their message (which names the ranks missing) comes first.
+_START_ALLOWANCE_S = START_ALLOWANCE_S + 10.0
 
 
 def spawn(
@@ -44,6 +45,7 @@ def spawn(
     local_world_size: int | None = None,
     threads_per_rank: int | None = None,
     debug: bool = False,
+    watchdog: Watchdog | None = Watchdog(),  # noqa: B008 (frozen, so one instance is safe)
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new processes and return the results.
 
@@ -64,13 +66,16 @@ def spawn(
             ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` and what `current()` reports.
         threads_per_rank: intra-op threads per rank (default: cores divided among local ranks).
         debug: check that every rank issues the same collectives with matching shapes.
+        watchdog: how ranks name the rank a collective waits for (a warning after a fraction
+            of ``timeout``, then the timeout's error); None: no recording, no warning.
 
     Returns:
         ``[fn(0, world_size, *args), ..., fn(world_size - 1, world_size, *args)]``.
 
     Raises:
-        RankFailedError: a rank raised, died or timed out; carries its rank and traceback. The
-            other ranks are stopped before this is raised: none is left running.
+        RankFailedError: a rank raised, died or timed out; carries its rank and traceback (when
+            a collective timed out, the rank that had not reached it). The other ranks are
+            stopped before this is raised: none is left running.
     """
     with RankPool(
         world_size,
@@ -79,6 +84,7 @@ def spawn(
         local_world_size=local_world_size,
         threads_per_rank=threads_per_rank,
         debug=debug,
+        watchdog=watchdog,
     ) as pool:
         return pool.run(fn, *args)
 
@@ -107,6 +113,7 @@ class RankPool:
         local_world_size: int | None = None,
         threads_per_rank: int | None = None,
         debug: bool = False,
+        watchdog: Watchdog | None = Watchdog(),  # noqa: B008 (frozen, so one instance is safe)
     ) -> None:
         local_world_size = world_size if local_world_size is None else local_world_size
         _check_sizes(world_size, local_world_size, timeout)
@@ -116,6 +123,7 @@ class RankPool:
         self.timeout = timeout
         self.threads_per_rank = threads_per_rank or _default_threads(local_world_size)
         self.debug = debug
+        self.watchdog = watchdog
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._tmpdir: str | None = None
@@ -180,6 +188,7 @@ class RankPool:
                 store_path=store_path,
                 threads=self.threads_per_rank,
                 debug=self.debug,
+                watchdog=self.watchdog,
             )
             proc = context.Process(
                 target=worker_main, args=(child_end, config), name=f"shardkit-rank-{rank}"
@@ -217,9 +226,18 @@ class RankPool:
                 else:
                     replies[rank] = reply
         if failures:
+            stacks = self._silent_stacks(failures)
             self._kill()
-            raise _error(failures, self.world_size)
+            raise _error(failures, self.world_size, stacks)
         return [replies[r] for r in range(self.world_size)]
+
+    def _silent_stacks(self, failures: list[RankFailure]) -> dict[int, str]:
+        """The stacks of late ranks that did not answer the flight recorder's question."""
+        silent = {rank for failure in failures for rank in failure.silent_ranks}
+        pids = {r: self._procs[r].pid for r in silent if self._procs[r].is_alive()}
+        if not pids or self._tmpdir is None:
+            return {}
+        return dump_stacks(pids, os.path.join(self._tmpdir, "store"))
 
     def _poll(self, rank: int) -> tuple | None:
         """The reply of ``rank`` if one is ready, a failure if it died silently, else None."""
@@ -323,7 +341,7 @@ def _start_timeout(pending: list[int], timeout: float) -> RankFailure:
     )
 
 
-def _error(failures: list[RankFailure], world_size: int) -> RankFailedError:
+def _error(failures: list[RankFailure], world_size: int, stacks: dict[int, str]) -> RankFailedError:
     # Report the failure that started it: an error in user code first, unless that error only
     # says a peer went away (then the peer's death is the cause), then the earliest.
     order = {"fn": 0, "result": 1, "join": 2, "exit": 3, "finish": 5}
@@ -334,14 +352,14 @@ def _error(failures: list[RankFailure], world_size: int) -> RankFailedError:
 
     primary = min(failures, key=rank_of)
     others = [f for f in failures if f is not primary]
-    return RankFailedError(primary, world_size, others)
+    return RankFailedError(primary, world_size, others, stacks)
 
 
 def _lost_peer(failure: RankFailure) -> bool:
     """The failure only says that another rank went away or failed first."""
     if failure.secondary:
         return True
-    return failure.phase == "fn" and any(m in failure.message for m in _PEER_LOSS)
+    return failure.phase == "fn" and any(m in failure.message for m in PEER_LOSS)
 
 
 def _is_root_cause(failure: RankFailure) -> bool:

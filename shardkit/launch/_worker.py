@@ -7,7 +7,10 @@ per run. Every message is pickled with plain `pickle` and sent as bytes, so tens
 value and nothing depends on the sender staying alive. A rank that fails sends its failure and
 exits; the parent then stops the other ranks, which may be blocked in a collective.
 Two store barriers bound every wait: "join" before the process group is created (it names the
-ranks that never arrived) and "done/<run_id>" after each run (it names the ranks still busy).
+ranks that never arrived) and "done/<run_id>" after each run (it names the ranks still busy, and
+where they are). Once the group is up the rank records its collectives (see `_intercept`), and
+`faulthandler` dumps its stack to ``stack-<rank>`` beside the store on SIGUSR1, for the parent to
+show when the rank is too stuck to answer.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import faulthandler
 import os
 import pickle
 import signal
@@ -26,10 +30,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardkit.launch import _intercept
 from shardkit.launch._context import RankInfo, _set_current, select_backend_and_device
-from shardkit.launch._errors import RendezvousTimeoutError, describe_exception
+from shardkit.launch._errors import (
+    STACK_SIGNAL,
+    RendezvousTimeoutError,
+    describe_exception,
+    stack_file,
+)
+from shardkit.launch._watch import Watchdog
 
-__all__ = ["WorkerConfig", "finish_timeout", "store_barrier", "worker_main"]
+__all__ = ["START_ALLOWANCE_S", "WorkerConfig", "finish_timeout", "store_barrier", "worker_main"]
+
+# Start-up (importing torch in every rank, seconds apart on a busy machine) is not covered by
+# the collective timeout: ranks wait this much longer for each other to join.
+START_ALLOWANCE_S = 120.0
 
 
 class WorkerConfig:
@@ -46,6 +61,7 @@ class WorkerConfig:
         store_path: str,
         threads: int | None,
         debug: bool,
+        watchdog: Watchdog | None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -55,6 +71,7 @@ class WorkerConfig:
         self.store_path = store_path
         self.threads = threads
         self.debug = debug
+        self.watchdog = watchdog
 
 
 def worker_main(conn: Connection, config: WorkerConfig) -> None:
@@ -70,6 +87,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     try:
         _serve(conn, info, store)
     finally:
+        _intercept.uninstall(ended=True)
         _set_current(None)
         if dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -88,7 +106,9 @@ def _serve(conn: Connection, info: RankInfo, store: dist.Store) -> None:
         phase = "fn"
         try:
             fn, args = pickle.loads(payload)
+            _intercept.start_run()
             result = fn(info.rank, info.world_size, *args)
+            _intercept.finish_run()
             phase = "finish"
             store_barrier(
                 store,
@@ -126,7 +146,8 @@ def _join(config: WorkerConfig) -> tuple[RankInfo, dist.Store]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = dist.FileStore(config.store_path, config.world_size)
-    store_barrier(store, "join", config.rank, config.world_size, config.timeout_s, "join")
+    join_s = config.timeout_s + START_ALLOWANCE_S
+    store_barrier(store, "join", config.rank, config.world_size, join_s, "join")
     dist.init_process_group(
         backend,
         store=dist.PrefixStore("pg", store),
@@ -145,6 +166,17 @@ def _join(config: WorkerConfig) -> tuple[RankInfo, dist.Store]:
         timeout_s=config.timeout_s,
     )
     _set_current(info)
+    if config.watchdog is not None:
+        _intercept.install(
+            store,
+            rank=config.rank,
+            world_size=config.world_size,
+            timeout_s=config.timeout_s,
+            watchdog=config.watchdog,
+        )
+    # Kept open for the life of the process: faulthandler writes to its descriptor.
+    dump = open(stack_file(config.store_path, config.rank), "w")  # noqa: SIM115
+    faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True)
     return info, store
 
 
@@ -166,7 +198,12 @@ def store_barrier(
     while not store.check(keys):
         if time.monotonic() > deadline:
             missing = [r for r, key in enumerate(keys) if not store.check([key])]
-            raise RendezvousTimeoutError(_barrier_message(what, rank, missing, timeout_s))
+            message = _barrier_message(what, rank, missing, timeout_s)
+            where = _intercept.whereabouts(missing)
+            error = RendezvousTimeoutError(message + (f":\n{where}" if where else ""))
+            if what == "finish":
+                error.late_ranks = tuple(missing)  # type: ignore[attr-defined]
+            raise error
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
 

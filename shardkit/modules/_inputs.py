@@ -16,11 +16,19 @@ from dataclasses import dataclass
 
 import torch
 
-from shardkit.modules._tables import Group, is_mean
+from shardkit.modules._tables import TableGroup, is_mean
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["GroupInput", "InputPlan", "check_ids", "group_input", "make_plan"]
+__all__ = [
+    "GroupInput",
+    "InputPlan",
+    "check_ids",
+    "group_input",
+    "kernel_input",
+    "make_plan",
+    "mean_as_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class GroupInput:
 def make_plan(
     kjt_keys: Sequence[str],
     configs: Sequence[BaseEmbeddingConfig],
-    groups: Sequence[Group],
+    groups: Sequence[TableGroup],
 ) -> InputPlan:
     """The key order of the module's groups, and how to get there from ``kjt_keys``."""
     expected = [f for c in configs for f in c.feature_names]
@@ -99,32 +107,67 @@ def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
     offset_per_key = kjt.offset_per_key()
     length_per_key = kjt.length_per_key()[first:last]
     lo, hi = offset_per_key[first], offset_per_key[last]
-    ids = kjt.values()[lo:hi].long()
     lengths = kjt.lengths()[first * stride : last * stride]
-    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    bases = torch.tensor(features.row_base_per_key, dtype=torch.int64, device=ids.device)
-    if any(features.row_base_per_key):
-        ids = ids + torch.repeat_interleave(
-            bases, torch.tensor(length_per_key), output_size=hi - lo
-        )
+    ids, offsets = kernel_input(
+        kjt.values()[lo:hi].long(), lengths, features.row_base_per_key, length_per_key
+    )
     weights = kjt.weights_or_none()
     weights = None if weights is None else weights[lo:hi]
     if any(features.mean_per_key):
-        weights = _mean_scale(lengths, features, stride, weights, hi - lo)
+        mean = torch.tensor(features.mean_per_key, device=lengths.device).repeat_interleave(stride)
+        weights = mean_as_weights(lengths, weights, num_ids=hi - lo, mean=mean)
     return GroupInput(ids, offsets, lengths, weights, length_per_key)
 
 
-def _mean_scale(
+def kernel_input(
+    ids: torch.Tensor,
     lengths: torch.Tensor,
-    features: GroupFeatures,
-    stride: int,
+    row_bases: Sequence[int],
+    ids_per_segment: Sequence[int] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batched kernel's ``(ids, offsets)`` (see `lookup`) from ids of single tables.
+
+    Args:
+        ids: ``[N]`` int64 rows of their own tables, in segments: the ids of one table each
+            (one feature, or one feature's ids from one rank).
+        lengths: ``[num_bags]`` ids per bag, bags in the order of ``ids``.
+        row_bases: ``[S]`` first row of each segment's table in the stack (`BatchedTables`).
+        ids_per_segment: ``[S]`` ids in each segment (they add up to ``N``).
+
+    Returns:
+        ``ids`` ``[N]`` shifted to rows of the stack, and bag boundaries ``[num_bags + 1]``.
+    """
+    if any(row_bases):
+        bases = torch.tensor(row_bases, dtype=torch.int64, device=ids.device)
+        counts = torch.as_tensor(ids_per_segment, device=ids.device)
+        ids = ids + torch.repeat_interleave(bases, counts, output_size=ids.numel())
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return ids, offsets
+
+
+def mean_as_weights(
+    lengths: torch.Tensor,
     weights: torch.Tensor | None,
+    *,
     num_ids: int,
+    mean: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MEAN pooling as SUM with each id weighted by 1 / (its bag's length)."""
-    mean_bags = torch.tensor(features.mean_per_key, device=lengths.device).repeat_interleave(stride)
-    scale = torch.where(mean_bags, 1.0 / lengths.clamp(min=1).float(), torch.ones(()))
+    """Per-id weights that make SUM pooling compute MEAN: each id of a MEAN bag weighted by
+    1 / (its bag's length), times its own weight.
+
+    Args:
+        lengths: ``[num_bags]`` ids per bag.
+        weights: ``[N]`` per-id weights, or None (all 1).
+        num_ids: ``N``, the sum of ``lengths`` (known to the caller without a device sync).
+        mean: ``[num_bags]`` bool, the bags pooled by MEAN (None: all of them).
+
+    Returns:
+        ``[N]`` float weights.
+    """
+    scale = 1.0 / lengths.clamp(min=1).float()
+    if mean is not None:
+        scale = torch.where(mean, scale, torch.ones_like(scale))
     per_id = torch.repeat_interleave(scale, lengths, output_size=num_ids)
     return per_id if weights is None else weights * per_id
 

@@ -7,6 +7,24 @@ group's stacked buffer, so the batched kernel reads all tables of a group at onc
 converting the module (``.to``, ``.to_empty``, ``.half``) would give every parameter its own new
 storage and break the sharing, so `TableStack.convert` converts the buffers and re-points the same
 Parameter objects at slices of the new buffers.
+
+[Note: table names]
+A table's name is a key of its collection's `TableDict` and so a part of its state-dict keys
+(``embedding_bags.<name>.weight``), which join module names with ".". Any non-empty string
+without "." works there, including the names of nn.ModuleDict's own attributes (``items``,
+``keys``, ``values``, ``to``, ``forward``, ``type``, ``training``): ``nn.Module.add_module``
+refuses those because ``tables.items`` would then mean two things, so `TableDict` stores them in
+``_modules`` itself. ``tables["items"]``, ``named_parameters``, ``state_dict`` and
+``load_state_dict`` go through ``_modules`` and see the table; attribute access
+(``tables.items``, ``get_submodule("embedding_bags.items")``) keeps meaning the attribute.
+The names that cannot work are refused: "" by `BaseEmbeddingConfig`, names with "." by
+`check_configs` when a collection is built (the planner also uses the configs to describe a
+plain module's parameters, whose names have dots).
+
+The rest of shardkit reaches a collection's tables only through the functions here that
+``shardkit.modules`` exports: `collection_tables` (what a sharder or the planner reads of an
+unsharded collection), `stack_tables` (a new stack of tables with its fused optimizer) and
+`fused_tables` (that optimizer's view of each table, for a `FusedOptimizer`).
 """
 
 from __future__ import annotations
@@ -20,6 +38,7 @@ from torch import nn
 
 from shardkit.modules._kernel import BatchedTables
 from shardkit.modules.embedding_configs import (
+    TABLE_NAME_RULE,
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
     PoolingType,
@@ -33,9 +52,43 @@ from shardkit.optim import (
     fused_config_of,
 )
 
-__all__ = ["Group", "TableStack", "TableWeight", "check_configs", "fused_config", "is_mean"]
+__all__ = [
+    "CollectionTables",
+    "TableDict",
+    "TableGroup",
+    "TableStack",
+    "TableWeight",
+    "check_configs",
+    "collection_tables",
+    "fused_config",
+    "fused_tables",
+    "is_mean",
+    "stack_tables",
+]
 
 logger = logging.getLogger(__name__)
+
+
+class TableDict(nn.ModuleDict):
+    """A collection's tables by name (``embedding_bags``, ``embeddings``): an ``nn.ModuleDict``
+    that takes every name a state-dict key can hold, ``"items"`` and ``"to"`` included (see
+    [Note: table names])."""
+
+    def __setitem__(self, name: str, module: nn.Module) -> None:
+        if name in self._modules or not hasattr(self, name):
+            self.add_module(name, module)  # refuses "", names with "." and non-Modules
+        elif not isinstance(module, nn.Module):
+            raise TypeError(f"{torch.typename(module)} is not a Module subclass")
+        else:  # one of nn.ModuleDict's own attribute names
+            self._modules[name] = module
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # nn.Module refuses a plain value under a child's name ("cannot assign 'bool' as child
+        # module 'training'", from train()): attributes and tables live apart here.
+        if name in self.__dict__.get("_modules", {}) and not isinstance(value, nn.Module):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
 
 class TableWeight(nn.Module):
@@ -54,7 +107,7 @@ class TableWeight(nn.Module):
 
 
 @dataclass
-class Group:
+class TableGroup:
     """Tables of one dim, dtype and fused optimizer, looked up by one kernel call."""
 
     tables: BatchedTables
@@ -77,7 +130,7 @@ class TableStack:
         self.configs = list(configs)
         self.params = list(params)
         self.default_config = fused_config
-        self.groups: list[Group] = []
+        self.groups: list[TableGroup] = []
         self.fused_optimizer: FusedOptimizer | None = None
 
     def wanted_configs(self) -> list[FusedOptimizerConfig | None]:
@@ -122,20 +175,20 @@ class TableStack:
         dtype: torch.dtype,
         device: torch.device,
         old_values: list[torch.Tensor],
-    ) -> Group:
-        row_starts = [0]
-        for index in indices:
-            row_starts.append(row_starts[-1] + self.configs[index].num_embeddings)
-        dim = self.configs[indices[0]].embedding_dim
-        buffer = torch.empty((row_starts[-1], dim), dtype=dtype, device=device)
-        optimizer = None if config is None else RowOptimizer(config, row_starts[-1], dim, device)
-        tables = BatchedTables(buffer, row_starts, optimizer)
+    ) -> TableGroup:
+        tables = stack_tables(
+            [self.configs[index].num_embeddings for index in indices],
+            self.configs[indices[0]].embedding_dim,
+            dtype=dtype,
+            device=device,
+            optimizer=config,
+        )
         for index, view in zip(indices, tables.table_views()):
             old = old_values[index]
             if old.device.type != "meta" and old.numel() and device.type != "meta":
                 view.copy_(old)
             self.params[index].data = view
-        return Group(tables, indices, [self.params[i] for i in indices], config)
+        return TableGroup(tables, indices, [self.params[i] for i in indices], config)
 
     def convert(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> list[nn.Parameter]:
         """Apply ``Module._apply``'s ``fn`` to every buffer; re-point the Parameters at the new
@@ -173,30 +226,25 @@ class TableStack:
     def _fused_optimizer(self) -> FusedOptimizer | None:
         fused = []
         for group in self.groups:
-            if group.tables.optimizer is None:
-                continue
-            starts = group.tables.row_starts
-            for position, index in enumerate(group.table_indices):
-                name = self.configs[index].name
-                fused.append(
-                    FusedTable(
-                        name=f"{self.table_prefix}.{name}.weight",
-                        table=name,
-                        param=self.params[index],
-                        optimizer=group.tables.optimizer,
-                        row_start=starts[position],
-                        row_end=starts[position + 1],
-                    )
-                )
+            names = [self.configs[index].name for index in group.table_indices]
+            keys = [(f"{self.table_prefix}.{name}.weight", name) for name in names]
+            fused.extend(fused_tables(group.tables, keys, group.params))
         return FusedOptimizer(fused) if fused else None
 
 
 def check_configs(configs: Sequence[BaseEmbeddingConfig], kind: type) -> None:
-    """Unique table names, unique feature names across tables, the right config class."""
+    """Table names without "." and unique, unique feature names across tables, the right config
+    class."""
     for config in configs:
         if not isinstance(config, kind):
             raise TypeError(f"expected {kind.__name__}, got {type(config).__name__} for {config!r}")
     names = [c.name for c in configs]
+    dotted = [name for name in names if "." in name]
+    if dotted:
+        raise ValueError(
+            f'table name {dotted[0]!r} contains ".": {TABLE_NAME_RULE}; e.g. '
+            f"{dotted[0].replace('.', '_')!r}"
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"table names must be unique; {repeated} appear more than once")
@@ -217,3 +265,79 @@ def fused_config(fused_params: Mapping | None) -> FusedOptimizerConfig | None:
 
 def is_mean(config: BaseEmbeddingConfig) -> bool:
     return isinstance(config, EmbeddingBagConfig) and config.pooling == PoolingType.MEAN
+
+
+@dataclass(frozen=True)
+class CollectionTables:
+    """What the rest of shardkit reads of an unsharded embedding collection's tables.
+
+    Args:
+        configs: the table configs, in the module's order.
+        weights: each table's weight Parameter ``[num_embeddings, embedding_dim]``, same order
+            (views of the collection's stacked buffers; see [Note: table views]).
+        fused_config: the optimizer the collection's ``fused_params`` asked for (None: none);
+            `apply_optimizer_in_backward` on a table overrides it for that table.
+    """
+
+    configs: tuple[BaseEmbeddingConfig, ...]
+    weights: tuple[nn.Parameter, ...]
+    fused_config: FusedOptimizerConfig | None
+
+
+def collection_tables(module: nn.Module) -> CollectionTables:
+    """The tables of ``module``, an `EmbeddingBagCollection` or `EmbeddingCollection`."""
+    stack = getattr(module, "_stack", None)
+    if not isinstance(stack, TableStack):
+        raise TypeError(
+            f"{type(module).__name__} is not a shardkit embedding collection; expected an "
+            "EmbeddingBagCollection or EmbeddingCollection"
+        )
+    return CollectionTables(tuple(stack.configs), tuple(stack.params), stack.default_config)
+
+
+def stack_tables(
+    num_rows: Sequence[int],
+    dim: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    optimizer: FusedOptimizerConfig | None,
+) -> BatchedTables:
+    """Uninitialised tables of ``num_rows[k]`` rows each, stacked in one ``[sum(num_rows), dim]``
+    buffer, with the state of ``optimizer`` fused into their backward (None: dense gradients)."""
+    row_starts = [0]
+    for rows in num_rows:
+        row_starts.append(row_starts[-1] + rows)
+    weight = torch.empty((row_starts[-1], dim), dtype=dtype, device=device)
+    fused = None
+    if optimizer is not None:
+        fused = RowOptimizer(optimizer, row_starts[-1], dim, device)
+    return BatchedTables(weight, row_starts, fused)
+
+
+def fused_tables(
+    tables: BatchedTables,
+    keys: Sequence[tuple[str, str]],
+    params: Sequence[nn.Parameter],
+) -> list[FusedTable]:
+    """The fused optimizer's view of each table of ``tables`` (none if no optimizer is fused).
+
+    Args:
+        tables: the stack.
+        keys: per table of the stack, (the Parameter's key in the module, the table's name).
+        params: per table of the stack, its Parameter (a view of the stack).
+    """
+    if tables.optimizer is None:
+        return []
+    starts = tables.row_starts
+    return [
+        FusedTable(
+            name=key,
+            table=table,
+            param=param,
+            optimizer=tables.optimizer,
+            row_start=starts[k],
+            row_end=starts[k + 1],
+        )
+        for k, ((key, table), param) in enumerate(zip(keys, params, strict=True))
+    ]

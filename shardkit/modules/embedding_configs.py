@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = [
+    "TABLE_NAME_RULE",
     "BaseEmbeddingConfig",
     "DataType",
     "EmbeddingBagConfig",
@@ -63,6 +64,22 @@ def data_type_to_dtype(data_type: DataType) -> torch.dtype:
     return _DTYPES[data_type]
 
 
+# See [Note: table names] in `_tables`.
+TABLE_NAME_RULE = (
+    "a table's name is part of its state-dict keys (embedding_bags.<name>.weight), which join "
+    'their parts with ".", so it must be a non-empty string without "."'
+)
+
+
+def _check_name(name: object) -> None:
+    """A str, not empty. A "." is refused by the collections (`check_configs`): the planner also
+    describes a plain module's parameters ('embedding_bags.t.weight') with these configs."""
+    if not isinstance(name, str):
+        raise TypeError(f"a table name must be a str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise ValueError(f"an embedding table needs a name: {TABLE_NAME_RULE}")
+
+
 @dataclass(frozen=True)
 class BaseEmbeddingConfig:
     """Fields shared by pooled and sequence tables.
@@ -70,7 +87,8 @@ class BaseEmbeddingConfig:
     Args:
         num_embeddings: rows of the table (ids are ``0 <= id < num_embeddings``).
         embedding_dim: columns of the table (the vector size).
-        name: the table's name, unique within a module.
+        name: the table's name, unique within a module; any non-empty string without "." (it is
+            part of the state-dict keys, ``embedding_bags.<name>.weight``).
         data_type: storage type of the weights.
         feature_names: the features (KeyedJaggedTensor keys) looked up in this table.
         weight_init_max: upper bound of the uniform init (default ``sqrt(1 / num_embeddings)``).
@@ -88,8 +106,7 @@ class BaseEmbeddingConfig:
     init_fn: object | None = None
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("an embedding table needs a name (used in plans and state_dict keys)")
+        _check_name(self.name)
         if self.num_embeddings < 1:
             raise ValueError(
                 f"table '{self.name}': num_embeddings must be >= 1, got {self.num_embeddings}"

@@ -17,7 +17,13 @@ from torch import nn
 
 from shardkit.modules._inputs import InputPlan, check_ids, group_input, make_plan
 from shardkit.modules._kernel import lookup
-from shardkit.modules._tables import TableStack, TableWeight, check_configs, fused_config
+from shardkit.modules._tables import (
+    TableDict,
+    TableStack,
+    TableWeight,
+    check_configs,
+    fused_config,
+)
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
@@ -47,7 +53,7 @@ class _Collection(nn.Module):
         device = torch.device(device) if device is not None else torch.device("cpu")
         self.validate_ids = validate_ids
         params = []
-        tables = nn.ModuleDict()
+        tables = TableDict()  # see [Note: table names]
         for config in configs:
             param = nn.Parameter(torch.empty(0, device=device))
             param._shardkit_embedding_table = True  # type: ignore[attr-defined]

@@ -15,12 +15,44 @@ from typing import Any
 
 import torch
 
+from shardkit.optim.rowwise_adagrad import RowWiseAdagrad
+from shardkit.types import ParsableEnum
+
 __all__ = ["EmbOptimType", "FusedOptimizerConfig", "RowWiseAdagrad"]
 
 
+_FBGEMM_ONLY_RULES = (
+    "LAMB", "LARS_SGD", "PARTIAL_ROWWISE_ADAM", "PARTIAL_ROWWISE_LAMB", "SHAMPOO", "SHAMPOO_V2",
+    "MADGRAD", "EXACT_ROWWISE_WEIGHTED_ADAGRAD", "ENSEMBLE_ROWWISE_ADAGRAD",
+    "EMAINPLACE_ROWWISE_ADAGRAD", "NONE",
+)  # fmt: skip
+# FBGEMM's non-exact variants (updates that may race, for speed): shardkit's exact rule.
+_INEXACT = {"SGD": "EXACT_SGD", "ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD"}
+
+
+class _EmbOptimTypeMeta(enum.EnumMeta):
+    """FBGEMM's other member names: the exact twin, or an error that says what to use."""
+
+    def __getattr__(cls, name: str):  # type: ignore[override]
+        if name in _INEXACT:
+            return cls[_INEXACT[name]]
+        if name in _FBGEMM_ONLY_RULES:
+            raise AttributeError(
+                f"EmbOptimType.{name}: an FBGEMM-only fused optimizer (shardkit's embedding "
+                "kernel has no such rule); use EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM or "
+                "EXACT_SGD"
+            )
+        return super().__getattr__(name)  # type: ignore[misc]
+
+
 @enum.unique
-class EmbOptimType(enum.Enum):
-    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names)."""
+class EmbOptimType(ParsableEnum, metaclass=_EmbOptimTypeMeta):
+    """Optimizers that run inside the embedding kernel's backward (FBGEMM's names); `parse`
+    also takes torch's and TorchRec's spellings (``"sgd"``, ``"rowwise_adagrad"``...).
+
+    FBGEMM's ``SGD`` and ``ROWWISE_ADAGRAD`` (its non-exact, racy variants) give the exact
+    members; its other rules (LAMB, LARS_SGD, ...) are refused by name.
+    """
 
     EXACT_SGD = "exact_sgd"
     EXACT_ADAGRAD = "exact_adagrad"
@@ -28,14 +60,13 @@ class EmbOptimType(enum.Enum):
     ADAM = "adam"
 
     @classmethod
-    def parse(cls, value: EmbOptimType | str) -> EmbOptimType:
-        if isinstance(value, cls):
-            return value
-        key = str(value).strip().lower().replace("-", "_")
-        if key in _ALIASES:
-            return _ALIASES[key]
+    def _aliases(cls) -> Mapping[str, EmbOptimType]:
+        return _ALIASES
+
+    @classmethod
+    def _unknown(cls, value: Any) -> str:
         names = sorted({*(m.value for m in cls), *_ALIASES})
-        raise ValueError(f"unknown fused optimizer {value!r}; choose one of {names}")
+        return f"unknown fused optimizer {value!r}; choose one of {names}"
 
 
 _ALIASES = {
@@ -50,40 +81,6 @@ _ALIASES = {
     "adam": EmbOptimType.ADAM,
     "sparse_adam": EmbOptimType.ADAM,
 }
-
-
-class RowWiseAdagrad(torch.optim.Optimizer):
-    """Adagrad with one accumulator per row: ``state[r] += mean(g[r]**2)``,
-    ``w[r] -= lr * g[r] / (sqrt(state[r]) + eps)``.
-
-    The usual choice for embedding tables (memory: one float per row instead of one per weight).
-    Usable as a plain optimizer on 2-D parameters, and as the class given to
-    `apply_optimizer_in_backward` to fuse it into the embedding kernel.
-    """
-
-    def __init__(
-        self, params: Any, lr: float = 0.01, eps: float = 1e-8, weight_decay: float = 0.0
-    ) -> None:
-        super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                if group["weight_decay"]:
-                    grad = grad.add(param, alpha=group["weight_decay"])
-                state = self.state[param]
-                if "momentum1" not in state:
-                    state["momentum1"] = torch.zeros(param.shape[0], device=param.device)
-                acc = state["momentum1"]
-                acc.add_(grad.pow(2).reshape(param.shape[0], -1).mean(1))
-                scale = acc.sqrt().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
-                param.add_(grad * scale.view(-1, *([1] * (param.dim() - 1))))
-        return loss
 
 
 @dataclass(frozen=True)
@@ -125,6 +122,12 @@ class FusedOptimizerConfig:
     def from_fused_params(cls, fused_params: Mapping[str, Any]) -> FusedOptimizerConfig:
         """From TorchRec's ``fused_params`` dict; an unknown key is an error naming the known."""
         known = {f.name for f in fields(cls)}
+        fbgemm_only = sorted(set(fused_params) & set(FBGEMM_ONLY_FUSED_PARAMS))
+        if fbgemm_only:
+            key = fbgemm_only[0]
+            raise ValueError(
+                f"fused_params key {key!r} ({fused_params[key]!r}): {FBGEMM_ONLY_FUSED_PARAMS[key]}"
+            )
         unknown = sorted(set(fused_params) - known)
         if unknown:
             raise ValueError(
@@ -141,7 +144,12 @@ class FusedOptimizerConfig:
     def from_optimizer_class(
         cls, optimizer_class: type, optimizer_kwargs: Mapping[str, Any]
     ) -> FusedOptimizerConfig:
-        """From ``apply_optimizer_in_backward``'s (class, kwargs), e.g. (torch.optim.Adam, {"lr": 1e-3})."""
+        """From ``apply_optimizer_in_backward``'s (class, kwargs), e.g. (torch.optim.Adam, {"lr": 1e-3}).
+
+        A class may say which one it fuses as with a ``_shardkit_fused_as`` attribute (TorchRec's
+        ``torchrec.optim.optimizers.Adam`` fuses as ``torch.optim.Adam``).
+        """
+        optimizer_class = getattr(optimizer_class, "_shardkit_fused_as", optimizer_class)
         if optimizer_class not in _BY_CLASS:
             names = sorted(c.__module__ + "." + c.__qualname__ for c in _BY_CLASS)
             raise ValueError(
@@ -193,6 +201,12 @@ def _no_lr_decay(value: float) -> dict[str, Any]:
     return {}
 
 
+def _no_maximize(value: bool) -> dict[str, Any]:
+    if value:
+        raise ValueError("maximize=True is not supported fused; negate the loss instead")
+    return {}
+
+
 _LR = {"lr": _same("learning_rate"), "weight_decay": _same("weight_decay")}
 _BY_CLASS: dict[type, tuple[EmbOptimType, dict[str, Any]]] = {
     torch.optim.SGD: (EmbOptimType.EXACT_SGD, {**_LR, "momentum": _no_momentum}),
@@ -205,10 +219,53 @@ _BY_CLASS: dict[type, tuple[EmbOptimType, dict[str, Any]]] = {
             "initial_accumulator_value": _same("initial_accumulator_value"),
         },
     ),
-    RowWiseAdagrad: (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {**_LR, "eps": _same("eps")}),
+    RowWiseAdagrad: (
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        {
+            **_LR,
+            "eps": _same("eps"),
+            "lr_decay": _no_lr_decay,
+            "initial_accumulator_value": _same("initial_accumulator_value"),
+            "maximize": _no_maximize,
+        },
+    ),
     torch.optim.Adam: (EmbOptimType.ADAM, {**_LR, "eps": _same("eps"), "betas": _betas}),
     torch.optim.SparseAdam: (
         EmbOptimType.ADAM,
         {"lr": _same("learning_rate"), "eps": _same("eps"), "betas": _betas},
     ),
+}
+
+_NO_CACHE = (
+    "UVM caching is not in shardkit: every table lives whole in its rank's memory (device memory "
+    "with NCCL, host memory with gloo); drop the key, and shard bigger tables over more ranks"
+)
+_LARS_LAMB = (
+    "used only by FBGEMM's LARS/LAMB/counter-based optimizers, which shardkit does not have"
+)
+
+# fused_params keys that TorchRec passes on to FBGEMM and shardkit refuses, with what to do.
+FBGEMM_ONLY_FUSED_PARAMS: dict[str, str] = {
+    "cache_load_factor": _NO_CACHE,
+    "cache_algorithm": _NO_CACHE,
+    "cache_precision": _NO_CACHE,
+    "cache_reserved_memory": _NO_CACHE,
+    "cache_sets": _NO_CACHE,
+    "prefetch_pipeline": _NO_CACHE,
+    "enforce_hbm": _NO_CACHE,
+    "stochastic_rounding": "FBGEMM's stochastic rounding of low-precision weights is not in "
+    "shardkit (updates are computed in float32 and rounded to nearest); drop the key",
+    "weights_precision": "set the table's data_type in its EmbeddingBagConfig instead",
+    "output_dtype": "shardkit returns the tables' dtype; cast the output instead",
+    "gradient_clipping": "FBGEMM's per-row gradient clipping is not in shardkit; drop the key "
+    "(GradientClippingOptimizer clips the dense parameters' gradients)",
+    "max_gradient": "FBGEMM's per-row gradient clipping is not in shardkit; drop the key "
+    "(GradientClippingOptimizer clips the dense parameters' gradients)",
+    "momentum": _LARS_LAMB,
+    "eta": _LARS_LAMB,
+    "weight_decay_mode": _LARS_LAMB,
+    "counter_based_regularization": _LARS_LAMB,
+    "cowclip_regularization": _LARS_LAMB,
+    "bounds_check_mode": "shardkit checks ids itself (EmbeddingBagCollection(validate_ids=True), "
+    "the default); drop the key",
 }

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from shardkit.optim._config import FusedOptimizerConfig
+from shardkit.optim._keyed import KeyedOptimizer
 from shardkit.optim._rules import apply_rule, new_state
 
 __all__ = ["FusedOptimizer", "FusedTable", "RowOptimizer"]
@@ -63,7 +64,7 @@ class FusedTable:
     row_end: int
 
 
-class FusedOptimizer(torch.optim.Optimizer):
+class FusedOptimizer(KeyedOptimizer):
     """The optimizer of embedding tables whose update runs fused into backward.
 
     One param group per distinct `RowOptimizer`; change ``param_groups[i]["lr"]`` (or attach an
@@ -82,9 +83,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             group["params"].append(table.param)
         if not groups:
             groups = [{"params": [], "lr": 0.0}]
-        super().__init__(groups, defaults={})
-        for table in tables:
-            self.state[table.param] = table.optimizer.state_rows(table.row_start, table.row_end)
+        super().__init__(
+            {t.name: t.param for t in tables},
+            {t.param: t.optimizer.state_rows(t.row_start, t.row_end) for t in tables},
+            groups,
+        )
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

@@ -1,9 +1,19 @@
-"""The planning pipeline as pure functions: tables in, plan and stats out.
+"""The planning pipeline, tables in, plan and stats out, behind the planner's one entry point
+(`make_plan`), and the functions that plan or score table configs without a module.
 
-enumerate options per table (`_enumerate`) -> estimate each shard's memory and cost
-(`_estimate`) -> propose one option per table and partition the proposals onto ranks
-(`_search`, `_partition`) -> the best plan (`_build`) and its stats (`_evaluate`). See
-[Note: the planner is a pure function].
+resolve the tables with their constraints (`_tables`) -> reserve each rank's memory
+(`_inputs`) -> enumerate the options of each table (`_enumerate`), each shard estimated
+(`_estimate`) -> propose one option per table, partition the proposals onto ranks and improve
+the best (`_search`, `_partition`) -> the plan and its stats (`_stats`); when nothing fits, an
+error that says why and what would (`_diagnose`).
+
+[Note: the planner is a pure function]
+``make_plan(tables, topology, settings)`` depends only on its arguments: `TableSource` lists, a
+`Topology`, constraints and a few numbers. Nothing reads the clock, the environment, a random
+generator or an unordered container: tables keep their module order, options their enumeration
+order, and every tie is broken by an explicit key ending in an index. So every rank that plans
+the same model gets the same plan, and ``collective_plan`` (plan on rank 0, broadcast) is only a
+way to save the others the work.
 """
 
 from __future__ import annotations
@@ -13,21 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.modules import BaseEmbeddingConfig
-from shardkit.planner._build import build_plan
 from shardkit.planner._constants import BATCH_SIZE
-from shardkit.planner._constraints import ParameterConstraints
 from shardkit.planner._diagnose import no_fit_error, no_option_error
 from shardkit.planner._enumerate import enumerate_options
-from shardkit.planner._evaluate import placement_stats, plan_stats
-from shardkit.planner._modules import config_sources
-from shardkit.planner._plan import ShardingPlan
-from shardkit.planner._reservation import HeuristicalStorageReservation
+from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
+from shardkit.planner._partition import build_plan
 from shardkit.planner._search import search
-from shardkit.planner._stats import PlanStats
-from shardkit.planner._tables import TableSource, resolve_tables
-from shardkit.planner._topology import Topology
+from shardkit.planner._stats import PlanStats, placement_stats, plan_stats
+from shardkit.planner._tables import TableSource, config_sources, input_bytes, resolve_tables
+from shardkit.types import ShardingPlan
 
-__all__ = ["PlanResult", "estimate_plan", "plan_sources", "plan_tables"]
+__all__ = ["PlanResult", "PlannerSettings", "estimate_plan", "make_plan", "plan_tables"]
 
 
 @dataclass(frozen=True)
@@ -38,32 +44,80 @@ class PlanResult:
     stats: PlanStats
 
 
-def plan_sources(
-    sources: Sequence[TableSource],
+@dataclass(frozen=True, kw_only=True)
+class PlannerSettings:
+    """What a planner is told besides the tables and the topology (None: the default).
+
+    Args:
+        constraints: table name -> `ParameterConstraints` (default: none).
+        batch_size: examples per rank per step (default 512).
+        storage_reservation: what each rank keeps back (default: 15% margin, the dense model and
+            input batches).
+    """
+
+    constraints: Mapping[str, ParameterConstraints] | None = None
+    batch_size: int = BATCH_SIZE
+    storage_reservation: HeuristicalStorageReservation | None = None
+
+    def __post_init__(self) -> None:
+        batch_size = self.batch_size
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(
+                f"batch_size must be an int >= 1 (examples per rank), got {batch_size!r}"
+            )
+        constraints = dict(self.constraints or {})
+        for name, value in constraints.items():
+            if not isinstance(value, ParameterConstraints):
+                raise TypeError(
+                    f"constraints['{name}'] must be ParameterConstraints, got {value!r}"
+                )
+        object.__setattr__(self, "constraints", constraints)
+        if self.storage_reservation is None:
+            object.__setattr__(self, "storage_reservation", HeuristicalStorageReservation())
+
+
+def make_plan(
+    tables: Sequence[TableSource],
     topology: Topology,
+    settings: PlannerSettings,
     *,
-    constraints: Mapping[str, ParameterConstraints] | None,
-    batch_size: int,
-    storage_reservation: HeuristicalStorageReservation,
     dense_parameter_bytes: int = 0,
+    given: ShardingPlan | None = None,
 ) -> PlanResult:
-    """Plan tables found in modules or given as configs."""
-    _check_batch_size(batch_size)
-    tables = resolve_tables(sources, constraints or {}, batch_size=batch_size)
-    if not tables:
-        return PlanResult(ShardingPlan({}), _empty_stats(topology, batch_size, storage_reservation))
-    reservation = storage_reservation.reserve(
-        topology, tables, dense_parameter_bytes=dense_parameter_bytes
+    """The best plan for ``tables`` on ``topology`` and its stats; with ``given``, that plan
+    (hand-written, another planner's; it need not fit) and the planner's stats for it.
+
+    Args:
+        tables: the tables, found in modules or given as configs (see `_tables`).
+        topology: the ranks to plan for.
+        settings: constraints, batch size and storage reservation.
+        dense_parameter_bytes: bytes of the model's other parameters (the dense part).
+        given: a plan to score instead of planning.
+
+    Raises:
+        PlannerError: no plan fits, or the constraints allow none; the message says why.
+    """
+    assert settings.constraints is not None and settings.storage_reservation is not None
+    batch_size = settings.batch_size
+    specs = resolve_tables(tables, settings.constraints, batch_size=batch_size)
+    reservation = settings.storage_reservation.reserve(
+        topology,
+        input_bytes=input_bytes(specs),
+        dense_parameter_bytes=dense_parameter_bytes if specs else 0,  # no table, nothing to fit
     )
-    options, rejections = enumerate_options(tables, topology, reservation.available)
+    if given is not None or not specs:
+        plan = ShardingPlan({}) if given is None else given
+        return PlanResult(
+            plan, plan_stats(plan, specs, topology, reservation, batch_size=batch_size)
+        )
+    options, rejections = enumerate_options(specs, topology, reservation.available)
     if not all(options):
-        raise no_option_error(tables, options, rejections, topology, reservation, batch_size)
+        raise no_option_error(specs, options, rejections, topology, reservation, batch_size)
     result = search(options, topology, reservation.available)
     if not result.fits:
-        raise no_fit_error(tables, options, result, topology, reservation, batch_size)
-    plan = build_plan(tables, result.proposal, result.placement, topology)
+        raise no_fit_error(specs, options, result, topology, reservation, batch_size)
     stats = placement_stats(
-        tables,
+        specs,
         result.proposal,
         result.placement,
         topology,
@@ -71,7 +125,7 @@ def plan_sources(
         batch_size=batch_size,
         num_proposals=result.num_proposals,
     )
-    return PlanResult(plan, stats)
+    return PlanResult(build_plan(specs, result.proposal, result.placement, topology), stats)
 
 
 def plan_tables(
@@ -106,6 +160,9 @@ def plan_tables(
     Raises:
         PlannerError: no plan fits, or the constraints allow none; the message says why.
     """
+    settings = PlannerSettings(
+        constraints=constraints, batch_size=batch_size, storage_reservation=storage_reservation
+    )
     sources = config_sources(
         tables,
         compute_device=topology.compute_device,
@@ -113,13 +170,7 @@ def plan_tables(
         is_weighted=is_weighted,
         fused_params=fused_params,
     )
-    return plan_sources(
-        sources,
-        topology,
-        constraints=constraints,
-        batch_size=batch_size,
-        storage_reservation=storage_reservation or HeuristicalStorageReservation(),
-    )
+    return make_plan(sources, topology, settings)
 
 
 def estimate_plan(
@@ -137,7 +188,9 @@ def estimate_plan(
     """The planner's estimates for any ``plan`` of ``tables`` (a manual plan, another
     planner's): per-rank memory and cost, per-table layout, imbalance. Arguments as
     `plan_tables`; the plan need not fit."""
-    _check_batch_size(batch_size)
+    settings = PlannerSettings(
+        constraints=constraints, batch_size=batch_size, storage_reservation=storage_reservation
+    )
     sources = config_sources(
         tables,
         compute_device=topology.compute_device,
@@ -145,17 +198,4 @@ def estimate_plan(
         is_weighted=is_weighted,
         fused_params=fused_params,
     )
-    specs = resolve_tables(sources, constraints or {}, batch_size=batch_size)
-    policy = storage_reservation or HeuristicalStorageReservation()
-    reservation = policy.reserve(topology, specs, dense_parameter_bytes=0)
-    return plan_stats(plan, specs, topology, reservation, batch_size=batch_size)
-
-
-def _check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1 (examples per rank), got {batch_size!r}")
-
-
-def _empty_stats(topology, batch_size, policy) -> PlanStats:
-    reservation = policy.reserve(topology, [], dense_parameter_bytes=0)
-    return plan_stats(ShardingPlan({}), [], topology, reservation, batch_size=batch_size)
+    return make_plan(sources, topology, settings, given=plan).stats

@@ -10,10 +10,9 @@ from collections.abc import Sequence
 
 from shardkit.planner._enumerate import TYPE_ORDER, Option, Rejection, table_options
 from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
-from shardkit.planner._reservation import Reservation
+from shardkit.planner._inputs import Reservation, Topology
 from shardkit.planner._search import SearchResult
 from shardkit.planner._tables import TableSpec
-from shardkit.planner._topology import Topology
 
 __all__ = ["no_fit_error", "no_option_error"]
 

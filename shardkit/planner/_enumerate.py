@@ -1,8 +1,9 @@
 """Every way to shard each table (sharding type x kernel x shard sizes), with its estimates.
 
 An `Option` describes its shards run-length encoded (`Kind`: ``count`` shards of ``rows x
-cols``), so a row-wise option over 1,024 ranks is two kinds, not 1,024 shards. Options that
-cannot work are not enumerated; the reason is kept for error messages.
+cols``; `Groups`: ``count`` shards of ``size`` rows or columns, from `split_evenly`, see
+[Note: even splits]), so a row-wise option over 1,024 ranks is two kinds, not 1,024 shards.
+Options that cannot work are not enumerated; the reason is kept for error messages.
 """
 
 from __future__ import annotations
@@ -11,22 +12,29 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
 from shardkit.planner._errors import format_bytes
 from shardkit.planner._estimate import ShardCost, estimate_shard
-from shardkit.planner._shards import Groups, size_groups
+from shardkit.planner._inputs import Topology
 from shardkit.planner._tables import TableSpec
-from shardkit.planner._topology import Topology
+from shardkit.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = [
     "TYPE_ORDER",
+    "Groups",
     "Kind",
     "Option",
     "Partition",
     "Rejection",
     "enumerate_options",
+    "expand",
+    "offsets_of",
+    "size_groups",
     "table_options",
 ]
+
+
+# Run-length encoded sizes: ((count, size), ...), in shard order, counts > 0.
+Groups = tuple[tuple[int, int], ...]
 
 
 class Partition(enum.Enum):
@@ -238,3 +246,24 @@ def _runs(
                 else:
                     runs.append((count, rows, cols))
     return runs
+
+
+def size_groups(total: int, parts: int) -> Groups:
+    """`split_evenly` as run-length groups: 10 on 3 -> ((1, 4), (2, 3))."""
+    base, extra = divmod(total, parts)
+    groups = ((extra, base + 1), (parts - extra, base))
+    return tuple(group for group in groups if group[0] > 0)
+
+
+def expand(groups: Groups) -> list[int]:
+    """((1, 4), (2, 3)) -> [4, 3, 3]."""
+    return [size for count, size in groups for _ in range(count)]
+
+
+def offsets_of(sizes: list[int]) -> list[int]:
+    """Where each shard starts: [4, 3, 3] -> [0, 4, 7]."""
+    offsets, running = [], 0
+    for size in sizes:
+        offsets.append(running)
+        running += size
+    return offsets

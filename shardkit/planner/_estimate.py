@@ -57,9 +57,9 @@ from shardkit.planner._constants import (
     DENSE_UPDATE_PERF_FACTOR,
     OPTIMIZER_STATE_DTYPE_SIZE,
 )
-from shardkit.planner._enums import EmbeddingComputeKernel, ShardingType
+from shardkit.planner._inputs import Topology
 from shardkit.planner._tables import TableSpec
-from shardkit.planner._topology import Topology
+from shardkit.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = ["ShardCost", "estimate_shard", "optimizer_state_bytes"]
 

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
 from torch import nn
 
-from shardkit import comm
-from shardkit.launch import local_world_size
 from shardkit.modules import BaseEmbeddingConfig
+from shardkit.planner._collective import group_topology, plan_on_rank_zero, process_group
 from shardkit.planner._constants import BATCH_SIZE
-from shardkit.planner._constraints import ParameterConstraints
-from shardkit.planner._core import PlanResult, plan_sources
-from shardkit.planner._errors import PlannerError, PlannerErrorType
-from shardkit.planner._modules import config_sources, module_sources
-from shardkit.planner._plan import ShardingPlan
-from shardkit.planner._reservation import HeuristicalStorageReservation
-from shardkit.planner._sharder import ModuleSharder
+from shardkit.planner._core import PlannerSettings, PlanResult, make_plan
+from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
 from shardkit.planner._stats import PlanStats
-from shardkit.planner._topology import Topology
+from shardkit.planner._tables import TableSource, config_sources, module_sources
+from shardkit.types import ModuleSharder, ShardingPlan
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["EmbeddingShardingPlanner"]
 
@@ -70,14 +66,11 @@ class EmbeddingShardingPlanner:
         if topology is not None and not isinstance(topology, Topology):
             raise TypeError(f"topology must be a Topology, got {type(topology).__name__}")
         self._topology = topology
-        self._batch_size = BATCH_SIZE if batch_size is None else batch_size
-        self._constraints = dict(constraints or {})
-        for name, value in self._constraints.items():
-            if not isinstance(value, ParameterConstraints):
-                raise TypeError(
-                    f"constraints['{name}'] must be ParameterConstraints, got {value!r}"
-                )
-        self._reservation = storage_reservation or HeuristicalStorageReservation()
+        self._settings = PlannerSettings(
+            constraints=constraints,
+            batch_size=BATCH_SIZE if batch_size is None else batch_size,
+            storage_reservation=storage_reservation,
+        )
         self._debug = debug
         self._stats: PlanStats | None = None
 
@@ -92,19 +85,7 @@ class EmbeddingShardingPlanner:
 
     def plan(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> ShardingPlan:
         """The plan for every module of ``module`` that one of ``sharders`` handles."""
-        topology = self._require_topology()
-        _check_sharders(sharders)
-        start = time.perf_counter()
-        sources, dense = module_sources(module, sharders, compute_device=topology.compute_device)
-        result = plan_sources(
-            sources,
-            topology,
-            constraints=self._constraints,
-            batch_size=self._batch_size,
-            storage_reservation=self._reservation,
-            dense_parameter_bytes=dense,
-        )
-        return self._done(result, time.perf_counter() - start)
+        return self._keep(self._plan_module(self._require_topology(), module, sharders))
 
     def plan_tables(
         self,
@@ -116,7 +97,6 @@ class EmbeddingShardingPlanner:
     ) -> ShardingPlan:
         """The plan for tables given as configs (no module needed); see `plan_tables`."""
         topology = self._require_topology()
-        start = time.perf_counter()
         sources = config_sources(
             tables,
             compute_device=topology.compute_device,
@@ -124,14 +104,7 @@ class EmbeddingShardingPlanner:
             is_weighted=is_weighted,
             fused_params=fused_params,
         )
-        result = plan_sources(
-            sources,
-            topology,
-            constraints=self._constraints,
-            batch_size=self._batch_size,
-            storage_reservation=self._reservation,
-        )
-        return self._done(result, time.perf_counter() - start)
+        return self._keep(self._run(sources, topology))
 
     def collective_plan(
         self,
@@ -143,46 +116,45 @@ class EmbeddingShardingPlanner:
 
         If planning fails on rank 0, every rank raises the same error (no rank waits forever).
         """
-        if pg is None:
-            if not dist.is_initialized():
-                raise RuntimeError(
-                    "collective_plan needs a process group: call "
-                    "torch.distributed.init_process_group() (or shardkit.launch.spawn) first, "
-                    "or use plan() to plan without processes"
-                )
-            pg = dist.group.WORLD
+        group = process_group(pg)
         if sharders is None:
             raise ValueError(
                 "collective_plan needs sharders, e.g. [EmbeddingBagCollectionSharder()] from "
                 "shardkit.distributed.embeddingbag"
             )
-        topology = self._topology or _topology_of(pg)
-        size = dist.get_world_size(pg)
-        if topology.world_size != size:
-            raise ValueError(
-                f"topology.world_size ({topology.world_size}) differs from the process group's "
-                f"size ({size}); plan for the ranks that will run the model"
-            )
-        payload = None
-        if dist.get_rank(pg) == 0:
-            payload = _attempt(lambda: self._planned_with(topology, module, sharders))
-        payload = comm.broadcast_object(payload, src=dist.get_global_rank(pg, 0), group=pg)
-        status, value = payload
-        if status == "error":
-            raise value
-        plan_json, stats = value
-        self._stats = stats
-        return ShardingPlan.from_json(plan_json)
+        topology = group_topology(group, self._topology)
+        return self._keep(
+            plan_on_rank_zero(lambda: self._plan_module(topology, module, sharders), group)
+        )
 
-    def _planned_with(self, topology, module, sharders) -> tuple[str, PlanStats]:
-        saved = self._topology
-        self._topology = topology
-        try:
-            plan = self.plan(module, sharders)
-        finally:
-            self._topology = saved
-        assert self._stats is not None
-        return plan.to_json(), self._stats
+    def _plan_module(
+        self, topology: Topology, module: nn.Module, sharders: Sequence[ModuleSharder]
+    ) -> PlanResult:
+        _check_sharders(sharders)
+        sources, dense = module_sources(module, sharders, compute_device=topology.compute_device)
+        return self._run(sources, topology, dense_parameter_bytes=dense)
+
+    def _run(
+        self, sources: Sequence[TableSource], topology: Topology, *, dense_parameter_bytes: int = 0
+    ) -> PlanResult:
+        start = time.perf_counter()
+        result = make_plan(
+            sources, topology, self._settings, dense_parameter_bytes=dense_parameter_bytes
+        )
+        if self._debug and result.stats.tables:
+            logger.info(
+                "planned %d tables on %d ranks in %.2f s (%d proposals)\n%s",
+                len(result.stats.tables),
+                result.stats.world_size,
+                time.perf_counter() - start,
+                result.stats.num_proposals,
+                result.stats,
+            )
+        return result
+
+    def _keep(self, result: PlanResult) -> ShardingPlan:
+        self._stats = result.stats
+        return result.plan
 
     def _require_topology(self) -> Topology:
         if self._topology is None:
@@ -192,19 +164,6 @@ class EmbeddingShardingPlanner:
             )
         return self._topology
 
-    def _done(self, result: PlanResult, seconds: float) -> ShardingPlan:
-        self._stats = result.stats
-        if self._debug and result.stats.tables:
-            logger.info(
-                "planned %d tables on %d ranks in %.2f s (%d proposals)\n%s",
-                len(result.stats.tables),
-                result.stats.world_size,
-                seconds,
-                result.stats.num_proposals,
-                result.stats,
-            )
-        return result.plan
-
 
 def _check_sharders(sharders: Sequence[ModuleSharder]) -> None:
     for sharder in sharders:
@@ -212,21 +171,3 @@ def _check_sharders(sharders: Sequence[ModuleSharder]) -> None:
             raise TypeError(
                 f"sharders must be ModuleSharder instances, got {type(sharder).__name__}"
             )
-
-
-def _topology_of(pg: dist.ProcessGroup) -> Topology:
-    size = dist.get_world_size(pg)
-    device = "cuda" if dist.get_backend(pg) == "nccl" else "cpu"
-    return Topology(world_size=size, compute_device=device, local_world_size=local_world_size(size))
-
-
-def _attempt(fn) -> tuple[str, Any]:
-    """("ok", fn()) or ("error", the exception), made safe to pickle for the broadcast."""
-    try:
-        return "ok", fn()
-    except Exception as exc:
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:
-            exc = PlannerError(f"{type(exc).__name__}: {exc}", PlannerErrorType.OTHER)
-        return "error", exc

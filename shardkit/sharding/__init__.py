@@ -1,11 +1,19 @@
 """Sharded embedding modules, their sharders, plans written by hand, and
-`DistributedModelParallel`."""
+`DistributedModelParallel`.
 
+`ShardedCollection` (the base of both sharded collections), `fused_state`, `load_fused_state`
+and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and loads them by.
+"""
+
+from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._model_parallel import DistributedModelParallel
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,
     apply_to_all,
@@ -18,10 +26,8 @@ from shardkit.sharding._sharding_plan import (
     table_row_wise,
     table_wise,
 )
-from shardkit.sharding.embedding import ShardedEmbeddingCollection
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
-from shardkit.sharding.model_parallel import DistributedModelParallel
-from shardkit.sharding.train_pipeline import DataExhaustedError, TrainPipelineSparseDist
+from shardkit.sharding._state import fused_state, load_fused_state, quiet_sharded_tensor
+from shardkit.sharding._train_pipeline import DataExhaustedError, TrainPipelineSparseDist
 
 __all__ = [
     "DataExhaustedError",
@@ -30,6 +36,7 @@ __all__ = [
     "EmbeddingCollectionSharder",
     "InputError",
     "ParameterShardingGenerator",
+    "ShardedCollection",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
     "TrainPipelineSparseDist",
@@ -37,8 +44,11 @@ __all__ = [
     "column_wise",
     "construct_module_sharding_plan",
     "data_parallel",
+    "fused_state",
     "get_default_sharders",
     "grid_shard",
+    "load_fused_state",
+    "quiet_sharded_tensor",
     "row_wise",
     "table_row_wise",
     "table_wise",

@@ -8,23 +8,37 @@ prefix of its tables) and implements `compute_and_output_dist`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, PoolingType, data_type_to_dtype
-from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, FusedTable, fused_config_of
-from shardkit.planner import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
-from shardkit.sharding._groups import Group, build_group, classes, group_specs
+from shardkit.modules import (
+    BaseEmbeddingConfig,
+    CollectionTables,
+    PoolingType,
+    TableDict,
+    collection_tables,
+    data_type_to_dtype,
+    fused_tables,
+)
+from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
-from shardkit.sharding._layout import Route, ShardSlice, build_layout
+from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._shard_groups import (
+    ShardGroup,
+    build_shard_group,
+    classes,
+    shard_group_specs,
+)
 from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
+from shardkit.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
 
 __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
 
@@ -67,7 +81,7 @@ class ShardedCollection(nn.Module):
         module: the unsharded collection; its configs, and its weights when they are
             materialised (each rank copies its shards; on "meta" shards are initialised anew).
         plan: table name -> `ParameterSharding` for this module.
-        env: the ranks and their process group.
+        env: the ranks and their process shard_group.
         device: where this rank's shards live.
         fused_params: the fused optimizer of FUSED tables that `apply_optimizer_in_backward` did
             not set (default: the module's own ``fused_params``, else SGD with lr 0.01).
@@ -91,7 +105,8 @@ class ShardedCollection(nn.Module):
         gradient_division: bool = True,
     ) -> None:
         super().__init__()
-        self._configs: list[BaseEmbeddingConfig] = list(module._stack.configs)
+        tables = collection_tables(module)
+        self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
         self._env = env
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -104,15 +119,15 @@ class ShardedCollection(nn.Module):
         self._with_weights = self._is_weighted or any(
             getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
         )
-        keys = self._table_keys(module, plan, fused_params)
-        self._specs = [group_specs(self._layout, r, keys) for r in range(world)]
+        keys = self._table_keys(tables, plan, fused_params)
+        self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
-        self._groups = self._build_groups(module)
+        self._shard_groups = self._build_shard_groups(tables)
         self._hosts = None
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
-        setattr(self, self._TABLES, nn.ModuleDict())
-        self._local = self._build_local(module)
+        setattr(self, self._TABLES, TableDict())  # any table name (see TableDict)
+        self._local = self._build_local(module, tables)
         self._register_tables()
         self.fused_optimizer = self._make_fused_optimizer()
         self._prefetched: list[DistributedInput] = []
@@ -121,7 +136,7 @@ class ShardedCollection(nn.Module):
         logger.info(
             "rank %d: %d local shard group(s), %d output class(es), %d data-parallel table(s)",
             env.rank,
-            len(self._groups),
+            len(self._shard_groups),
             len(self._classes),
             len(self._local_tables),
         )
@@ -129,16 +144,16 @@ class ShardedCollection(nn.Module):
     # -- construction --------------------------------------------------------------------
 
     @property
-    def tables(self) -> nn.ModuleDict:
+    def tables(self) -> TableDict:
         return getattr(self, self._TABLES)
 
-    def _table_keys(self, module, plan, fused_params) -> list[tuple]:
+    def _table_keys(self, tables: CollectionTables, plan, fused_params) -> list[tuple]:
         default = None
         if fused_params is not None:
             default = FusedOptimizerConfig.from_fused_params(fused_params)
-        module_default = module._stack.default_config
+        module_default = tables.fused_config
         keys = []
-        for config, param in zip(self._configs, module._stack.params):
+        for config, param in zip(self._configs, tables.weights):
             dtype = data_type_to_dtype(config.data_type)
             if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:
                 keys.append((dtype, None))
@@ -147,8 +162,8 @@ class ShardedCollection(nn.Module):
             keys.append((dtype, chosen))
         return keys
 
-    def _build_groups(self, module: Any) -> list[Group]:
-        weights = {c.name: p for c, p in zip(self._configs, module._stack.params)}
+    def _build_shard_groups(self, tables: CollectionTables) -> list[ShardGroup]:
+        weights = {c.name: p for c, p in zip(self._configs, tables.weights)}
         by_name = {c.name: c for c in self._configs}
 
         def initial(shard: ShardSlice) -> torch.Tensor | None:
@@ -161,9 +176,11 @@ class ShardedCollection(nn.Module):
             cols = slice(shard.col_start, shard.col_start + shard.cols)
             return full.detach()[rows, cols]
 
-        return [build_group(spec, self._device, initial) for spec in self._specs[self._env.rank]]
+        return [
+            build_shard_group(spec, self._device, initial) for spec in self._specs[self._env.rank]
+        ]
 
-    def _build_local(self, module: Any) -> nn.Module | None:
+    def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
         """Data-parallel tables: a replica, looked up like the unsharded module (dense kernel)."""
         names = {self._configs[u.table_index].name for u in self._layout.units_of(Route.LOCAL)}
         unique = [c for c in self._configs if c.name in names]
@@ -174,7 +191,7 @@ class ShardedCollection(nn.Module):
         local = type(module)(
             tables=unique, device=self._device, validate_ids=self._validate_ids, **kwargs
         )
-        source = dict(zip((c.name for c in self._configs), module._stack.params))
+        source = dict(zip((c.name for c in self._configs), tables.weights))
         with torch.no_grad():
             for name in self._local_tables:
                 if source[name].device.type != "meta":
@@ -183,8 +200,8 @@ class ShardedCollection(nn.Module):
 
     def _register_tables(self) -> None:
         shards: dict[str, tuple[list, list]] = {}
-        for group in self._groups:
-            for slice_, param in zip(group.spec.shards, group.params):
+        for shard_group in self._shard_groups:
+            for slice_, param in zip(shard_group.spec.shards, shard_group.params):
                 entry = shards.setdefault(slice_.table, ([], []))
                 entry[0].append(slice_)
                 entry[1].append(param)
@@ -197,24 +214,16 @@ class ShardedCollection(nn.Module):
                 self.tables[config.name] = ShardedTable(slices, params)
 
     def _make_fused_optimizer(self) -> FusedOptimizer | None:
-        tables = []
-        for group in self._groups:
-            if group.tables.optimizer is None:
-                continue
-            starts = group.tables.row_starts
-            for k, (slice_, param) in enumerate(zip(group.spec.shards, group.params)):
-                index = self.tables[slice_.table].shard_slices.index(slice_)
-                tables.append(
-                    FusedTable(
-                        name=f"{self._TABLES}.{slice_.table}.shards.{index}",
-                        table=slice_.table,
-                        param=param,
-                        optimizer=group.tables.optimizer,
-                        row_start=starts[k],
-                        row_end=starts[k + 1],
-                    )
-                )
-        return FusedOptimizer(tables) if tables else None
+        fused = []
+        for shard_group in self._shard_groups:
+            keys = [(self._shard_key(s), s.table) for s in shard_group.spec.shards]
+            fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
+        return FusedOptimizer(fused) if fused else None
+
+    def _shard_key(self, shard: ShardSlice) -> str:
+        """The shard's Parameter key: ``<tables>.<table>.shards.<k>``."""
+        index = self.tables[shard.table].shard_slices.index(shard)
+        return f"{self._TABLES}.{shard.table}.shards.{index}"
 
     # -- state dict: see [Note: sharded state dicts] --------------------------------------
 
@@ -286,6 +295,34 @@ class ShardedCollection(nn.Module):
         names = [f for c in self._configs if c.name in self._local_tables for f in c.feature_names]
         keys = features.keys()
         return features.permute([keys.index(f) for f in names])
+
+    def _local_rows(self, features: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        """Output rows of each data-parallel feature, looked up by the local replica."""
+        raise NotImplementedError
+
+    def _feature_rows(
+        self, features: KeyedJaggedTensor, received: Callable[[Unit], torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Each feature's output rows: its units' column blocks side by side, in column order.
+
+        A block comes from the data-parallel replica, or is ``received(unit)`` from the shards,
+        its gradient scaled by ``gradient_division``. See [Note: routes].
+        """
+        local = {} if self._local is None else self._local_rows(features)
+        blocks: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for unit in self._layout.units:
+            if unit.route == Route.LOCAL:
+                rows = local[unit.feature]
+            else:
+                rows = scale_grad(received(unit), self._gradient_scale)
+            blocks.setdefault(unit.feature, []).append((unit.col_start, rows))
+        return {feature: _side_by_side(parts) for feature, parts in blocks.items()}
+
+
+def _side_by_side(blocks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """(first column, rows ``[N, cols]``) blocks -> ``[N, sum(cols)]`` in column order."""
+    parts = [rows for _, rows in sorted(blocks, key=lambda block: block[0])]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def _state_dict_hook(module: ShardedCollection, state_dict, prefix, _meta) -> None:

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
-from shardkit.planner import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding.embedding import ShardedEmbeddingCollection
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
 
 __all__ = ["EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]
 

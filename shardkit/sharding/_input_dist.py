@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.comm import Handle
-from shardkit.comm._label import label
+from shardkit.comm import Handle, label
 from shardkit.sharding._layout import Layout, Route, Slot, Unit
 
 __all__ = ["InputError", "Received", "SourceBatch", "exchange_start"]

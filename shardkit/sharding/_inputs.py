@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from shardkit.modules import BaseEmbeddingConfig, PoolingType
+from shardkit.modules import BaseEmbeddingConfig, PoolingType, mean_as_weights
 from shardkit.sharding._input_dist import SourceBatch
 from shardkit.sparse import KeyedJaggedTensor
 
@@ -85,11 +85,10 @@ def _check_ids(ids: torch.Tensor, feature: str, config: BaseEmbeddingConfig) -> 
 
 
 def _weights(jt, config: BaseEmbeddingConfig) -> torch.Tensor:
+    """``[N]`` float weights of the feature's ids: its own (or 1), MEAN folded in."""
     weights = jt.weights_or_none()
-    lengths = jt.lengths()
-    ones = weights is None
-    weights = torch.ones(jt.values().numel()) if ones else weights.float()
+    weights = None if weights is None else weights.float()
+    num_ids = jt.values().numel()
     if getattr(config, "pooling", PoolingType.SUM) == PoolingType.MEAN:
-        scale = (1.0 / lengths.clamp(min=1).float()).repeat_interleave(lengths)
-        weights = weights * scale
-    return weights
+        return mean_as_weights(jt.lengths(), weights, num_ids=num_ids)
+    return torch.ones(num_ids) if weights is None else weights

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardkit.modules import BaseEmbeddingConfig
-from shardkit.planner import ParameterSharding, ShardingType
+from shardkit.types import ParameterSharding, ShardingType
 
 __all__ = ["Layout", "Route", "ShardSlice", "Slot", "Unit", "build_layout"]
 

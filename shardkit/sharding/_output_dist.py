@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.sharding._groups import GroupSpec, class_slots
 from shardkit.sharding._layout import Route
+from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 
 __all__ = ["HostGroups", "distribute"]
 
@@ -43,7 +43,7 @@ class HostGroups:
 def distribute(
     output_class: OutputClass,
     rows: Sequence[torch.Tensor],
-    specs_per_rank: Sequence[Sequence[GroupSpec]],
+    specs_per_rank: Sequence[Sequence[ShardGroupSpec]],
     *,
     rank: int,
     batch_size: int,

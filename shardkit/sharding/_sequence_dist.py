@@ -14,17 +14,17 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.sharding._groups import GroupSpec, class_slots
 from shardkit.sharding._input_dist import PendingInput, Received
 from shardkit.sharding._layout import Layout, Route, Slot
+from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 
 __all__ = ["distribute_rows"]
 
 
 def distribute_rows(
     output_class: tuple[Route, int],
-    rows: Sequence[tuple[GroupSpec, torch.Tensor]],
-    specs_per_rank: Sequence[Sequence[GroupSpec]],
+    rows: Sequence[tuple[ShardGroupSpec, torch.Tensor]],
+    specs_per_rank: Sequence[Sequence[ShardGroupSpec]],
     received: Received,
     pending: PendingInput,
     layout: Layout,
@@ -70,7 +70,7 @@ def distribute_rows(
 
 def _expected(
     output_class: tuple[Route, int],
-    specs_per_rank: Sequence[Sequence[GroupSpec]],
+    specs_per_rank: Sequence[Sequence[ShardGroupSpec]],
     layout: Layout,
     pending: PendingInput,
 ) -> list[list[tuple[Slot, int]]]:

@@ -23,7 +23,11 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.launch import local_world_size
-from shardkit.planner import (
+from shardkit.sharding._embedding_sharders import (
+    EmbeddingBagCollectionSharder,
+    EmbeddingCollectionSharder,
+)
+from shardkit.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
@@ -33,10 +37,6 @@ from shardkit.planner import (
     ShardMetadata,
     placement,
     split_evenly,
-)
-from shardkit.sharding._embedding_sharders import (
-    EmbeddingBagCollectionSharder,
-    EmbeddingCollectionSharder,
 )
 
 __all__ = [

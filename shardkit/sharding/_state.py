@@ -119,10 +119,13 @@ def fused_state(collection: Any) -> dict[str, Any]:
     `load_fused_state`). Tensors here are copies: write back with `load_fused_state`.
     """
     out: dict[str, Any] = {}
-    for config, group, position in _fused_shards(collection):
-        optimizer = group.tables.optimizer
-        start, end = group.tables.row_starts[position], group.tables.row_starts[position + 1]
-        slice_ = group.spec.shards[position]
+    for config, shard_group, position in _fused_shards(collection):
+        optimizer = shard_group.tables.optimizer
+        start, end = (
+            shard_group.tables.row_starts[position],
+            shard_group.tables.row_starts[position + 1],
+        )
+        slice_ = shard_group.spec.shards[position]
         for name, state in optimizer.state.items():
             block = state[start:end]
             if block.dim() == 1:  # row-wise: [rows] -> [rows, cols]
@@ -148,10 +151,13 @@ def load_fused_state(collection: Any, state: dict[str, Any]) -> None:
     the live optimizer. For row-wise Adagrad a shard takes its first column when all its
     columns agree (bit-exact on the same plan) and their mean otherwise (a checkpoint of column
     shards, each with its own accumulator, loaded into a table of wider shards)."""
-    for config, group, position in _fused_shards(collection):
-        optimizer = group.tables.optimizer
-        start, end = group.tables.row_starts[position], group.tables.row_starts[position + 1]
-        slice_ = group.spec.shards[position]
+    for config, shard_group, position in _fused_shards(collection):
+        optimizer = shard_group.tables.optimizer
+        start, end = (
+            shard_group.tables.row_starts[position],
+            shard_group.tables.row_starts[position + 1],
+        )
+        slice_ = shard_group.spec.shards[position]
         for name, live in optimizer.state.items():
             value = state[f"{config.name}.{name}"]
             block = block_of(value, slice_, f"{config.name}.{name}")
@@ -165,10 +171,10 @@ def load_fused_state(collection: Any, state: dict[str, Any]) -> None:
 
 
 def _fused_shards(collection: Any):
-    """(config, group, position in the group) of every fused local shard."""
+    """(config, shard group, position in the group) of every fused local shard."""
     configs = {c.name: c for c in collection._configs}
-    for group in collection._groups:
-        if group.tables.optimizer is None:
+    for shard_group in collection._shard_groups:
+        if shard_group.tables.optimizer is None:
             continue
-        for position, slice_ in enumerate(group.spec.shards):
-            yield configs[slice_.table], group, position
+        for position, slice_ in enumerate(shard_group.spec.shards):
+            yield configs[slice_.table], shard_group, position

@@ -13,26 +13,22 @@ the sync once per batch (``sync()`` pays it up front; ``unsync()`` drops it).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from shardkit.sparse import _kjt_ops
-from shardkit.sparse._checks import num_rows
+from shardkit.sparse._checks import check_inverse_indices, check_kjt, check_per_key, num_rows
 from shardkit.sparse._format import describe, kjt_string
 from shardkit.sparse._jagged import JaggedTensor
-from shardkit.sparse._kjt_checks import (
-    check_inverse_indices,
-    check_kjt,
-    check_per_key,
-    validate_kjt,
-)
 from shardkit.sparse._segments import complete_cumsum, cumsum_list
+from shardkit.sparse._validate import validate_kjt
 
 __all__ = ["KeyedJaggedTensor"]
 
 _OWNER = "KeyedJaggedTensor"
-_FIELDS = _kjt_ops.FIELDS
 
 
 class KeyedJaggedTensor:
@@ -64,7 +60,8 @@ class KeyedJaggedTensor:
 
     Args:
         keys: feature names, unique.
-        values: ``[N]`` ids (int32/int64), all keys and bags one after another.
+        values: ``[N]`` ids (int32/int64, any integer dtype; floats are refused, not truncated),
+            all keys and bags one after another.
         weights: ``[N]`` float, one weight per id, or None.
         lengths: ``[F * B]`` ids per bag (or give ``offsets``, or both).
         offsets: ``[F * B + 1]`` start of each bag in ``values``, then ``N``.
@@ -75,21 +72,6 @@ class KeyedJaggedTensor:
         inverse_indices: ``(keys, [len(keys), B])`` maps each example of the full batch to its
             bag of a deduplicated (VBE) key.
     """
-
-    _keys: list[str]
-    _values: torch.Tensor
-    _weights: torch.Tensor | None
-    _lengths: torch.Tensor | None
-    _offsets: torch.Tensor | None
-    _stride: int | None
-    _stride_per_key_per_rank: list[list[int]] | None
-    _stride_per_key: list[int] | None
-    _length_per_key: list[int] | None
-    _lengths_offset_per_key: list[int] | None
-    _offset_per_key: list[int] | None
-    _index_per_key: dict[str, int] | None
-    _jt_dict: dict[str, JaggedTensor] | None
-    _inverse_indices: tuple[list[str], torch.Tensor] | None
 
     def __init__(
         self,
@@ -109,23 +91,68 @@ class KeyedJaggedTensor:
         inverse_indices: tuple[list[str], torch.Tensor] | None = None,
     ) -> None:
         keys, lengths, offsets, stride, strides = check_kjt(
-            keys, values, weights, lengths, offsets, stride, stride_per_key_per_rank,
+            _OWNER, keys, values, weights, lengths, offsets, stride, stride_per_key_per_rank,
             stride_per_key,
         )  # fmt: skip
-        check_per_key(keys, values.size(0), num_rows(lengths, offsets), length_per_key,
+        check_per_key(_OWNER, keys, values.size(0), num_rows(lengths, offsets), length_per_key,
                       offset_per_key, lengths_offset_per_key)  # fmt: skip
-        check_inverse_indices(inverse_indices)
-        _set_fields(self, dict(zip(_FIELDS, (
+        check_inverse_indices(_OWNER, inverse_indices)
+        self._set_fields(
             keys, values, weights, lengths, offsets, stride, strides, stride_per_key,
             length_per_key, lengths_offset_per_key, offset_per_key, index_per_key, jt_dict,
             inverse_indices,
-        ))))  # fmt: skip
+        )  # fmt: skip
+
+    def _set_fields(
+        self, keys: list[str], values: torch.Tensor, weights: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+        stride: int | None = None, stride_per_key_per_rank: list[list[int]] | None = None,
+        stride_per_key: list[int] | None = None, length_per_key: list[int] | None = None,
+        lengths_offset_per_key: list[int] | None = None, offset_per_key: list[int] | None = None,
+        index_per_key: dict[str, int] | None = None,
+        jt_dict: dict[str, JaggedTensor] | None = None,
+        inverse_indices: tuple[list[str], torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
+        """The one place a KJT's state is stored: the constructor's arguments, each as
+        ``_<name>`` (lengths or offsets may be None; metadata None until computed)."""
+        self._keys = keys
+        self._values = values
+        self._weights = weights
+        self._lengths = lengths
+        self._offsets = offsets
+        self._stride = stride
+        self._stride_per_key_per_rank = stride_per_key_per_rank
+        self._stride_per_key = stride_per_key
+        self._length_per_key = length_per_key
+        self._lengths_offset_per_key = lengths_offset_per_key
+        self._offset_per_key = offset_per_key
+        self._index_per_key = index_per_key
+        self._jt_dict = jt_dict
+        self._inverse_indices = inverse_indices
+
+    def _copy(self) -> KeyedJaggedTensor:
+        """A shallow copy of every field but the cached dict of views (no tensor is copied)."""
+        new = copy.copy(self)
+        new._jt_dict = None
+        return new
+
+    def _moved(self, move: Callable[[torch.Tensor], torch.Tensor]) -> KeyedJaggedTensor:
+        """A copy with every tensor passed through ``move`` (to a device, pinned), metadata
+        kept."""
+        new = self._copy()
+        new._values = move(self._values)
+        new._weights, new._lengths, new._offsets = (
+            None if t is None else move(t) for t in (self._weights, self._lengths, self._offsets)
+        )
+        if self._inverse_indices is not None:
+            new._inverse_indices = (self._inverse_indices[0], move(self._inverse_indices[1]))
+        return new
 
     @classmethod
     def _make(cls, **fields: Any) -> KeyedJaggedTensor:
         """Build from fields known to be consistent (our own ops' outputs): no checks."""
         kjt = cls.__new__(cls)
-        _set_fields(kjt, {name: fields.get(name) for name in _FIELDS})
+        kjt._set_fields(**fields)
         return kjt
 
     # -- constructors ------------------------------------------------------------------------
@@ -165,12 +192,14 @@ class KeyedJaggedTensor:
     @classmethod
     def from_jt_dict(cls, jt_dict: dict[str, JaggedTensor]) -> KeyedJaggedTensor:
         """One key per entry, in the dict's order; different batch sizes make a VBE KJT."""
-        return _kjt_ops.from_jt_dict(cls, jt_dict)
+        if not jt_dict:
+            return cls.empty()
+        return cls(**_kjt_ops.from_jt_dict(_OWNER, jt_dict)).sync()
 
     @classmethod
     def concat(cls, kjt_list: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
         """The keys of all KJTs side by side (same batch size; all weighted or none)."""
-        return _kjt_ops.concat(cls, kjt_list)
+        return cls._make(**_kjt_ops.concat(_OWNER, kjt_list))
 
     @classmethod
     def empty(
@@ -192,7 +221,9 @@ class KeyedJaggedTensor:
     ) -> KeyedJaggedTensor:
         """No keys but ``kjt``'s dtypes and stride (a VBE ``kjt``'s ``stride_per_key_per_rank``,
         as TorchRec); with ``device``: ``kjt``'s keys, metadata and shapes, data uninitialised."""
-        return _kjt_ops.empty_like(cls, kjt, device)
+        if device is None:
+            return cls._make(**_kjt_ops.empty_like(kjt))
+        return kjt._moved(lambda t: torch.empty_like(t, device=device))
 
     def keys(self) -> list[str]:
         return self._keys
@@ -238,7 +269,11 @@ class KeyedJaggedTensor:
     def stride(self) -> int:
         """The batch size: ``len(lengths) // len(keys)``, or the largest per-key one (VBE)."""
         if self._stride is None:
-            self._stride = _kjt_ops.compute_stride(self)
+            inverse = self._inverse_indices
+            self._stride = _kjt_ops.batch_size(
+                self._keys, num_rows(self._lengths, self._offsets), self._stride_per_key_per_rank,
+                None if inverse is None else inverse[1],
+            )  # fmt: skip
         return self._stride
 
     def stride_per_key(self) -> list[int]:
@@ -275,7 +310,7 @@ class KeyedJaggedTensor:
     def length_per_key(self) -> list[int]:
         """Ids of each key: one device->host sync the first time, then cached."""
         if self._length_per_key is None:
-            self._length_per_key = _kjt_ops.compute_length_per_key(self)
+            self._length_per_key = _kjt_ops.ids_per_key(self)
         return self._length_per_key
 
     def length_per_key_or_none(self) -> list[int] | None:
@@ -335,7 +370,8 @@ class KeyedJaggedTensor:
 
     def split(self, segments: list[int]) -> list[KeyedJaggedTensor]:
         """KJTs of consecutive key groups: ``segments[i]`` keys each (0 gives a KJT of no keys)."""
-        return _kjt_ops.split(self, segments)
+        pieces = _kjt_ops.split(_OWNER, self, segments)
+        return [self if fields is None else self._make(**fields) for fields in pieces]
 
     def permute(
         self, indices: list[int], indices_tensor: torch.Tensor | None = None
@@ -344,13 +380,13 @@ class KeyedJaggedTensor:
 
         ``indices_tensor``: ``indices`` already on this KJT's device (saves a host->device copy).
         """
-        return _kjt_ops.permute(self, indices, indices_tensor)
+        return self._make(**_kjt_ops.permute(_OWNER, self, indices, indices_tensor))
 
     def flatten_lengths(self) -> KeyedJaggedTensor:
         """This KJT with ``lengths`` as a 1-D view (they always are 1-D here)."""
-        fields = _kjt_ops.carried_fields(self)
-        fields.update(lengths=self.lengths().view(-1), length_per_key=self.length_per_key())
-        return self._make(**fields)
+        new = self._copy()
+        new._lengths, new._length_per_key = self.lengths().view(-1), self.length_per_key()
+        return new
 
     # -- devices and streams -----------------------------------------------------------------
 
@@ -358,15 +394,14 @@ class KeyedJaggedTensor:
         self, device: torch.device, non_blocking: bool = False, dtype: torch.dtype | None = None
     ) -> KeyedJaggedTensor:
         """A copy on ``device`` with the metadata kept; ``dtype`` converts the weights only."""
-
-        fields = _kjt_ops.moved_fields(self, lambda t: t.to(device, non_blocking=non_blocking))
-        if fields["weights"] is not None and dtype is not None:
-            fields["weights"] = fields["weights"].to(dtype)
-        return self._make(**fields)
+        moved = self._moved(lambda t: t.to(device, non_blocking=non_blocking))
+        if moved._weights is not None and dtype is not None:
+            moved._weights = moved._weights.to(dtype)
+        return moved
 
     def pin_memory(self) -> KeyedJaggedTensor:
         """A copy in pinned host memory, metadata kept."""
-        return self._make(**_kjt_ops.moved_fields(self, lambda t: t.pin_memory()))
+        return self._moved(lambda t: t.pin_memory())
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         """Mark values, weights, lengths and offsets as in use by ``stream``."""
@@ -379,7 +414,13 @@ class KeyedJaggedTensor:
     def validate(self) -> KeyedJaggedTensor:
         """Check the data against the metadata; raises ValueError naming the key. Syncs with
         the device; returns ``self``."""
-        validate_kjt(self)
+        validate_kjt(
+            _OWNER, self._keys, self._values, self._weights, self._lengths, self._offsets,
+            stride=self._stride, stride_per_key_per_rank=self._stride_per_key_per_rank,
+            length_per_key=self._length_per_key, offset_per_key=self._offset_per_key,
+            lengths_offset_per_key=self.lengths_offset_per_key(),
+            stride_per_key=self.stride_per_key(), inverse_indices=self._inverse_indices,
+        )  # fmt: skip
         return self
 
     def __str__(self) -> str:
@@ -397,8 +438,3 @@ class KeyedJaggedTensor:
         tensors = describe(values=self._values, weights=self._weights, lengths=self._lengths,
                            offsets=self._offsets)  # fmt: skip
         return f"{_OWNER}(keys={self._keys}, {batch}, {tensors})"
-
-
-def _set_fields(kjt: KeyedJaggedTensor, fields: dict[str, Any]) -> None:
-    for name in _FIELDS:
-        setattr(kjt, f"_{name}", fields[name])

@@ -2,7 +2,8 @@
 
 Constructors never call these (see [Note: free checks] in `_checks`). A check names the first
 offending position, and through ``where`` the key it belongs to, so that the message points at
-the bag to fix.
+the bag to fix. `validate_kjt` is a KeyedJaggedTensor's ``validate()``: its free checks again
+(its ops build KJTs without them), then the data.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from collections.abc import Callable
 
 import torch
 
+from shardkit.sparse._checks import check_inverse_indices, check_kjt, check_per_key, num_rows
+from shardkit.sparse._segments import boundary_diffs, complete_cumsum
+
 __all__ = [
     "check_bags",
     "check_lengths_match_offsets",
     "check_total",
     "first_true",
+    "validate_kjt",
 ]
 
 Where = Callable[[int], str]  # bag index -> "key 'user': " (KJT) or "" (JT)
@@ -93,3 +98,107 @@ def check_total(
             f"{owner}: offsets end at {end}{detail} but values have {num_values} entries; "
             "the last offset must equal len(values)"
         )
+
+
+def validate_kjt(
+    owner: str,
+    keys: list[str],
+    values: torch.Tensor,
+    weights: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    *,
+    stride: int | None,
+    stride_per_key_per_rank: list[list[int]] | None,
+    length_per_key: list[int] | None,
+    offset_per_key: list[int] | None,
+    lengths_offset_per_key: list[int],
+    stride_per_key: list[int],
+    inverse_indices: tuple[list[str], torch.Tensor] | None,
+) -> None:
+    """A KeyedJaggedTensor's fields (as it holds them: metadata None if not computed), then its
+    data against them; data messages start with ``<owner>.validate`` and name the key.
+
+    Args:
+        lengths_offset_per_key: ``[F + 1]`` the first bag of each key, then the number of bags.
+        stride_per_key: the bags of each key, the range of its ``inverse_indices`` row.
+    """
+    check_kjt(owner, keys, values, weights, lengths, offsets, stride, stride_per_key_per_rank,
+              None, unique_keys=False)  # fmt: skip
+    check_per_key(owner, keys, values.size(0), num_rows(lengths, offsets), length_per_key,
+                  offset_per_key, lengths_offset_per_key)  # fmt: skip
+    check_inverse_indices(owner, inverse_indices)
+    _check_keyed_bags(f"{owner}.validate", keys, values.size(0), lengths, offsets,
+                      lengths_offset_per_key, length_per_key)  # fmt: skip
+    if inverse_indices is not None:
+        _check_inverse_range(f"{owner}.validate", dict(zip(keys, stride_per_key)),
+                             *inverse_indices)  # fmt: skip
+
+
+def _check_keyed_bags(
+    owner: str,
+    keys: list[str],
+    num_values: int,
+    lengths: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    lengths_offset_per_key: list[int],
+    length_per_key: list[int] | None,
+) -> None:
+    """The bags of every key agree however they are described; messages name the key."""
+    bounds = lengths_offset_per_key
+
+    def where(bag: int) -> str:
+        index = sum(1 for bound in bounds[1:] if bound <= bag)
+        return f"key {keys[index]!r}: " if index < len(keys) else ""
+
+    check_bags(owner, lengths, offsets, where)
+    per_key = None
+    if offsets is not None and offsets.numel():
+        per_key = ("offsets say", boundary_diffs(offsets, bounds))
+    if lengths is not None:
+        from_lengths = ("lengths sum to", boundary_diffs(complete_cumsum(lengths), bounds))
+        _compare_per_key(owner, keys, from_lengths, per_key)
+        per_key = from_lengths
+    check_lengths_match_offsets(owner, lengths, offsets, where)
+    if length_per_key is not None:
+        _compare_per_key(owner, keys, per_key, ("length_per_key says", length_per_key))
+    detail = f" (per key: {dict(zip(keys, per_key[1]))})" if keys and per_key else ""
+    check_total(owner, lengths, offsets, num_values, detail)
+
+
+def _compare_per_key(
+    owner: str,
+    keys: list[str],
+    ours: tuple[str, list[int]] | None,
+    theirs: tuple[str, list[int]] | None,
+) -> None:
+    """Two per-key id counts, each with how it is described: the first key where they differ."""
+    if ours is None or theirs is None:
+        return
+    for key, mine, other in zip(keys, ours[1], theirs[1]):
+        if mine != other:
+            raise ValueError(
+                f"{owner}: key {key!r}: {ours[0]} {mine} but {theirs[0]} {other}; every "
+                f"description of key {key!r}'s bags must agree (pass only lengths to have the "
+                "rest derived)"
+            )
+
+
+def _check_inverse_range(
+    owner: str, stride_of: dict[str, int], names: list[str], inverse: torch.Tensor
+) -> None:
+    """Row k of ``inverse`` ``[len(names), B]`` points at bags of key ``names[k]``."""
+    if inverse.numel() == 0:
+        return
+    for row, name in enumerate(names):
+        if name not in stride_of:
+            continue  # a key the model dedups but this KJT does not carry
+        limit = stride_of[name]
+        indices = inverse[row]
+        bad = first_true((indices < 0) | (indices >= limit))
+        if bad is not None:
+            raise ValueError(
+                f"{owner}: key {name!r}: inverse_indices[{row}][{bad}] = {int(indices[bad])} "
+                f"is not one of the key's {limit} bags; each entry of row {row} must be in "
+                f"[0, {limit})"
+            )

@@ -16,7 +16,17 @@ from typing import Any
 from shardkit.data import CriteoFormat, IdMapping
 from shardkit.planner import ShardingType
 
-__all__ = ["DataSource", "DenseOptimizer", "ModelKind", "TrainConfig"]
+__all__ = [
+    "CRITEO_FORMATS",
+    "ID_MAPPINGS",
+    "DataSource",
+    "DenseOptimizer",
+    "ModelKind",
+    "TrainConfig",
+]
+
+CRITEO_FORMATS = tuple(f.value for f in CriteoFormat)  # "tsv", "paddlerec"
+ID_MAPPINGS = tuple(m.value for m in IdMapping)  # "modulo", "hash"
 
 
 class DataSource(enum.Enum):
@@ -88,7 +98,8 @@ class TrainConfig:
         progress: a progress bar (or a log line every few seconds) while training.
         log_every: steps between training-loss lines (averaged over ranks) in the metrics file.
         max_steps_per_epoch: cut epochs short (smoke tests).
-        timeout: seconds a collective may wait for the other ranks before the run fails.
+        timeout: seconds a collective may wait before the job fails, naming the late rank (a
+            warning names it at a quarter of this).
     """
 
     data: DataSource = DataSource.ADULT
@@ -125,12 +136,17 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 10
     max_steps_per_epoch: int | None = None
-    timeout: float = 300.0
+    # Seconds a collective waits before the job fails naming the late rank (a warning names it
+    # at a quarter of this). Half an hour, as torch's gloo default: one rank may be away from
+    # collectives for minutes while planning or loading the first batches, or saving its shards.
+    timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         _coerce(self)
         _check_sizes(self)
         _check_data(self)
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.lr <= 0 or self.table_lr <= 0:
             raise ValueError(
                 f"learning rates must be > 0, got lr={self.lr}, table_lr={self.table_lr}"

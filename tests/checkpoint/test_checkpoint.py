@@ -41,7 +41,7 @@ def _full_view(dmp) -> dict[str, torch.Tensor]:
             else [([0, 0], value.clone())]
         )
     sharded = dmp.module
-    for group in sharded._groups:
+    for group in sharded._shard_groups:
         opt = group.tables.optimizer
         for k, slice_ in enumerate(group.spec.shards):
             start, end = group.tables.row_starts[k], group.tables.row_starts[k + 1]
@@ -206,30 +206,30 @@ def _load_imported(rank: int, world_size: int, root: str):
 
 
 def _fsdp(face: str, seed: int):
-    from tests.fsdp.test_state_dict import _model_and_optimizer
+    from tests.fsdp.sharded import model_and_optimizer
 
-    return _model_and_optimizer(face, seed=seed)
+    return model_and_optimizer(face, seed=seed)
 
 
 def _fsdp_save(rank: int, world_size: int, root: str, face: str):
     from tests.fsdp.models import batches, train
-    from tests.fsdp.test_training import _full_state
+    from tests.fsdp.sharded import full_state
 
     model, optimizer = _fsdp(face, seed=0)
     train(model, optimizer, batches(world_size), rank, world_size)
     ckpt.save(root, step=1, model=model, optimizer=optimizer, extra={"epoch": 1})
-    return _full_state(model)
+    return full_state(model)
 
 
 def _fsdp_resume(rank: int, world_size: int, root: str, face: str):
     from tests.fsdp.models import batches, train
-    from tests.fsdp.test_training import _full_state
+    from tests.fsdp.sharded import full_state
 
     model, optimizer = _fsdp(face, seed=7)
     extra = ckpt.load(root, model=model, optimizer=optimizer, extra={"epoch": 0})
-    loaded = _full_state(model)
+    loaded = full_state(model)
     train(model, optimizer, batches(world_size, steps=2, seed=5), rank, world_size)
-    return extra, loaded, _full_state(model)
+    return extra, loaded, full_state(model)
 
 
 @pytest.mark.parametrize(("face", "load_ws"), [("wrapper", 3), ("fully_shard", 1)])
@@ -253,15 +253,15 @@ def test_fsdp_checkpoint_resumes_on_another_world_size(run_ranks, tmp_path, face
 def _fsdp_sgd_groups(rank: int, world_size: int, root: str):
     """An optimizer with no tensor state (plain SGD) still has its groups saved and loaded; a
     load without an optimizer takes the model alone."""
-    from tests.fsdp.test_state_dict import _model_and_optimizer
+    from tests.fsdp.sharded import model_and_optimizer
 
-    model, _ = _model_and_optimizer("fully_shard", seed=0)
+    model, _ = model_and_optimizer("fully_shard", seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     ckpt.save(root, step=1, model=model, optimizer=optimizer)
-    again, _ = _model_and_optimizer("fully_shard", seed=7)
+    again, _ = model_and_optimizer("fully_shard", seed=7)
     fresh = torch.optim.SGD(again.parameters(), lr=0.1)
     ckpt.load(root, model=again, optimizer=fresh)
-    model_only, _ = _model_and_optimizer("fully_shard", seed=7)
+    model_only, _ = model_and_optimizer("fully_shard", seed=7)
     ckpt.load(root, model=model_only)
     return fresh.param_groups[0]["lr"]
 

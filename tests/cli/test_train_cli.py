@@ -30,7 +30,8 @@ def _shardkit(*args: str, cwd: Path) -> str:
 def test_help_lists_every_train_option(tmp_path):
     out = _shardkit("train", "--help", cwd=tmp_path)
     for flag in ("--data", "--criteo-format", "--id-mapping", "--nproc", "--sharding-type",
-                 "--plan-only", "--resume", "--checkpoint-dir", "--metrics", "--model"):  # fmt: skip
+                 "--plan-only", "--resume", "--checkpoint-dir", "--metrics", "--model",
+                 "--timeout"):  # fmt: skip
         assert flag in out
     assert "(default: None)" not in out
 

@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from typing import cast
 
+import pytest
 import torch
 
 # The seed's imports, with torchrec renamed.
 from shardkit.distributed.embedding_types import EmbeddingComputeKernel
 from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from shardkit.distributed.planner import EmbeddingShardingPlanner, Topology
-from shardkit.distributed.planner.types import ParameterConstraints, PlannerError
+from shardkit.distributed.planner.types import (
+    ParameterConstraints,
+    PlannerError,
+    PlannerErrorType,
+)
 from shardkit.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from shardkit.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
 from tests.planner._helpers import meta_ebc, seed_tables
@@ -54,7 +60,23 @@ def test_torchrec_kernel_strings_are_understood():
     )
     plan = planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
     assert plan.plan[""]["large_table_0"].compute_kernel == EmbeddingComputeKernel.DENSE
-    assert issubclass(PlannerError, Exception)
+
+
+def test_planner_error_from_the_torchrec_path_says_why_and_survives_pickling():
+    """TorchRec code catches PlannerError and reads its error_type; collective_plan pickles the
+    error to send it from rank 0 to every rank, so the type must survive that too."""
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=1 << 20)  # 1 MiB per rank
+    planner = EmbeddingShardingPlanner(topology=topology)
+    with pytest.raises(
+        PlannerError,
+        match=r"2 of 4 tables have no way to be sharded on 2 ranks with 550 KiB for tables each"
+        r"(.|\n)*table 'large_table_0' \(4096 x 64",
+    ) as caught:
+        planner.plan(meta_ebc(seed_tables()), [EmbeddingBagCollectionSharder()])
+    assert caught.value.error_type is PlannerErrorType.INSUFFICIENT_STORAGE
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is PlannerError and str(again) == str(caught.value)
+    assert again.error_type is PlannerErrorType.INSUFFICIENT_STORAGE
 
 
 def test_sharding_env_is_plain_data():

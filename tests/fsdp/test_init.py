@@ -19,7 +19,7 @@ from tests.fsdp.models import (
     meta_reference,
     train,
 )
-from tests.fsdp.test_training import _full_state
+from tests.fsdp.sharded import full_state
 
 
 def _meta_wrapper(rank, ws, wrap):
@@ -31,9 +31,9 @@ def _meta_wrapper(rank, ws, wrap):
         auto_wrap_policy=ModuleWrapPolicy({Block}) if wrap else None,
         param_init_fn=init_module,
     )
-    before = _full_state(model)
+    before = full_state(model)
     train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
-    return before, _full_state(model)
+    return before, full_state(model)
 
 
 def _meta_fully_shard(rank, ws):
@@ -45,9 +45,9 @@ def _meta_fully_shard(rank, ws):
     assert all(p.is_meta for p in model.parameters())
     torch.manual_seed(0)
     model.materialize(init_fn=init_module)
-    before = _full_state(model)
+    before = full_state(model)
     train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
-    return before, _full_state(model)
+    return before, full_state(model)
 
 
 def _trained_from(states: dict[str, torch.Tensor], ws: int) -> dict[str, torch.Tensor]:

@@ -31,7 +31,7 @@ from tests.fsdp.models import (
     make_model,
     reference,
 )
-from tests.fsdp.test_training import _full_state
+from tests.fsdp.sharded import full_state
 
 FSDP = FullyShardedDataParallel
 
@@ -221,7 +221,7 @@ def _accumulate(rank, ws, face):
             model.set_requires_gradient_sync(True)
     loss_fn(model, *local(last, rank, ws)).backward()
     optimizer.step()
-    return _full_state(model)
+    return full_state(model)
 
 
 @pytest.mark.parametrize("face", ["wrapper", "fully_shard"])
@@ -384,7 +384,7 @@ def _checkpointed(rank, ws):
         optimizer.zero_grad()
         loss_fn(model, *local(batch, rank, ws)).backward()
         optimizer.step()
-    return _full_state(model)
+    return full_state(model)
 
 
 def test_activation_checkpointing_inside_units(run_ranks):

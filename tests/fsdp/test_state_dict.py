@@ -11,43 +11,31 @@ from shardkit.fsdp import (
     FullStateDictConfig,
     FullyShardedDataParallel,
     ShardedStateDictConfig,
-    ShardingStrategy,
     StateDictType,
-    fully_shard,
     optim_state_dict,
     optim_state_dict_to_load,
     state_dict_type,
 )
-from shardkit.fsdp.wrap import ModuleWrapPolicy
 from tests.fsdp.models import (
     OPTIMIZERS,
-    Block,
     assert_state_equal,
     batches,
     make_model,
     reference,
     train,
 )
-from tests.fsdp.test_training import _full_state
+from tests.fsdp.sharded import full_state, model_and_optimizer, wrapped
 
 FSDP = FullyShardedDataParallel
 FULL = StateDictType.FULL_STATE_DICT
 SHARDED = StateDictType.SHARDED_STATE_DICT
 
 
-def _wrapped(strategy="FULL_SHARD", seed=0):
-    return FSDP(
-        make_model(seed),
-        sharding_strategy=ShardingStrategy[strategy],
-        auto_wrap_policy=ModuleWrapPolicy({Block}),
-    )
-
-
 # ---- full ---------------------------------------------------------------------------------------
 
 
 def _rank0_only(rank, ws):
-    model = _wrapped()
+    model = wrapped()
     train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
     config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
     with FSDP.state_dict_type(model, FULL, config):
@@ -61,7 +49,7 @@ def test_full_state_dict_rank0_only(run_ranks):
 
 
 def _load_full(rank, ws, states):
-    model = _wrapped(seed=7)  # different values: all must come from the state dict
+    model = wrapped(seed=7)  # different values: all must come from the state dict
     model.load_state_dict(states)
     return model.state_dict()
 
@@ -78,7 +66,7 @@ def test_load_full_state_dict_on_another_world_size(run_ranks):
 def _sharded_layout(rank, ws, strategy):
     from torch.distributed.tensor import DTensor
 
-    model = _wrapped(strategy)
+    model = wrapped(strategy)
     with state_dict_type(model, SHARDED, ShardedStateDictConfig()):
         states = model.state_dict()
     out = {}
@@ -123,29 +111,18 @@ def test_hybrid_sharded_state_dict_replicates_across_hosts(run_ranks):
 def _dcp_save(rank, ws, path, face):
     import torch.distributed.checkpoint as dcp
 
-    model, optimizer = _model_and_optimizer(face)
+    model, optimizer = model_and_optimizer(face)
     train(model, optimizer, batches(ws), rank, ws)
     with state_dict_type(model, SHARDED):
         states = {"model": model.state_dict(), "optim": optim_state_dict(model, optimizer)}
     dcp.save(states, checkpoint_id=path)
-    return _full_state(model)
-
-
-def _model_and_optimizer(face, strategy="FULL_SHARD", seed=0):
-    if face == "wrapper":
-        model = _wrapped(strategy, seed)
-    else:
-        model = make_model(seed)
-        for block in model.blocks:
-            fully_shard(block, strategy=ShardingStrategy[strategy])
-        fully_shard(model, strategy=ShardingStrategy[strategy])
-    return model, OPTIMIZERS["adam"](model.parameters())
+    return full_state(model)
 
 
 def _dcp_load_and_train(rank, ws, path, face, strategy):
     import torch.distributed.checkpoint as dcp
 
-    model, optimizer = _model_and_optimizer(face, strategy, seed=7)
+    model, optimizer = model_and_optimizer(face, strategy, seed=7)
     train(
         model, optimizer, batches(ws, steps=1), rank, ws
     )  # optimizer state exists, then is replaced
@@ -154,9 +131,9 @@ def _dcp_load_and_train(rank, ws, path, face, strategy):
         dcp.load(states, checkpoint_id=path)
         model.load_state_dict(states["model"])
         optimizer.load_state_dict(optim_state_dict_to_load(model, optimizer, states["optim"]))
-    loaded = _full_state(model)
+    loaded = full_state(model)
     train(model, optimizer, batches(ws, steps=2, seed=5), rank, ws)
-    return loaded, _full_state(model)
+    return loaded, full_state(model)
 
 
 def _continued_reference(saved_ws: int, ws: int) -> dict[str, torch.Tensor]:
@@ -187,17 +164,17 @@ def test_dcp_save_on_two_ranks_load_on_another_world_size(
 
 
 def _full_optim(rank, ws):
-    model, optimizer = _model_and_optimizer("wrapper")
+    model, optimizer = model_and_optimizer("wrapper")
     train(model, optimizer, batches(ws), rank, ws)
-    return _full_state(model), optim_state_dict(model, optimizer)
+    return full_state(model), optim_state_dict(model, optimizer)
 
 
 def _load_full_optim(rank, ws, states, optim_states):
-    model, optimizer = _model_and_optimizer("wrapper", seed=7)
+    model, optimizer = model_and_optimizer("wrapper", seed=7)
     model.load_state_dict(states)
     optimizer.load_state_dict(optim_state_dict_to_load(model, optimizer, optim_states))
     train(model, optimizer, batches(ws, steps=2, seed=5), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 def test_full_optimizer_state_dict_round_trip(run_ranks):

@@ -18,13 +18,10 @@ import torch
 
 from shardkit.fsdp import (
     CPUOffload,
-    FullStateDictConfig,
     FullyShardedDataParallel,
     MixedPrecision,
     ShardingStrategy,
-    StateDictType,
     fully_shard,
-    state_dict_type,
 )
 from shardkit.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 from tests.fsdp.models import (
@@ -37,17 +34,13 @@ from tests.fsdp.models import (
     reference,
     train,
 )
+from tests.fsdp.sharded import full_state
 
 WRAPS = {
     "none": None,
     "size": functools.partial(size_based_auto_wrap_policy, min_num_params=100),
     "blocks": ModuleWrapPolicy({Block}),
 }
-
-
-def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    with state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
-        return {key: value.clone() for key, value in model.state_dict().items()}
 
 
 def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
@@ -59,7 +52,7 @@ def _train_wrapper(rank, ws, strategy, wrap, optimizer, offload=False, mp=None):
         mixed_precision=mp,
     )
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 def _train_fully_shard(rank, ws, strategy, optimizer, offload=False):
@@ -72,7 +65,7 @@ def _train_fully_shard(rank, ws, strategy, optimizer, offload=False):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adadelta"])
@@ -201,7 +194,7 @@ def _train_fsdp2_style(rank, ws, kwargs, optimizer, reshards=None):
     if reshards is not None:
         assert get_state(model.blocks[0]).config.reshard_after_forward is reshards
     train(model, OPTIMIZERS[optimizer](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 @pytest.mark.parametrize("reshard", [True, False])
@@ -262,7 +255,7 @@ def _train_on_2d_mesh(rank, ws):
     rows = model.blocks[0].up.weight.shape[0]  # 11 rows split 2 ways (hybrid), not 4 ways
     assert rows in (5, 6), rows
     train(model, OPTIMIZERS["adam"](model.parameters()), batches(ws), rank, ws)
-    return _full_state(model)
+    return full_state(model)
 
 
 def test_fsdp2_two_dimensional_mesh_is_hybrid_sharding(run_ranks):

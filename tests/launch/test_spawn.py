@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 
 import pytest
@@ -95,11 +96,19 @@ def _stuck_in_python(rank: int, world_size: int):
         time.sleep(600)
 
 
-def test_a_rank_stuck_outside_collectives_is_named():
+def test_a_rank_stuck_outside_collectives_is_named_with_its_stack():
     before = set(multiprocessing.active_children())
     # the finished ranks wait 2 * timeout + 5 s: collective timeouts, more telling, come first
-    with pytest.raises(RankFailedError, match=r"rank\(s\) \[1\] did not finish within 11 s"):
+    with pytest.raises(RankFailedError) as info:
         spawn(_stuck_in_python, world_size=2, timeout=FAST)
+    assert re.match(
+        r"rank 1 of 2 kept the others waiting: .*rank\(s\) \[1\] did not finish within 11 s: "
+        r".*:\nrank 1 has issued no collective yet, running:\n.*in _stuck_in_python\n\s+"
+        r"time.sleep\(600\)",
+        str(info.value),
+        re.DOTALL,
+    ), str(info.value)
+    assert info.value.rank == 1
     assert _new_children(before) == []
 
 

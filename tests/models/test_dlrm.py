@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from shardkit.models import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, LowRankCrossNet
+from shardkit.models import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
 
 
 def _ebc(dim: int = 4) -> EmbeddingBagCollection:
@@ -36,16 +36,6 @@ def test_interaction_is_pairwise_dot_products():
     rows = [dense, sparse[:, 0], sparse[:, 1]]
     pairs = [(rows[i] * rows[j]).sum(1) for i in range(3) for j in range(i + 1, 3)]
     torch.testing.assert_close(out, torch.cat([dense, torch.stack(pairs, dim=1)], dim=1))
-
-
-def test_low_rank_crossnet_formula():
-    torch.manual_seed(0)
-    net = LowRankCrossNet(in_features=5, num_layers=2, low_rank=2)
-    x0 = torch.randn(3, 5)
-    x = x0
-    for down, up in zip(net.down, net.up):
-        x = x0 * (x @ down.weight.T @ up.weight.T + up.bias) + x
-    torch.testing.assert_close(net(x0), x)
 
 
 @pytest.mark.parametrize("cls", [DLRM, DLRM_DCN])
@@ -81,7 +71,9 @@ def test_dense_arch_must_end_with_the_embedding_dim():
     with pytest.raises(
         ValueError, match=r"dense_arch_layer_sizes must end with the embedding dim 4, got \[8, 3\]"
     ):
-        DLRM(_ebc(), dense_in_features=5, dense_arch_layer_sizes=[8, 3], over_arch_layer_sizes=[1])
+        DLRM(
+            _ebc(), dense_in_features=5, dense_arch_layer_sizes=[8, 3], over_arch_layer_sizes=[2, 1]
+        )
 
 
 def test_tables_must_share_one_dim():
@@ -94,4 +86,4 @@ def test_tables_must_share_one_dim():
     with pytest.raises(
         ValueError, match=r"DLRM needs one embedding dim for all tables, got \[4, 8\]"
     ):
-        DLRM(ebc, dense_in_features=2, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[1])
+        DLRM(ebc, dense_in_features=2, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[2, 1])

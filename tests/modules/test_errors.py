@@ -95,7 +95,11 @@ def test_bad_tables(tables, error, pattern):
 
 
 def test_unknown_fused_params_key():
-    with pytest.raises(ValueError, match=r"unknown fused_params key\(s\) \['momentum'\]"):
+    with pytest.raises(ValueError, match=r"unknown fused_params key\(s\) \['moment'\]"):
+        EmbeddingBagCollection(tables=TABLES, fused_params={"optimizer": "sgd", "moment": 0.9})
+    with pytest.raises(
+        ValueError, match=r"fused_params key 'momentum' \(0.9\): used only by FBGEMM"
+    ):
         EmbeddingBagCollection(tables=TABLES, fused_params={"optimizer": "sgd", "momentum": 0.9})
 
 

@@ -36,9 +36,20 @@ def test_fused_params(name, kind):
     ("params", "error", "pattern"),
     [
         (
+            {"optimizer": "sgd", "learning_rate": 0.1, "learnin_rate": 0.2},
+            ValueError,
+            r"unknown fused_params key\(s\) \['learnin_rate'\]; the fused optimizer understands",
+        ),
+        (
             {"optimizer": "sgd", "learning_rate": 0.1, "cache_load_factor": 0.2},
             ValueError,
-            r"unknown fused_params key\(s\) \['cache_load_factor'\]; the fused optimizer understands",
+            r"fused_params key 'cache_load_factor' \(0.2\): UVM caching is not in shardkit: "
+            r"every table lives whole",
+        ),
+        (
+            {"optimizer": "sgd", "stochastic_rounding": True},
+            ValueError,
+            r"fused_params key 'stochastic_rounding' \(True\): FBGEMM's stochastic rounding",
         ),
         ({"learning_rate": 0.1}, ValueError, r"fused_params needs 'optimizer'"),
         ({"optimizer": "lamb"}, ValueError, r"unknown fused optimizer 'lamb'; choose one of"),
@@ -136,7 +147,9 @@ def test_rowwise_adagrad_plain_optimizer_matches_formula():
         acc += grad.pow(2).mean(1)
         expected -= 0.1 * grad / (acc.sqrt() + 1e-8).unsqueeze(1)
     torch.testing.assert_close(weight.detach(), expected)
-    torch.testing.assert_close(optimizer.state[weight]["momentum1"], acc)
+    # TorchRec's state layout: a [rows, 1] sum and a step counter
+    torch.testing.assert_close(optimizer.state[weight]["sum"], acc.unsqueeze(1))
+    assert optimizer.state[weight]["step"].item() == 3
 
 
 def test_apply_optimizer_in_backward_on_dense_params_steps_in_the_hook():

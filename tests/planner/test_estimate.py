@@ -13,8 +13,7 @@ from shardkit.optim._rules import STATE_SHAPES
 from shardkit.planner import EmbeddingComputeKernel, ParameterConstraints, ShardingType, Topology
 from shardkit.planner._constants import BATCHED_COPY_PERF_FACTOR, DENSE_UPDATE_PERF_FACTOR
 from shardkit.planner._estimate import estimate_shard, optimizer_state_bytes
-from shardkit.planner._modules import config_sources
-from shardkit.planner._tables import resolve_tables
+from shardkit.planner._tables import config_sources, resolve_tables
 
 FUSED, DENSE = EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE
 TW, RW, DP = ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL

@@ -15,7 +15,7 @@ from shardkit.planner import (
     Topology,
     split_evenly,
 )
-from shardkit.planner._shards import expand, offsets_of, size_groups
+from shardkit.planner._enumerate import expand, offsets_of, size_groups
 
 GIB = 1024**3
 

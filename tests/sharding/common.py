@@ -1,11 +1,18 @@
-"""Shared pieces of the sharded-collection tests: tables with awkward sizes, global batches, and
-plans by name."""
+"""Shared pieces of the sharded-collection tests: tables with awkward sizes, global batches,
+plans by name, and a small DLRM with its batches."""
 
 from __future__ import annotations
 
 import torch
 
-from shardkit import EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor, PoolingType
+from shardkit import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    JaggedTensor,
+    KeyedJaggedTensor,
+    PoolingType,
+)
+from shardkit.models import DLRM
 from shardkit.planner import (
     EmbeddingComputeKernel,
     EnumerableShardingSpec,
@@ -125,3 +132,29 @@ def make_plan(ebc, kind: str, world_size: int, local_size: int):
         local_size=local_size,
         device_type="cpu",
     )
+
+
+def dlrm() -> DLRM:
+    """A small DLRM: 4 tables of dim 4 with awkward row counts, one feature each."""
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=4, num_embeddings=rows, feature_names=[f"f{i}"]
+        )
+        for i, rows in enumerate([13, 7, 30, 5])
+    ]
+    ebc = EmbeddingBagCollection(tables=tables)
+    return DLRM(
+        ebc, dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1]
+    )
+
+
+def dlrm_batch(step: int, size: int):
+    """Dense features, the KJT of `dlrm`'s features and labels for ``size`` examples."""
+    g = torch.Generator().manual_seed(step)
+    lengths = torch.randint(0, 3, (4 * size,), generator=g)
+    limits = torch.tensor([13, 7, 30, 5]).repeat_interleave(size).repeat_interleave(lengths)
+    values = (torch.rand(int(lengths.sum()), generator=g) * limits).long()
+    sparse = KeyedJaggedTensor(keys=["f0", "f1", "f2", "f3"], values=values, lengths=lengths)
+    dense = torch.randn(size, 3, generator=g)
+    labels = (dense[:, 0] > 0).float()  # learnable, so the loss falls
+    return dense, sparse, labels

@@ -8,44 +8,27 @@ import copy
 import pytest
 import torch
 
-from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRM
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, InputError
-from tests.sharding.common import configs, global_batch, local_part, make_plan
+from tests.sharding.common import (
+    configs,
+    dlrm,
+    dlrm_batch,
+    global_batch,
+    local_part,
+    make_plan,
+)
 
 LOCAL_BATCH = 4
 
 
-def _dlrm() -> DLRM:
-    tables = [
-        EmbeddingBagConfig(
-            name=f"t{i}", embedding_dim=4, num_embeddings=rows, feature_names=[f"f{i}"]
-        )
-        for i, rows in enumerate([13, 7, 30, 5])
-    ]
-    ebc = EmbeddingBagCollection(tables=tables)
-    return DLRM(
-        ebc, dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1]
-    )
-
-
-def _dlrm_batch(step: int, size: int):
-    g = torch.Generator().manual_seed(step)
-    lengths = torch.randint(0, 3, (4 * size,), generator=g)
-    limits = torch.tensor([13, 7, 30, 5]).repeat_interleave(size).repeat_interleave(lengths)
-    values = (torch.rand(int(lengths.sum()), generator=g) * limits).long()
-    sparse = KeyedJaggedTensor(keys=["f0", "f1", "f2", "f3"], values=values, lengths=lengths)
-    dense = torch.randn(size, 3, generator=g)
-    labels = (dense[:, 0] > 0).float()  # learnable, so the loss falls
-    return dense, sparse, labels
-
-
 def _train_dlrm(rank: int, world_size: int, kind: str | None):
     torch.manual_seed(0)
-    model = _dlrm()
+    model = dlrm()
     reference = copy.deepcopy(model)
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
@@ -65,7 +48,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None):
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses = []
     for step in range(20):
-        dense, sparse, labels = _dlrm_batch(step, LOCAL_BATCH * world_size)
+        dense, sparse, labels = dlrm_batch(step, LOCAL_BATCH * world_size)
         mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
         loss = loss_fn(
             dmp(dense[mine], local_part(sparse, rank, world_size)).squeeze(1), labels[mine]

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
-from shardkit.sharding.embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding import ShardedEmbeddingBagCollection
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 KINDS = [

@@ -16,15 +16,14 @@ from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     TrainPipelineSparseDist,
 )
-from tests.sharding.common import local_part
-from tests.sharding.test_model_parallel import _dlrm, _dlrm_batch
+from tests.sharding.common import dlrm, dlrm_batch, local_part
 
 B = 4
 
 
 def _batches(rank: int, world_size: int, count: int):
     for step in range(count):
-        dense, sparse, labels = _dlrm_batch(step, B * world_size)
+        dense, sparse, labels = dlrm_batch(step, B * world_size)
         mine = slice(rank * B, (rank + 1) * B)
         yield SimpleNamespace(
             dense_features=dense[mine],
@@ -35,7 +34,7 @@ def _batches(rank: int, world_size: int, count: int):
 
 def _pipelined_vs_plain(rank: int, world_size: int):
     torch.manual_seed(0)
-    base = DLRMTrain(_dlrm())
+    base = DLRMTrain(dlrm())
     runs = {}
     for mode in ("plain", "pipelined"):
         model = DistributedModelParallel(copy.deepcopy(base))
@@ -96,7 +95,7 @@ def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ra
 
 def _uneven_data(rank: int, world_size: int):
     torch.manual_seed(0)
-    model = DistributedModelParallel(DLRMTrain(_dlrm()))
+    model = DistributedModelParallel(DLRMTrain(dlrm()))
     optimizer = torch.optim.SGD(
         [p for n, p in model.named_parameters() if ".shards." not in n], lr=0.1
     )

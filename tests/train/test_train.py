@@ -105,6 +105,7 @@ def test_synthetic_data_is_learnt_within_an_epoch(run_ranks, tmp_path):
         ({"over_arch": (64, 2)}, r"over_arch \[64, 2\] must end with 1"),
         ({"data": DataSource.CRITEO}, r"--data criteo needs --data-path"),
         ({"batch_size": 0}, r"batch_size must be an integer >= 1, got 0"),
+        ({"timeout": 0}, r"timeout must be > 0 seconds, got 0"),
         (
             {"nproc": 3, "local_world_size": 2},
             r"nproc \(3\) must be a multiple of local_world_size \(2\)",

@@ -1,0 +1,46 @@
+"""TorchRec's names that shardkit leaves out, refused with a reason instead of a bare ImportError.
+
+A shardkit module at a TorchRec path (``torchrec.X.Y`` -> ``shardkit.X.Y``) that leaves some of
+TorchRec's names out says why, and what to use instead, when one is imported::
+
+    from shardkit.compat import refuse
+
+    __getattr__ = refuse(__name__, {"SemisyncOptimizer": "cross-region ...; use ..."})
+
+    from shardkit.optim import SemisyncOptimizer   # NotInShardkitError: shardkit.optim has no ...
+
+The error is an `ImportError`, so TorchRec code that probes for an optional name with
+``try: from ... import X / except ImportError:`` takes its fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["NotInShardkitError", "refuse"]
+
+
+class NotInShardkitError(ImportError):
+    """A TorchRec (or FBGEMM) name that shardkit deliberately does not provide."""
+
+
+def refuse(module: str, reasons: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for ``module`` that refuses ``reasons``' names.
+
+    Args:
+        module: the module's ``__name__``.
+        reasons: ``{name: "why it is left out; what to use instead"}``, one line each.
+
+    Returns:
+        The function to assign to the module's ``__getattr__``. Other missing names raise the
+        usual `AttributeError`.
+    """
+    reasons = dict(reasons)
+
+    def __getattr__(name: str) -> Any:
+        if name in reasons:
+            raise NotInShardkitError(f"{module} has no {name}: {reasons[name]}")
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

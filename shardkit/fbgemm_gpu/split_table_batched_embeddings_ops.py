@@ -1,0 +1,24 @@
+"""``fbgemm_gpu.split_table_batched_embeddings_ops`` (FBGEMM's older path for the same names)."""
+
+from shardkit.compat import refuse
+from shardkit.fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
+from shardkit.fbgemm_gpu.split_embedding_configs import SparseType
+from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    CacheAlgorithm,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import _KERNEL, ComputeDevice
+
+__all__ = [
+    "BoundsCheckMode",
+    "CacheAlgorithm",
+    "ComputeDevice",
+    "EmbeddingLocation",
+    "OptimType",
+    "PoolingMode",
+    "SparseType",
+]
+
+__getattr__ = refuse(__name__, {"SplitTableBatchedEmbeddingBagsCodegen": _KERNEL})

@@ -1,0 +1,297 @@
+"""What the planner is given besides the tables: the ranks (`Topology`), what the user allows or
+knows about each table (`ParameterConstraints`) and how much of each rank's memory the tables may
+use (`HeuristicalStorageReservation`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+
+from shardkit.planner._constants import (
+    BWD_COMPUTE_MULTIPLIER,
+    CROSS_NODE_BANDWIDTH,
+    DDR_CAP,
+    DDR_MEM_BW,
+    DENSE_PARAMETER_MULTIPLIER,
+    HBM_CAP,
+    HBM_MEM_BW,
+    INTRA_NODE_BANDWIDTH,
+    KJT_BUFFER_COPIES,
+    STORAGE_RESERVE_PERCENTAGE,
+    WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
+)
+from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
+from shardkit.types import EmbeddingComputeKernel, ShardingType
+
+__all__ = [
+    "COMPUTE_DEVICES",
+    "HeuristicalStorageReservation",
+    "ParameterConstraints",
+    "Reservation",
+    "Topology",
+]
+
+COMPUTE_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``world_size`` ranks in hosts of ``local_world_size``, with TorchRec's defaults.
+
+    Tables live in the memory of the compute device: HBM (``hbm_cap`` bytes per rank) on
+    ``"cuda"``, host memory (``ddr_cap`` bytes per rank) on ``"cpu"``.
+
+    Args:
+        world_size: number of ranks.
+        compute_device: ``"cuda"`` or ``"cpu"``.
+        hbm_cap: GPU memory per rank in bytes (default 32 GiB; 0 on ``"cpu"``).
+        ddr_cap: host memory per rank in bytes (default 128 GiB).
+        local_world_size: ranks per host (default ``world_size``: one host).
+        hbm_mem_bw: GPU memory bandwidth, bytes/ms.
+        ddr_mem_bw: host memory bandwidth, bytes/ms.
+        intra_host_bw: bandwidth of a link between ranks of one host, bytes/ms.
+        inter_host_bw: bandwidth of a rank's link to other hosts, bytes/ms.
+        bwd_compute_multiplier: backward lookup cost / forward lookup cost.
+        weighted_feature_bwd_compute_multiplier: extra backward factor for weighted features.
+
+    Example::
+
+        Topology(world_size=16, compute_device="cuda", local_world_size=8)  # 2 hosts of 8 GPUs
+    """
+
+    world_size: int
+    compute_device: str
+    hbm_cap: int | None = None
+    ddr_cap: int | None = None
+    local_world_size: int | None = None
+    # TorchRec's first five by position; its next ones include hbm_to_ddr_mem_bw, which shardkit
+    # lacks, so the rest are keywords: a longer positional call fails instead of misfiling.
+    _: KW_ONLY
+    hbm_mem_bw: float = HBM_MEM_BW
+    ddr_mem_bw: float = DDR_MEM_BW
+    intra_host_bw: float = INTRA_NODE_BANDWIDTH
+    inter_host_bw: float = CROSS_NODE_BANDWIDTH
+    bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
+    weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+
+    def __post_init__(self) -> None:
+        _check_int("world_size", self.world_size, 1)
+        if self.compute_device not in COMPUTE_DEVICES:
+            raise ValueError(
+                f"compute_device must be one of {list(COMPUTE_DEVICES)}, got {self.compute_device!r}"
+            )
+        defaults = {
+            "hbm_cap": HBM_CAP if self.compute_device == "cuda" else 0,
+            "ddr_cap": DDR_CAP,
+            "local_world_size": self.world_size,
+        }
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        _check_int("hbm_cap", self.hbm_cap, 0)
+        _check_int("ddr_cap", self.ddr_cap, 0)
+        _check_int("local_world_size", self.local_world_size, 1)
+        if self.world_size % self.local_world_size:
+            raise ValueError(
+                f"world_size ({self.world_size}) must be a multiple of local_world_size "
+                f"({self.local_world_size}): every host holds the same number of ranks; use a "
+                "local_world_size that divides world_size"
+            )
+        for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 bytes/ms, got {getattr(self, name)}")
+        for name in ("bwd_compute_multiplier", "weighted_feature_bwd_compute_multiplier"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def num_hosts(self) -> int:
+        return self.world_size // self.local_world_size
+
+    @property
+    def intra_group_size(self) -> int:
+        """TorchRec's name for the ranks joined by the fast intra-host links."""
+        return self.local_world_size
+
+    @property
+    def memory_per_rank(self) -> int:
+        """Bytes of the memory tables live in: HBM on ``"cuda"``, host memory on ``"cpu"``."""
+        return self.hbm_cap if self.compute_device == "cuda" else self.ddr_cap
+
+    @property
+    def memory_kind(self) -> str:
+        return "hbm" if self.compute_device == "cuda" else "ddr"
+
+    @property
+    def memory_bw(self) -> float:
+        """Bandwidth of the memory tables live in, bytes/ms."""
+        return self.hbm_mem_bw if self.compute_device == "cuda" else self.ddr_mem_bw
+
+    def comm_bw(self, num_ranks: int) -> float:
+        """Bandwidth of a collective among ``num_ranks`` consecutive ranks starting at a host's
+        first: the intra-host links if they are all on one host, else the inter-host ones."""
+        return self.intra_host_bw if num_ranks <= self.local_world_size else self.inter_host_bw
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParameterConstraints:
+    """Limits and input statistics for one table, keyed by table name in the planner's
+    ``constraints`` dict (TorchRec's fields and meaning).
+
+    Args:
+        sharding_types: the only sharding types the planner may use for the table
+            (`ShardingType` or their values, e.g. ``[ShardingType.ROW_WISE.value]``).
+        compute_kernels: the only kernels it may use (``"fused"``, ``"batched_dense"``...).
+        min_partition: narrowest column-wise shard, in columns (default 32).
+        pooling_factors: average ids per example, one per feature of the table (default 1.0
+            for each feature).
+        num_poolings: bags per example, one per feature (default 1.0).
+        batch_sizes: examples per rank per step, one per feature (default: the planner's).
+        is_weighted: the features carry a weight per id.
+        feature_names: the features the statistics above are for, in order (documentation:
+            the planner takes the table's features in its config's order).
+
+    Example::
+
+        ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value], pooling_factors=[20.0])
+    """
+
+    sharding_types: Sequence[ShardingType | str] | None = None
+    compute_kernels: Sequence[EmbeddingComputeKernel | str] | None = None
+    min_partition: int | None = None
+    pooling_factors: Sequence[float] | None = None
+    num_poolings: Sequence[float] | None = None
+    batch_sizes: Sequence[int] | None = None
+    is_weighted: bool = False
+    feature_names: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharding_types is not None:
+            types = _parsed("sharding_types", self.sharding_types, ShardingType.parse)
+            object.__setattr__(self, "sharding_types", types)
+        if self.compute_kernels is not None:
+            kernels = _parsed("compute_kernels", self.compute_kernels, EmbeddingComputeKernel.parse)
+            object.__setattr__(self, "compute_kernels", kernels)
+        if self.min_partition is not None and (
+            not isinstance(self.min_partition, int) or self.min_partition < 1
+        ):
+            raise ValueError(
+                f"min_partition must be an int >= 1 column, got {self.min_partition!r}"
+            )
+        self._check_statistics()
+        if self.feature_names is not None:
+            object.__setattr__(self, "feature_names", tuple(self.feature_names))
+
+    def _check_statistics(self) -> None:
+        lengths = {}
+        for name in ("pooling_factors", "num_poolings", "batch_sizes"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            values = tuple(values)
+            bad = [v for v in values if not (isinstance(v, int | float) and math.isfinite(v))]
+            low_ok = all(v > 0 for v in values if v not in bad)
+            if bad or not low_ok or not values:
+                raise ValueError(
+                    f"{name} must be a non-empty list of finite numbers > 0, got {list(values)}"
+                )
+            if name == "batch_sizes" and any(not isinstance(v, int) for v in values):
+                raise ValueError(f"batch_sizes must be ints, got {list(values)}")
+            lengths[name] = len(values)
+            object.__setattr__(self, name, values)
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"pooling_factors, num_poolings and batch_sizes give one value per feature and "
+                f"must have the same length; got lengths {lengths}"
+            )
+
+    def num_inputs(self) -> int | None:
+        """Features these statistics describe (None when no list is given)."""
+        for name in ("pooling_factors", "num_poolings", "batch_sizes"):
+            values = getattr(self, name)
+            if values is not None:
+                return len(values)
+        return None
+
+
+def _parsed(name: str, values: Sequence[object], parse: object) -> tuple:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list, got {values!r}")
+    if not values:
+        raise ValueError(f"{name} is empty: it would allow nothing; leave it None to allow all")
+    parsed = tuple(parse(v) for v in values)  # type: ignore[operator]
+    return tuple(dict.fromkeys(parsed))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Each rank's memory: ``capacity = margin + dense + kjt + available`` (bytes)."""
+
+    capacity: int
+    margin: int
+    dense: int
+    kjt: int
+
+    @property
+    def available(self) -> int:
+        """Bytes left for table shards on each rank."""
+        return self.capacity - self.margin - self.dense - self.kjt
+
+
+@dataclass(frozen=True)
+class HeuristicalStorageReservation:
+    """Reserves, on every rank, a margin and room for what the planner does not place
+    (TorchRec's policy and name).
+
+    Args:
+        percentage: fraction of each rank's memory kept as a margin (default 0.15).
+        parameter_multiplier: the dense part of the model (the module's parameters that are not
+            tables) takes this many times its parameter bytes: parameters, optimizer state,
+            gradients and communication buckets (default 6).
+        dense_tensor_estimate: bytes of the dense part, replacing that heuristic (needed when
+            planning from table configs alone, where there is no module to measure).
+    """
+
+    percentage: float = STORAGE_RESERVE_PERCENTAGE
+    parameter_multiplier: float = DENSE_PARAMETER_MULTIPLIER
+    dense_tensor_estimate: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.percentage < 1.0:
+            raise ValueError(f"percentage must be in [0, 1), got {self.percentage}")
+        if not self.parameter_multiplier >= 0:
+            raise ValueError(f"parameter_multiplier must be >= 0, got {self.parameter_multiplier}")
+        if self.dense_tensor_estimate is not None and self.dense_tensor_estimate < 0:
+            raise ValueError(
+                f"dense_tensor_estimate must be >= 0 bytes, got {self.dense_tensor_estimate}"
+            )
+
+    def reserve(
+        self, topology: Topology, *, input_bytes: float, dense_parameter_bytes: int
+    ) -> Reservation:
+        """What each rank keeps back, given the bytes of one rank's input batch (ids and
+        weights, all tables) and of the dense model's parameters; raises `PlannerError` if
+        nothing is left for tables."""
+        capacity = topology.memory_per_rank
+        dense = self.dense_tensor_estimate
+        if dense is None:
+            dense = math.ceil(dense_parameter_bytes * self.parameter_multiplier)
+        kjt = math.ceil(input_bytes) * KJT_BUFFER_COPIES
+        reservation = Reservation(capacity, math.floor(capacity * self.percentage), dense, kjt)
+        if reservation.available <= 0:
+            raise PlannerError(
+                f"no {topology.memory_kind} memory is left for embedding tables: each rank has "
+                f"{format_bytes(capacity)}, minus a {self.percentage:.0%} margin "
+                f"({format_bytes(reservation.margin)}), the dense model "
+                f"({format_bytes(dense)}) and {KJT_BUFFER_COPIES} input batches "
+                f"({format_bytes(kjt)}); give the ranks more memory (hbm_cap/ddr_cap), a smaller "
+                "percentage or dense_tensor_estimate, or a smaller batch_size",
+                PlannerErrorType.INSUFFICIENT_STORAGE,
+            )
+        return reservation

@@ -1,0 +1,207 @@
+"""`DistributedModelParallel`: shard a model's embedding collections, replicate the rest.
+
+TorchRec's entry point (seeds 000-002). Given any module, it plans (or takes a plan), replaces
+every embedding collection at any depth with its sharded version, materialises parameters left
+on the meta device, and wraps the dense rest in torch's DistributedDataParallel, whose averaged
+gradients match the sharded tables' divided ones (see `ShardedEmbeddingBagCollection`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from shardkit import comm, launch
+from shardkit.optim import CombinedOptimizer
+from shardkit.planner import EmbeddingShardingPlanner, Topology
+from shardkit.sharding._sharding_plan import get_default_sharders
+from shardkit.types import ModuleSharder, ShardingEnv, ShardingPlan
+
+__all__ = ["DistributedModelParallel"]
+
+logger = logging.getLogger(__name__)
+
+
+class DistributedModelParallel(nn.Module):
+    """Model parallelism for embedding tables, data parallelism for everything else.
+
+    Args:
+        module: the model, possibly on the meta device.
+        env: the ranks (default: the world process group).
+        device: where this rank computes (default: CPU).
+        plan: a `ShardingPlan`; default: planned collectively by `EmbeddingShardingPlanner`.
+        sharders: which module types to shard (default: embedding bag and sequence collections).
+        init_data_parallel: wrap the non-sharded parameters in DistributedDataParallel.
+        init_parameters: materialise parameters still on the meta device and initialise them.
+        local_world_size: ranks per host (default: what `shardkit.launch` knows, else all ranks
+            on one host).
+        gradient_division: scale sharded tables' gradients by 1 / world size (the DDP
+            convention; TorchRec's default).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        env: ShardingEnv | None = None,
+        device: torch.device | None = None,
+        plan: ShardingPlan | None = None,
+        sharders: Sequence[ModuleSharder] | None = None,
+        init_data_parallel: bool = True,
+        init_parameters: bool = True,
+        *,
+        local_world_size: int | None = None,
+        gradient_division: bool = True,
+    ) -> None:
+        super().__init__()
+        self._env = env or ShardingEnv.from_process_group(_world())
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._sharders = list(sharders) if sharders is not None else get_default_sharders()
+        self._local_world_size = local_world_size or _local_world_size(self._env.world_size)
+        if plan is None:
+            planner = EmbeddingShardingPlanner(
+                topology=Topology(
+                    world_size=self._env.world_size,
+                    compute_device=self.device.type,
+                    local_world_size=self._local_world_size,
+                )
+            )
+            plan = planner.collective_plan(module, self._sharders, self._env.pg)
+        _check_same_plan(plan, self._env)
+        self.plan = plan
+        self._sharded_paths: list[str] = []
+        module = self._shard(module, gradient_division)
+        if init_parameters:
+            _materialize(module, self.device)
+        self._dmp_wrapped_module = module
+        if init_data_parallel:
+            self._dmp_wrapped_module = self._data_parallel(module)
+
+    # -- construction --------------------------------------------------------------------
+
+    def _shard(self, module: nn.Module, gradient_division: bool) -> nn.Module:
+        by_type = {sharder.module_type: sharder for sharder in self._sharders}
+        targets = [
+            (path, child)
+            for path, child in module.named_modules()
+            if type(child) in by_type and self.plan.get_plan_for_module(path) is not None
+        ]
+        for path, child in targets:
+            sharder = by_type[type(child)]
+            sharded = sharder.shard(
+                child,
+                self.plan.get_plan_for_module(path),
+                self._env,
+                self.device,
+                path,
+                local_world_size=self._local_world_size,
+                gradient_division=gradient_division,
+            )
+            self._sharded_paths.append(path)
+            if path == "":
+                return sharded
+            parent, _, name = path.rpartition(".")
+            setattr(module.get_submodule(parent), name, sharded)
+        logger.info("sharded %d module(s): %s", len(targets), [p or "<root>" for p, _ in targets])
+        return module
+
+    def _data_parallel(self, module: nn.Module) -> nn.Module:
+        sharded = {
+            f"{path}.{name}" if path else name
+            for path in self._sharded_paths
+            for name, _ in module.get_submodule(path).named_parameters()
+            if ".shards." in name
+        }
+        dense = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
+        if self._env.world_size == 1 or not dense:
+            return module
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, process_group=self._env.pg)
+
+    # -- the model's interface -----------------------------------------------------------
+
+    @property
+    def module(self) -> nn.Module:
+        """The model itself, with its sharded collections (not the DDP wrapper)."""
+        wrapped = self._dmp_wrapped_module
+        return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    @property
+    def fused_optimizer(self) -> CombinedOptimizer:
+        """The optimizers fused into the sharded tables' backward, keyed by module path."""
+        fused = []
+        for path in self._sharded_paths:
+            optimizer = getattr(self.module.get_submodule(path), "fused_optimizer", None)
+            if optimizer is not None:
+                fused.append((path, optimizer))
+        return CombinedOptimizer(fused)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._dmp_wrapped_module(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.module.named_buffers(prefix, recurse, remove_duplicate)
+
+
+def _world() -> dist.ProcessGroup:
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "DistributedModelParallel needs a process group: start ranks with "
+            "shardkit.launch.spawn (or init_from_env under torchrun), or call "
+            "torch.distributed.init_process_group() first, even for one rank"
+        )
+    return dist.group.WORLD
+
+
+def _local_world_size(world_size: int) -> int:
+    return launch.current().local_world_size if launch.is_initialized() else world_size
+
+
+def _check_same_plan(plan: ShardingPlan, env: ShardingEnv) -> None:
+    """Every rank must hold the same plan; name the ranks whose plan differs, on every rank."""
+    if env.world_size == 1:
+        return
+    digest = hashlib.sha256(plan.to_json().encode()).hexdigest()[:16]
+    digests = comm.all_gather_object(digest, group=env.pg)
+    if len(set(digests)) > 1:
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise ValueError(
+            f"ranks hold different sharding plans: rank(s) {odd} differ from rank 0. Every rank "
+            "must shard with the same plan; plan with EmbeddingShardingPlanner.collective_plan "
+            "(plans on rank 0 and broadcasts), or build the same plan on every rank"
+        )
+
+
+def _materialize(module: nn.Module, device: torch.device) -> None:
+    """Give memory to parameters and buffers left on the meta device, and initialise them."""
+    for name, child in module.named_modules():
+        tensors = list(child.parameters(recurse=False)) + list(child.buffers(recurse=False))
+        if not any(t.device.type == "meta" for t in tensors):
+            continue
+        child.to_empty(device=device, recurse=False)
+        if hasattr(child, "reset_parameters"):
+            child.reset_parameters()
+        else:
+            logger.warning(
+                "%s was on the meta device and has no reset_parameters(): left empty", name
+            )

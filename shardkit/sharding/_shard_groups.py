@@ -1,0 +1,161 @@
+"""The shards a rank stores, stacked into batched kernels, and the kernels' inputs.
+
+[Note: kernel groups and output classes]
+A rank's shards are stacked into one `BatchedTables` per *shard group* (`ShardGroup`; the
+unsharded collection's `TableGroup` is the same idea for whole tables): shards with the same
+route, number of columns, dtype and fused optimizer. An output *class* is (route, columns): every rank
+takes part in one output collective per class that exists anywhere, in a fixed order, with
+empty tensors where it holds nothing, so collectives always pair up. Within a class a rank's
+rows are ordered by its groups (sorted by dtype, then optimizer), then by slot order; any rank
+can compute that order for any other rank from the layout alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shardkit.modules import BatchedTables, kernel_input, stack_tables
+from shardkit.optim import FusedOptimizerConfig
+from shardkit.sharding._input_dist import Received
+from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
+
+__all__ = [
+    "ShardGroup",
+    "ShardGroupSpec",
+    "class_slots",
+    "classes",
+    "shard_group_input",
+    "shard_group_specs",
+]
+
+TableKey = tuple[torch.dtype, FusedOptimizerConfig | None]  # per table: dtype, fused optimizer
+
+
+@dataclass(frozen=True)
+class ShardGroupSpec:
+    """A kernel group of one rank: which shards it stacks and which slots it serves."""
+
+    route: Route
+    cols: int
+    dtype: torch.dtype
+    config: FusedOptimizerConfig | None  # None: DENSE kernel (autograd gradients)
+    shards: tuple[ShardSlice, ...]
+    slots: tuple[Slot, ...]
+
+    @property
+    def output_class(self) -> tuple[Route, int]:
+        return self.route, self.cols
+
+    def sort_key(self) -> tuple:
+        return (self.route.value, self.cols, str(self.dtype), repr(self.config))
+
+
+def shard_group_specs(
+    layout: Layout, rank: int, table_keys: Sequence[TableKey]
+) -> list[ShardGroupSpec]:
+    """The kernel groups of ``rank``, in the order every rank uses for it."""
+    found: dict[tuple, tuple[list[ShardSlice], list[Slot]]] = {}
+    for slot in layout.slots_to(rank):
+        dtype, config = table_keys[slot.unit.table_index]
+        key = (slot.unit.route, slot.shard.cols, dtype, config)
+        shards, slots = found.setdefault(key, ([], []))
+        if slot.shard not in shards:
+            shards.append(slot.shard)
+        slots.append(slot)
+    specs = [
+        ShardGroupSpec(route, cols, dtype, config, tuple(shards), tuple(slots))
+        for (route, cols, dtype, config), (shards, slots) in found.items()
+    ]
+    return sorted(specs, key=ShardGroupSpec.sort_key)
+
+
+def classes(layout: Layout) -> list[tuple[Route, int]]:
+    """Every output class in the job, in the order all ranks run their collectives."""
+    found = {(u.route, u.cols) for u in layout.units if u.route != Route.LOCAL}
+    return sorted(found, key=lambda c: (c[0].value, c[1]))
+
+
+def class_slots(specs: Sequence[ShardGroupSpec], output_class: tuple[Route, int]) -> list[Slot]:
+    """A rank's slots in ``output_class``, in the order its rows are sent."""
+    return [slot for spec in specs if spec.output_class == output_class for slot in spec.slots]
+
+
+@dataclass
+class ShardGroup:
+    """A kernel group's storage on this rank: its stacked shards and their Parameters."""
+
+    spec: ShardGroupSpec
+    tables: BatchedTables
+    params: list[nn.Parameter]
+
+    def row_base(self, shard: ShardSlice) -> int:
+        return self.tables.row_starts[self.spec.shards.index(shard)]
+
+
+def build_shard_group(
+    spec: ShardGroupSpec,
+    device: torch.device,
+    initial: Callable[[ShardSlice], torch.Tensor | None],
+) -> ShardGroup:
+    """Allocate the stacked shards and fill them from ``initial(shard)`` (or leave for init)."""
+    rows = [shard.rows for shard in spec.shards]
+    tables = stack_tables(rows, spec.cols, dtype=spec.dtype, device=device, optimizer=spec.config)
+    params = []
+    for shard, view in zip(spec.shards, tables.table_views()):
+        value = initial(shard)
+        if value is not None:
+            with torch.no_grad():
+                view.copy_(value)
+        param = nn.Parameter(view, requires_grad=True)
+        param._shardkit_embedding_table = True  # type: ignore[attr-defined]
+        params.append(param)
+    return ShardGroup(spec, tables, params)
+
+
+def shard_group_input(
+    shard_group: ShardGroup, received: Received
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The kernel's ``(ids, offsets, per-sample weights)`` for ``shard_group``'s slots, bags ordered
+    (source, slot, bag): ids shifted from shard rows to rows of the group's stack."""
+    slots = received.slots
+    positions = [slots.index(s) for s in shard_group.spec.slots]
+    lengths = received.lengths[:, positions, :]  # [W, S_g, B]
+    counts = received.lengths.sum(-1)  # [W, S] ids per (source, slot)
+    bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
+    if len(positions) == len(slots):
+        values = received.values
+        weights = received.weights
+        chosen_counts = counts
+    else:
+        index = _segments(counts, positions)
+        values = received.values.index_select(0, index)
+        weights = None if received.weights is None else received.weights.index_select(0, index)
+        chosen_counts = counts[:, positions]
+    # one segment per (source, slot), each shifted by its shard's first row in the stack
+    ids, offsets = kernel_input(
+        values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts.reshape(-1)
+    )
+    return ids, offsets, weights
+
+
+def _segments(counts: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Indices into the received ids of the (source, slot) segments whose slot is in
+    ``positions``, source by source, slot by slot."""
+    flat = counts.reshape(-1)
+    starts = torch.zeros_like(flat)
+    if flat.numel() > 1:
+        torch.cumsum(flat[:-1], 0, out=starts[1:])
+    num_slots = counts.shape[1]
+    chosen = torch.tensor(
+        [w * num_slots + p for w in range(counts.shape[0]) for p in positions], dtype=torch.int64
+    )
+    seg_starts, seg_counts = starts[chosen], flat[chosen]
+    total = int(seg_counts.sum())
+    within = torch.arange(total) - torch.repeat_interleave(
+        torch.cumsum(seg_counts, 0) - seg_counts, seg_counts, output_size=total
+    )
+    return torch.repeat_interleave(seg_starts, seg_counts, output_size=total) + within
