@@ -78,3 +78,33 @@ def test_bench_table_runs_at_toy_size(tmp_path):
         assert run["rows"] == 3000 and 2400 < run["train_rows"] < 3000, run
         assert run["scan_rows_per_s"] > 0 and run["read_rows_per_s"] > 0
     assert (tmp_path / "log" / "ratings.toml").exists()
+
+
+def test_bench_mc_runs_at_toy_size(tmp_path):
+    out = tmp_path / "mc.md"
+    _run(
+        "bench_mc.py", "--vocab", "2000", "--rows", "200", "--steps", "6", "--batch", "64",
+        "--eval", "256", "--eviction-interval", "2", "--seeds", "0", "--drift", "0", "3",
+        "--out", str(out),
+    )  # fmt: skip
+    report = out.read_text()
+    assert "| 0 | mc-distance-lfu |" in report and "| 3 | exact | 0.0% |" in report
+    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
+    modulo = next(s for s in summary if s["contender"] == "modulo" and s["drift"] == 0)
+    lfu = next(s for s in summary if s["contender"] == "mc-lfu" and s["drift"] == 0)
+    assert lfu["collided_lookups"]["mean"] < modulo["collided_lookups"]["mean"]
+
+
+def test_bench_quant_runs_at_toy_size(tmp_path):
+    out = tmp_path / "quant.md"
+    _run(
+        "bench_quant.py", "--models", "adult", "--max-steps", "2", "--repeat", "2", "--rounds",
+        "1", "--batch-sizes", "1", "8", "--out", str(out),
+    )  # fmt: skip
+    report = out.read_text()
+    for storage in ("float", "fp16", "int8", "int4"):
+        assert f"| adult | {storage} |" in report
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["table_bytes"] for r in rows] == sorted(
+        (r["table_bytes"] for r in rows), reverse=True
+    )

@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
     "fsdp": {"comm", "launch"},
     "models": {"types", "sparse", "modules", "optim"},
+    "quant": {"types", "sparse", "modules", "optim"},
+    "inference": {"types", "sparse", "modules", "optim", "quant"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
     "fbgemm_gpu": {"optim"},
@@ -47,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "cli": {
         "types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
-        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics",
+        "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics", "quant",
+        "inference",
     },
     "train": {
         "types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from shardkit.cli._export import QUANTIZE_CHOICES, export
 from shardkit.train import TrainConfig, run
 
 __all__ = ["add_parsers", "show_training_log", "train_flags"]
@@ -48,6 +49,8 @@ def add_parsers(commands: Any) -> None:
     )
     export.add_argument("checkpoint", type=Path, help="a step-* directory, or a root with 'latest'")
     export.add_argument("output", type=Path, help="the .pt file to write")
+    export.add_argument("--quantize", choices=list(QUANTIZE_CHOICES),
+                        help="store the tables so for serving on CPU (see docs/serving.md)")  # fmt: skip
     export.set_defaults(run=_export, parser=export)
     imp = commands.add_parser(
         "import",
@@ -164,11 +167,10 @@ def show_training_log() -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from shardkit.checkpoint import export_checkpoint, read_extra
+    from shardkit.checkpoint import read_extra
     from shardkit.data import FittedSchema
 
-    state = export_checkpoint(args.checkpoint, args.output)
-    print(f"wrote {len(state)} tensors to {args.output}")
+    print(export(args.checkpoint, args.output, args.quantize))
     schema = read_extra(args.checkpoint).get("schema")
     if schema is not None:
         path = args.output.with_suffix(".schema.json")

@@ -1,0 +1,91 @@
+"""Turning a trained float model into a quantized one for serving, TorchRec's
+``torchrec.inference.modules.quantize_embeddings``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
+from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
+from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
+from shardkit.quant import QuantConfig
+
+__all__ = ["quantize_embeddings"]
+
+
+def quantize_embeddings(
+    module: nn.Module,
+    dtype: torch.dtype,
+    inplace: bool,
+    additional_qconfig_spec_keys: Sequence[type[nn.Module]] | None = None,
+    additional_mapping: Mapping[type[nn.Module], type[nn.Module]] | None = None,
+    output_dtype: torch.dtype = torch.float,
+    per_table_weight_dtype: Mapping[str, torch.dtype] | None = None,
+) -> nn.Module:
+    """Replace every float `EmbeddingBagCollection` in ``module`` by its quantized copy.
+
+    As in TorchRec, only ``EmbeddingBagCollection`` is quantized unless more types are given:
+    ``additional_qconfig_spec_keys=[EmbeddingCollection]`` quantizes those too (to
+    `shardkit.quant.EmbeddingCollection`; ``additional_mapping`` names other targets). Modules
+    around the tables (`FeatureProcessedEmbeddingBagCollection`, managed collision, DLRM) keep
+    working: their collection is swapped in place. Works on the meta device too (then load a
+    quantized ``state_dict`` with ``assign=True``).
+
+    Args:
+        module: the model (or a collection itself: then use the returned module).
+        dtype: how tables are stored: ``torch.qint8`` (INT8), ``torch.quint4x2`` (INT4),
+            ``torch.quint2x4`` (INT2), ``torch.float16`` or ``torch.float32``.
+        inplace: change ``module`` itself (else a deep copy).
+        output_dtype: dtype of the pooled output, ``torch.float`` or ``torch.half``.
+        per_table_weight_dtype: ``{table name: dtype}`` overriding ``dtype`` for those tables.
+
+    Returns:
+        The quantized model.
+    """
+    qconfig = QuantConfig(
+        activation=with_dtype(output_dtype),
+        weight=with_dtype(dtype),
+        per_table_weight_dtype=per_table_weight_dtype,
+    )
+    mapping: dict[type[nn.Module], type[nn.Module]] = {
+        EmbeddingBagCollection: QuantEmbeddingBagCollection,
+        EmbeddingCollection: QuantEmbeddingCollection,
+        **(additional_mapping or {}),
+    }
+    targets = {EmbeddingBagCollection, *(additional_qconfig_spec_keys or ())}
+    if not inplace:
+        module = copy.deepcopy(module)
+    return _swap(module, targets, mapping, qconfig)
+
+
+def with_dtype(dtype: torch.dtype) -> Callable[[], Any]:
+    """What TorchRec passes as ``QuantConfig.weight``/``activation``: a factory of an object with
+    ``.dtype`` (as torch's ``PlaceholderObserver.with_args(dtype=...)``)."""
+    return lambda: SimpleNamespace(dtype=dtype)
+
+
+def _swap(
+    module: nn.Module,
+    targets: set[type[nn.Module]],
+    mapping: Mapping[type[nn.Module], type[nn.Module]],
+    qconfig: QuantConfig,
+) -> nn.Module:
+    if type(module) in targets:
+        if type(module) not in mapping:
+            raise ValueError(
+                f"no quantized module for {type(module).__name__}; give additional_mapping="
+                f"{{{type(module).__name__}: <its quantized class>}}"
+            )
+        module.qconfig = qconfig  # type: ignore[assignment]
+        return mapping[type(module)].from_float(module)  # type: ignore[attr-defined]
+    for name, child in list(module.named_children()):
+        swapped = _swap(child, targets, mapping, qconfig)
+        if swapped is not child:
+            setattr(module, name, swapped)
+    return module

@@ -1,0 +1,206 @@
+"""Feature processors: per-id weights computed from the input, TorchRec's ``feature_processor_``.
+
+A position-weighted feature weighs each id by a learnt weight of its position in its bag: in
+a bag ``[a, b, c]`` (e.g. the last items a user clicked, most recent first) the pooled vector is
+``w[0] * E[a] + w[1] * E[b] + w[2] * E[c]``, ``w`` a parameter of ``max_feature_length`` entries
+starting at 1.0. Bags longer than ``max_feature_length`` are refused (truncate them first).
+
+Example, one feature, batch of 2::
+
+    bags     [[7, 8, 9], [4]]      lengths [3, 1]
+    position  [0, 1, 2], [0]
+    weights  [w[0], w[1], w[2], w[0]]
+
+`PositionWeightedModule` does this for one `JaggedTensor`; `PositionWeightedModuleCollection` for
+the keys of a `KeyedJaggedTensor` it has a length for (the other keys get weight 1.0). The
+processed features go into a weighted `EmbeddingBagCollection`, see
+`FeatureProcessedEmbeddingBagCollection`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
+
+__all__ = [
+    "FeatureProcessor",
+    "FeatureProcessorsCollection",
+    "PositionWeightedModule",
+    "PositionWeightedModuleCollection",
+]
+
+
+class FeatureProcessor(nn.Module):
+    """Base of the processors of one feature: a `JaggedTensor` in, the same with weights out."""
+
+    @abc.abstractmethod
+    def forward(self, features: JaggedTensor) -> JaggedTensor:
+        """``features`` -> the same values and lengths, with ``weights`` ``[N]`` set."""
+
+
+class FeatureProcessorsCollection(nn.Module):
+    """Base of the processors of many features: a `KeyedJaggedTensor` in and out."""
+
+    @abc.abstractmethod
+    def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` -> the same keys, values and lengths, with ``weights`` ``[N]`` set."""
+
+
+def positions(offsets: torch.Tensor, num_values: int) -> torch.Tensor:
+    """``[N]`` the position of each id in its bag, from the bags' ``offsets`` ``[B + 1]``."""
+    offsets = offsets.long()
+    starts = torch.repeat_interleave(offsets[:-1], offsets.diff(), output_size=num_values)
+    return torch.arange(num_values, device=offsets.device) - starts
+
+
+def _position_weights(
+    weight: torch.Tensor, position: torch.Tensor, lengths: torch.Tensor, what: str
+) -> torch.Tensor:
+    """``weight[position]``, refusing bags longer than ``weight`` (``[L]``)."""
+    if lengths.numel() and int(lengths.max()) > weight.numel():
+        raise ValueError(
+            f"{what}: a bag has {int(lengths.max())} ids but max_feature_length is "
+            f"{weight.numel()}; truncate bags to {weight.numel()} ids or raise max_feature_length"
+        )
+    return weight.gather(0, position)
+
+
+class PositionWeightedModule(FeatureProcessor):
+    """Weighs each id of one feature by the learnt weight of its position in its bag.
+
+    Args:
+        max_feature_length: the longest bag (the number of position weights).
+        device: where the weights live.
+
+    ``position_weight`` ``[max_feature_length]`` (TorchRec's ``state_dict`` name) starts at 1.0.
+    """
+
+    def __init__(self, max_feature_length: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if max_feature_length < 1:
+            raise ValueError(f"max_feature_length must be >= 1, got {max_feature_length}")
+        self.position_weight = nn.Parameter(torch.empty(max_feature_length, device=device))
+        self._pre_processed = False
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.position_weight.fill_(1.0)
+
+    def forward(self, features: JaggedTensor) -> JaggedTensor:
+        """``features``: ``[N]`` ids in bags. Returns them with ``weights`` ``[N]``."""
+        if self._pre_processed:
+            position = features.weights().to(torch.int64)
+        else:
+            position = positions(features.offsets(), features.values().numel())
+        weights = _position_weights(
+            self.position_weight, position, features.lengths(), "PositionWeightedModule"
+        )
+        return JaggedTensor(
+            values=features.values(),
+            lengths=features.lengths(),
+            offsets=features.offsets(),
+            weights=weights,
+        )
+
+    def pre_process_input(self, features: JaggedTensor) -> None:
+        """Write each id's position into ``features.weights()`` (in place), which `forward` then
+        reads instead of computing it (TorchRec's inference path)."""
+        self._pre_processed = True
+        features.weights().copy_(positions(features.offsets(), features.values().numel()))
+
+
+class PositionWeightedModuleCollection(FeatureProcessorsCollection):
+    """Position weights for several features of a `KeyedJaggedTensor`.
+
+    Args:
+        max_feature_lengths: ``{feature: longest bag}``; other features get weight 1.0.
+        device: where the weights live.
+
+    ``position_weights.<feature>`` ``[max_feature_length]`` (TorchRec's ``state_dict`` names)
+    start at 1.0.
+    """
+
+    def __init__(
+        self, max_feature_lengths: Mapping[str, int], device: torch.device | str | None = None
+    ) -> None:
+        super().__init__()
+        for key, length in max_feature_lengths.items():
+            if length < 1 or "." in key:
+                raise ValueError(
+                    f"position weights of feature {key!r}: max_feature_length must be >= 1 (got "
+                    f"{length}) and the feature name free of '.' (a state_dict key separator)"
+                )
+        self.max_feature_lengths = dict(max_feature_lengths)
+        self.position_weights = nn.ParameterDict(
+            {
+                key: nn.Parameter(torch.empty(length, device=device))
+                for key, length in self.max_feature_lengths.items()
+            }
+        )
+        self._pre_processed = False
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for weight in self.position_weights.values():
+                weight.fill_(1.0)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` -> the same with ``weights`` ``[N]``: position weights for the features
+        with a max length, 1.0 for the others (any input weights are replaced)."""
+        if self._pre_processed:
+            position = features.weights().to(torch.int64)
+        else:
+            position = positions(features.offsets(), features.values().numel())
+        lengths_per_key = features.lengths().split(_bags_per_key(features))
+        pieces = []
+        for key, seq, lengths in zip(
+            features.keys(), position.split(features.length_per_key()), lengths_per_key
+        ):
+            if key in self.position_weights:
+                what = f"position weights of feature '{key}'"
+                pieces.append(_position_weights(self.position_weights[key], seq, lengths, what))
+            else:
+                pieces.append(torch.ones(seq.numel(), device=seq.device))
+        weights = torch.cat(pieces) if pieces else features.weights_or_none()
+        return _with_weights(features, weights)
+
+    def pre_process_input(self, features: KeyedJaggedTensor) -> None:
+        """Write each id's position into ``features.weights()`` (in place); see
+        `PositionWeightedModule.pre_process_input`."""
+        self._pre_processed = True
+        features.weights().copy_(positions(features.offsets(), features.values().numel()))
+
+    def copy(self, device: torch.device | str) -> nn.Module:
+        """TorchRec's ``CopyMixIn``: this module on ``device``."""
+        return self.to(device)
+
+
+def _bags_per_key(features: KeyedJaggedTensor) -> list[int]:
+    return list(features.stride_per_key())
+
+
+def _with_weights(features: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
+    variable = features.variable_stride_per_key()
+    fields: dict[str, Any] = {
+        "stride_per_key_per_rank": features.stride_per_key_per_rank() if variable else None,
+        "stride": None if variable else features.stride(),
+    }
+    return KeyedJaggedTensor(
+        keys=features.keys(),
+        values=features.values(),
+        weights=weights,
+        lengths=features.lengths(),
+        offsets=features.offsets(),
+        length_per_key=features.length_per_key(),
+        offset_per_key=features.offset_per_key(),
+        inverse_indices=features.inverse_indices_or_none(),
+        **fields,
+    )

@@ -1,0 +1,19 @@
+"""Quantized embedding collections for serving on CPU (TorchRec's ``torchrec.quant``): tables
+stored row-wise in INT8, INT4, INT2 or FP16, looked up with torch's own quantized operators."""
+
+from shardkit.quant._config import QuantConfig, dtype_to_data_type
+from shardkit.quant._state import quantize_table_weights
+from shardkit.quant.embedding_modules import (
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    quantize_state_dict,
+)
+
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "QuantConfig",
+    "dtype_to_data_type",
+    "quantize_state_dict",
+    "quantize_table_weights",
+]
