@@ -1,20 +1,25 @@
-"""Embedding lookup + fused optimizer step: shardkit vs the naive way vs TorchRec + FBGEMM.
+"""Embedding lookup + fused optimizer step: shardkit (compiled, eager) vs TorchRec + FBGEMM vs naive.
 
-    python benchmarks/bench_ebc.py                      # defaults of the issue, 2 threads
-    ~/.cache/shardkit-peers/venv/bin/python benchmarks/bench_ebc.py --out benchmarks/results/ebc.md
-                                                        # the same with TorchRec side by side
+    python benchmarks/bench_ebc.py                      # one point, one thread, no TorchRec
+    ~/.cache/shardkit-peers/venv/bin/python benchmarks/bench_ebc.py --sweep \\
+        --out benchmarks/results/ebc_sweep.md           # the issue-11 sweep, TorchRec side by side
 
 One training step = forward of all tables for a batch, loss = sum(pooled * fixed random weights),
-backward, optimizer step. Implementations:
-- shardkit: EmbeddingBagCollection with the optimizer fused into backward (batched kernel);
-- naive dense: one nn.EmbeddingBag per table + torch.optim on dense gradients;
-- naive sparse: one nn.EmbeddingBag(sparse=True) per table + torch.optim on sparse gradients;
-- torchrec: FusedEmbeddingBagCollection (FBGEMM's CPU kernels), when torchrec is importable.
-Row-wise Adagrad's naive versions use shardkit.optim.RowWiseAdagrad (torch has none; it takes
-only dense gradients). Reported: median step time after warm-up, samples/s, lookups/s, and the
-effective memory bandwidth = bytes that must move per step / step time, where bytes =
-forward gather (N x D x 4) + backward gather of output gradients (N x D x 4) + read and write of
-the touched rows (2 x U x D x 4) + their optimizer state (N ids, U unique rows, D dim, fp32).
+backward, optimizer step. Contenders, built with the same tables and fed the same batches, take
+turns in rounds (so a slow spell of a shared machine hits all alike):
+- shardkit compiled / shardkit eager: EmbeddingBagCollection with the optimizer fused into
+  backward, on the compiled C++ kernel or the eager torch one (`shardkit.kernels.use_kernel`);
+- torchrec: FusedEmbeddingBagCollection (FBGEMM's CPU kernels), when torchrec is importable;
+- naive dense: one nn.EmbeddingBag per table + torch.optim on dense gradients (skipped where a
+  dense gradient would pass 512 MB).
+Row-wise Adagrad's naive version uses shardkit.optim.RowWiseAdagrad (torch has none).
+
+Reported per point: median ms per step and the spread (25th-75th percentile over all timed
+steps), the ratio to FBGEMM, and the fraction of the memory-bandwidth floor reached = (bytes a
+step must move / single-thread copy bandwidth measured here) / step time. Bytes a step must move:
+the ids (read in forward and backward), the unique rows (read in forward; read and written in
+backward), their optimizer state (read and written), the pooled output (written) and its
+gradient (read). Caches can make a step beat this floor only when the tables fit in them.
 """
 
 from __future__ import annotations
@@ -26,62 +31,106 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
+import numpy
 import torch
+from _ebc_report import render
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from shardkit.bench import machine_info
+from shardkit.kernels import kernel_path, use_kernel
 from shardkit.optim import EmbOptimType, RowWiseAdagrad
 
 OPTIMIZERS = {
     "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, RowWiseAdagrad),
     "sgd": (EmbOptimType.EXACT_SGD, torch.optim.SGD),
 }
+CONTENDERS = ("shardkit compiled", "shardkit eager", "torchrec (FBGEMM)", "naive dense")
+NAIVE_MAX_BYTES = 512 << 20
 
 
-def make_batches(args: argparse.Namespace) -> list[KeyedJaggedTensor]:
+@dataclass(frozen=True)
+class Point:
+    """One configuration of the sweep."""
+
+    tables: int = 4
+    rows: int = 100_000
+    dim: int = 64
+    batch: int = 2048
+    ids: str = "uniform"  # or "power-law": P(id = k) ~ 1 / (k + 1), hot rows spread by a hash
+    optimizer: str = "rowwise_adagrad"
+
+
+def sweep_points() -> list[Point]:
+    """Around the base point (4 x 100k x 64, batch 2048): rows 10k / 100k / 1M / 10M (4, 4, 2, 1
+    tables: the largest fit in memory), dim 16 / 256, batch 256 / 16384; each with uniform and
+    power-law ids, row-wise Adagrad and SGD."""
+    shapes = [Point(tables=t, rows=r) for t, r in ((4, 10_000), (4, 100_000), (2, 1_000_000))]
+    shapes += [Point(tables=1, rows=10_000_000)]
+    shapes += [Point(dim=16), Point(dim=256), Point(batch=256), Point(batch=16384)]
+    return [
+        replace(shape, ids=ids, optimizer=optimizer)
+        for shape in shapes
+        for ids in ("uniform", "power-law")
+        for optimizer in OPTIMIZERS
+    ]
+
+
+def make_batches(point: Point, args: argparse.Namespace) -> list[KeyedJaggedTensor]:
     g = torch.Generator().manual_seed(args.seed)
-    keys = [f"f{t}" for t in range(args.tables)]
+    keys = [f"f{t}" for t in range(point.tables)]
     batches = []
     for _ in range(args.distinct_batches):
         low, high = max(0, args.ids_per_bag - 10), args.ids_per_bag + 10
-        lengths = torch.randint(low, high + 1, (args.tables * args.batch,), generator=g)
-        values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
+        lengths = torch.randint(low, high + 1, (point.tables * point.batch,), generator=g)
+        count = int(lengths.sum())
+        if point.ids == "uniform":
+            values = torch.randint(0, point.rows, (count,), generator=g)
+        else:
+            u = torch.rand(count, generator=g, dtype=torch.float64)
+            values = ((point.rows + 1) ** u).floor().long() - 1  # Zipf-like, row 0 hottest
+            values = (values * 2654435761) % point.rows  # hot rows spread over the table
         batches.append(KeyedJaggedTensor(keys=keys, values=values, lengths=lengths))
     return batches
 
 
-def configs(args: argparse.Namespace) -> list[EmbeddingBagConfig]:
+def configs(point: Point) -> list[EmbeddingBagConfig]:
     return [
         EmbeddingBagConfig(
-            name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
+            name=f"t{t}",
+            embedding_dim=point.dim,
+            num_embeddings=point.rows,
+            feature_names=[f"f{t}"],
         )
-        for t in range(args.tables)
+        for t in range(point.tables)
     ]
 
 
-def shardkit_step(args, optimizer: str) -> Callable[[KeyedJaggedTensor, torch.Tensor], None]:
-    kind, _ = OPTIMIZERS[optimizer]
+def shardkit_step(point: Point, args, path: str) -> Callable:
+    kind, _ = OPTIMIZERS[point.optimizer]
     ebc = EmbeddingBagCollection(
-        tables=configs(args),
+        tables=configs(point),
         fused_params={"optimizer": kind, "learning_rate": 0.01},
         validate_ids=not args.no_validate,
     )
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
-        (ebc(kjt).values() * weights).sum().backward()
+        with use_kernel(path):
+            pooled = ebc(kjt).values()
+        (pooled * weights).sum().backward()
 
     return step
 
 
-def naive_step(args, optimizer: str, sparse: bool) -> Callable | None:
-    _, optimizer_class = OPTIMIZERS[optimizer]
-    if sparse and optimizer_class is RowWiseAdagrad:
-        return None  # torch has no sparse row-wise Adagrad
+def naive_step(point: Point, args) -> Callable | str:
+    if point.tables * point.rows * point.dim * 4 > NAIVE_MAX_BYTES:
+        return f"skipped: its dense gradient would pass {NAIVE_MAX_BYTES >> 20} MB per step"
+    _, optimizer_class = OPTIMIZERS[point.optimizer]
     bags = torch.nn.ModuleDict(
         {
-            f"f{t}": torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=sparse)
-            for t in range(args.tables)
+            f"f{t}": torch.nn.EmbeddingBag(point.rows, point.dim, mode="sum")
+            for t in range(point.tables)
         }
     )
     opt = optimizer_class(bags.parameters(), lr=0.01)
@@ -95,23 +144,22 @@ def naive_step(args, optimizer: str, sparse: bool) -> Callable | None:
     return step
 
 
-def torchrec_step(args, optimizer: str) -> Callable | None:
+def torchrec_step(point: Point, args) -> Callable | str:
     try:
         import torchrec
         from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
         from torchrec.optim import RowWiseAdagrad as TorchRecRowWiseAdagrad
     except ImportError:
-        return None
+        return "skipped: torchrec is not importable (use the peers venv)"
     tables = [
-        torchrec.EmbeddingBagConfig(
-            name=f"t{t}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f"f{t}"]
-        )
-        for t in range(args.tables)
-    ]
-    optimizer_class = {"rowwise_adagrad": TorchRecRowWiseAdagrad, "sgd": torch.optim.SGD}[optimizer]
+        torchrec.EmbeddingBagConfig(name=c.name, embedding_dim=c.embedding_dim,
+                                    num_embeddings=c.num_embeddings, feature_names=c.feature_names)
+        for c in configs(point)
+    ]  # fmt: skip
+    optimizer_class = {"rowwise_adagrad": TorchRecRowWiseAdagrad, "sgd": torch.optim.SGD}
     ebc = FusedEmbeddingBagCollection(
         tables=tables,
-        optimizer_type=optimizer_class,
+        optimizer_type=optimizer_class[point.optimizer],
         optimizer_kwargs={"lr": 0.01},
         device=torch.device("cpu"),
     )
@@ -125,132 +173,176 @@ def torchrec_step(args, optimizer: str) -> Callable | None:
     return step
 
 
-def measure(steps: dict[str, Callable], batches, weights, args) -> dict[str, list[float]]:
-    """Step times of every contender, taken in interleaved rounds so that a slow spell of a
-    shared machine hits all contenders alike rather than whichever ran during it."""
+def build(point: Point, args) -> dict[str, Callable | str]:
+    """Every contender asked for: a step function, or why it is skipped."""
+    makers = {
+        "shardkit compiled": lambda: shardkit_step(point, args, "compiled"),
+        "shardkit eager": lambda: shardkit_step(point, args, "eager"),
+        "torchrec (FBGEMM)": lambda: torchrec_step(point, args),
+        "naive dense": lambda: naive_step(point, args),
+    }
+    return {name: makers[name]() for name in args.contenders}
+
+
+def measure(steps: dict[str, Callable], batches, weights, args) -> dict[str, list[list[float]]]:
+    """Step times (ms) per contender and round; contenders take turns within every round."""
     for step in steps.values():
         for i in range(args.warmup):
             step(batches[i % len(batches)], weights)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    per_round = -(-args.iters // args.rounds)
-    for first in range(0, args.iters, per_round):
+    times: dict[str, list[list[float]]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
         for name, step in steps.items():
-            for i in range(first, min(first + per_round, args.iters)):
+            round_times = []
+            for i in range(args.iters):
                 start = time.perf_counter()
                 step(batches[i % len(batches)], weights)
-                times[name].append(time.perf_counter() - start)
+                round_times.append((time.perf_counter() - start) * 1e3)
+            times[name].append(round_times)
     return times
 
 
-def run_optimizer(optimizer: str, batches, weights, num_ids: float, unique: float, args) -> list:
-    """Build every contender for ``optimizer``, time them, and return one result row each."""
-    candidates = {
-        "shardkit (fused, batched)": shardkit_step(args, optimizer),
-        "naive dense (nn.EmbeddingBag x T + torch.optim)": naive_step(args, optimizer, False),
-        "naive sparse (nn.EmbeddingBag(sparse) x T + torch.optim)": naive_step(
-            args, optimizer, True
-        ),
-        "torchrec FusedEmbeddingBagCollection (FBGEMM)": torchrec_step(args, optimizer),
-    }
-    steps = {name: step for name, step in candidates.items() if step is not None}
-    times = measure(steps, batches, weights, args)
-    rows = []
-    for name in candidates:
-        if name not in steps:
-            rows.append({"optimizer": optimizer, "impl": name, "skipped": True})
-            continue
-        ms = statistics.median(times[name]) * 1e3
-        state_bytes = 4 * unique * (1 if optimizer == "rowwise_adagrad" else 0) * 2
-        moved = 4 * args.dim * (2 * num_ids + 2 * unique) + state_bytes
-        rows.append(
-            {
-                "optimizer": optimizer,
-                "impl": name,
-                "ms_per_step": ms,
-                "samples_per_s": args.batch / (ms / 1e3),
-                "lookups_per_s": num_ids / (ms / 1e3),
-                "effective_gb_per_s": moved / (ms / 1e3) / 1e9,
-                "times_ms": [t * 1e3 for t in times[name]],
-            }
+def batch_stats(point: Point, batches: list[KeyedJaggedTensor]) -> tuple[float, float]:
+    """Mean ids and mean unique (table, row) pairs per batch."""
+    ids = statistics.mean(b.values().numel() for b in batches)
+    unique = []
+    for b in batches:
+        shift = torch.repeat_interleave(
+            torch.arange(point.tables) * point.rows, torch.tensor(b.length_per_key())
         )
-        print(f"{optimizer:16} {name:58} {ms:8.1f} ms/step", flush=True)
-    return rows
+        unique.append((b.values() + shift).unique().numel())
+    return ids, statistics.mean(unique)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", type=int, default=8)
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2048)
-    parser.add_argument("--ids-per-bag", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=30, help="timed steps per contender")
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="interleave contenders in this many rounds"
+def floor_bytes(point: Point, num_ids: float, unique: float) -> float:
+    """Bytes a step must move (see the module docstring); fp32 rows, int64 ids."""
+    row = 4 * point.dim
+    state = 4 if point.optimizer == "rowwise_adagrad" else 0
+    bags = point.tables * point.batch
+    return 2 * 8 * num_ids + 3 * unique * row + 2 * unique * state + 2 * bags * row
+
+
+def copy_bandwidth() -> float:
+    """Single-thread copy bandwidth in GB/s (bytes read + written): the median of 5 memcpy's
+    (NumPy's copy) of 256 MB, far beyond any cache."""
+    src = numpy.ones(64 << 20, dtype=numpy.float32)
+    dst = numpy.empty_like(src)
+    numpy.copyto(dst, src)
+    seconds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        numpy.copyto(dst, src)
+        seconds.append(time.perf_counter() - start)
+    return 2 * src.nbytes / statistics.median(seconds) / 1e9
+
+
+def summarize(times: list[list[float]]) -> dict:
+    flat = sorted(t for round_times in times for t in round_times)
+    quartiles = statistics.quantiles(flat, n=4) if len(flat) > 1 else [flat[0]] * 3
+    return {
+        "ms": statistics.median(flat),
+        "p25": quartiles[0],
+        "p75": quartiles[2],
+        "round_medians": [statistics.median(r) for r in times],
+        "times_ms": flat,
+    }
+
+
+def run_point(point: Point, args, bandwidth: float) -> dict:
+    batches = make_batches(point, args)
+    weights = torch.randn(
+        point.batch, point.tables * point.dim, generator=torch.Generator().manual_seed(1)
     )
-    parser.add_argument("--distinct-batches", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    num_ids, unique = batch_stats(point, batches)
+    contenders = build(point, args)
+    steps = {name: step for name, step in contenders.items() if callable(step)}
+    times = measure(steps, batches, weights, args)
+    floor_ms = floor_bytes(point, num_ids, unique) / (bandwidth * 1e9) * 1e3
+    results = {}
+    for name, step in contenders.items():
+        results[name] = summarize(times[name]) if callable(step) else {"skipped": step}
+        if callable(step):
+            results[name]["floor_fraction"] = floor_ms / results[name]["ms"]
+    reference = results.get("torchrec (FBGEMM)", {}).get("ms")
+    for result in results.values():
+        if reference and "ms" in result:
+            result["ratio_to_fbgemm"] = result["ms"] / reference
+    del contenders, steps
+    gc.collect()
+    line = "  ".join(f"{n}: {r['ms']:.2f} ms" for n, r in results.items() if "ms" in r)
+    print(f"{point}: {line}", flush=True)
+    return {"point": asdict(point), "num_ids": num_ids, "unique_rows": unique,
+            "floor_ms": floor_ms, "results": results}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    base = Point()
+    parser.add_argument("--sweep", action="store_true", help="run every point of sweep_points()")
+    parser.add_argument(
+        "--match", nargs="+", default=[], help="keep sweep points whose repr contains all of these"
+    )
+    parser.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        help="drop sweep points whose repr contains any of these",
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply rows and batch (smoke runs)"
+    )
+    parser.add_argument("--tables", type=int, default=base.tables)
+    parser.add_argument("--rows", type=int, default=base.rows)
+    parser.add_argument("--dim", type=int, default=base.dim)
+    parser.add_argument("--batch", type=int, default=base.batch)
+    parser.add_argument("--ids", choices=("uniform", "power-law"), default=base.ids)
     parser.add_argument(
         "--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS)
     )
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--ids-per-bag", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=5, help="timed steps per contender per round")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="rounds in which contenders take turns"
+    )
+    parser.add_argument("--distinct-batches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-validate", action="store_true", help="skip shardkit's id range check")
-    parser.add_argument("--out", help="write a markdown report here (and .json beside it)")
-    args = parser.parse_args()
+    parser.add_argument("--out", help="write a markdown report here (.json and .png beside it)")
+    return parser.parse_args()  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
-    batches = make_batches(args)
-    weights = torch.randn(
-        args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1)
-    )
-    num_ids = statistics.mean(b.values().numel() for b in batches)
-    unique = statistics.mean(
-        (
-            b.values()
-            + torch.repeat_interleave(
-                torch.arange(args.tables) * args.rows, torch.tensor(b.length_per_key())
-            )
-        )
-        .unique()
-        .numel()
-        for b in batches
-    )
-    rows = []
-    for optimizer in args.optimizers:
-        rows += run_optimizer(optimizer, batches, weights, num_ids, unique, args)
-        gc.collect()  # free this optimizer's contenders before building the next ones
-    report = render(rows, args, num_ids, unique)
-    print(report)
+    kernel_path()  # build (or load) the compiled kernel before any timing
+    if args.sweep:
+        points = sweep_points()
+    else:
+        one = Point(args.tables, args.rows, args.dim, args.batch, args.ids)
+        points = [replace(one, optimizer=o) for o in args.optimizers]
+    points = [
+        replace(p, rows=max(10, int(p.rows * args.scale)), batch=max(1, int(p.batch * args.scale)))
+        for p in points
+        if p.optimizer in args.optimizers
+        and all(m in repr(p) for m in args.match)
+        and not any(x in repr(p) for x in args.exclude)
+    ]
+    bandwidth = copy_bandwidth()
+    print(f"single-thread copy bandwidth: {bandwidth:.1f} GB/s", flush=True)
+    report = {"args": vars(args), "machine": machine_info(), "threads": torch.get_num_threads(),
+              "copy_gb_per_s": bandwidth, "points": [run_point(p, args, bandwidth) for p in points]}  # fmt: skip
+    markdown = render(report)
+    print(markdown)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(report)
+            f.write(markdown)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"args": vars(args), "machine": machine_info(), "rows": rows}, f, indent=1)
+            json.dump(report, f, indent=1)
+        from _ebc_report import chart
 
-
-def render(rows: list[dict], args: argparse.Namespace, num_ids: float, unique: float) -> str:
-    lines = [
-        "# Embedding lookup + fused optimizer step (bench_ebc.py)",
-        "",
-        f"Config: {args.tables} tables x {args.rows:,} rows x dim {args.dim}, batch {args.batch}, "
-        f"~{args.ids_per_bag} ids per bag ({num_ids:,.0f} ids, {unique:,.0f} unique rows per step), "
-        f"{args.threads} threads, median of {args.iters} steps after {args.warmup} warm-up, contenders interleaved in "
-        f"{args.rounds} rounds.",
-        f"Machine: {json.dumps(machine_info())}",
-        "",
-        "| optimizer | implementation | ms/step | samples/s | lookups/s | effective GB/s |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        if row.get("skipped"):
-            lines.append(f"| {row['optimizer']} | {row['impl']} | skipped (not available) | | | |")
-            continue
-        lines.append(
-            f"| {row['optimizer']} | {row['impl']} | {row['ms_per_step']:.1f} | "
-            f"{row['samples_per_s']:,.0f} | {row['lookups_per_s'] / 1e6:.2f} M | "
-            f"{row['effective_gb_per_s']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+        chart(report, os.path.splitext(args.out)[0] + ".png")
 
 
 if __name__ == "__main__":

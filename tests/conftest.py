@@ -9,10 +9,19 @@ from typing import Any
 import pytest
 import torch
 
+from shardkit.kernels import kernel_path
 from shardkit.launch import RankPool
 
 # Collective timeout inside test ranks: far above what any test needs, far below pytest's timeout.
 RANK_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _embedding_kernel() -> None:
+    """Choose the embedding kernel before any test starts ranks: on a machine without a cached
+    build this builds the compiled kernel (20-40 s on 2 cores), which no rank should wait for
+    inside a collective."""
+    kernel_path()
 
 
 @pytest.fixture(scope="session")

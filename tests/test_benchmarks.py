@@ -3,6 +3,7 @@ the commands in benchmarks/results/ keep working as the code changes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -19,12 +20,55 @@ def test_bench_ebc_runs_at_toy_size(tmp_path):
     out = tmp_path / "ebc.md"
     _run(
         "bench_ebc.py", "--tables", "2", "--rows", "1000", "--batch", "32", "--iters", "2",
-        "--warmup", "1", "--rounds", "1", "--out", str(out),
+        "--warmup", "1", "--rounds", "2", "--out", str(out),
     )  # fmt: skip
-    report = out.read_text()
-    assert "| rowwise_adagrad | shardkit (fused, batched) |" in report
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert any(r.get("ms_per_step", 0) > 0 for r in rows), rows
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["threads"] == 1, "one thread unless --threads says otherwise"
+    assert report["copy_gb_per_s"] > 0
+    points = report["points"]
+    assert [
+        (p["point"]["tables"], p["point"]["rows"], p["point"]["optimizer"]) for p in points
+    ] == [
+        (2, 1000, "rowwise_adagrad"),
+        (2, 1000, "sgd"),
+    ]
+    for point in points:
+        assert point["num_ids"] > point["unique_rows"] > 0 and point["floor_ms"] > 0
+        results = point["results"]
+        assert list(results) == [
+            "shardkit compiled",
+            "shardkit eager",
+            "torchrec (FBGEMM)",
+            "naive dense",
+        ]
+        if importlib.util.find_spec("torchrec") is None:
+            assert results["torchrec (FBGEMM)"] == {
+                "skipped": "skipped: torchrec is not importable (use the peers venv)"
+            }
+        for name in ("shardkit compiled", "shardkit eager", "naive dense"):
+            result = results[name]
+            assert len(result["times_ms"]) == 4 and len(result["round_medians"]) == 2, result
+            assert 0 < result["p25"] <= result["ms"] <= result["p75"], result
+            assert result["floor_fraction"] > 0
+    report_text = out.read_text()
+    assert "| 2 x 1,000 x 64, batch 32, uniform, rowwise_adagrad | " in report_text
+    assert "1 thread(s)" in report_text
+
+
+def test_bench_ebc_sweep_covers_the_issue_grid(tmp_path):
+    """--sweep at a toy scale: every axis of issue 11's sweep is there."""
+    out = tmp_path / "sweep.md"
+    _run(
+        "bench_ebc.py", "--sweep", "--scale", "0.0005", "--iters", "1", "--rounds", "1",
+        "--warmup", "0", "--contenders", "shardkit compiled", "shardkit eager", "--out", str(out),
+    )  # fmt: skip
+    points = [p["point"] for p in json.loads(out.with_suffix(".json").read_text())["points"]]
+    assert len(points) == 32
+    assert {p["optimizer"] for p in points} == {"rowwise_adagrad", "sgd"}
+    assert {p["ids"] for p in points} == {"uniform", "power-law"}
+    assert {p["dim"] for p in points} == {16, 64, 256}
+    assert {(p["tables"], p["rows"]) for p in points} == {(4, 10), (4, 50), (2, 500), (1, 5000)}
+    assert {p["batch"] for p in points} == {1, 8}  # 256 and 2048 both scale to 1
 
 
 def test_bench_dmp_runs_at_toy_size(tmp_path):

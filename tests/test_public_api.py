@@ -184,6 +184,16 @@ PUBLIC = {
     "shardkit.optim.warmup": ["WarmupOptimizer", "WarmupPolicy", "WarmupStage"],
     "shardkit.optim.clipping": ["GradientClipping", "GradientClippingOptimizer"],
     "shardkit.optim.fused": ["EmptyFusedOptimizer", "FusedOptimizer", "FusedOptimizerModule"],
+    "shardkit.kernels": [
+        "KernelPath",
+        "dense_backward",
+        "fused_backward",
+        "kernel_path",
+        "pooled_forward",
+        "set_kernel",
+        "unsupported",
+        "use_kernel",
+    ],
     "shardkit.models": [
         "DLRM",
         "DLRM_DCN",

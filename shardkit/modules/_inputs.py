@@ -10,7 +10,6 @@ order, so a steady stream of batches pays for it once.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,7 +108,7 @@ def group_input(kjt: KeyedJaggedTensor, features: GroupFeatures) -> GroupInput:
     lo, hi = offset_per_key[first], offset_per_key[last]
     lengths = kjt.lengths()[first * stride : last * stride]
     ids, offsets = kernel_input(
-        kjt.values()[lo:hi].long(), lengths, features.row_base_per_key, length_per_key
+        kjt.values()[lo:hi], lengths, features.row_base_per_key, length_per_key
     )
     weights = kjt.weights_or_none()
     weights = None if weights is None else weights[lo:hi]
@@ -128,19 +127,28 @@ def kernel_input(
     """The batched kernel's ``(ids, offsets)`` (see `lookup`) from ids of single tables.
 
     Args:
-        ids: ``[N]`` int64 rows of their own tables, in segments: the ids of one table each
+        ids: ``[N]`` int32 or int64 rows of their own tables, in segments: the ids of one table each
             (one feature, or one feature's ids from one rank).
         lengths: ``[num_bags]`` ids per bag, bags in the order of ``ids``.
         row_bases: ``[S]`` first row of each segment's table in the stack (`BatchedTables`).
         ids_per_segment: ``[S]`` ids in each segment (they add up to ``N``).
 
     Returns:
-        ``ids`` ``[N]`` shifted to rows of the stack, and bag boundaries ``[num_bags + 1]``.
+        ``ids`` ``[N]`` int64, shifted to rows of the stack (a new tensor whenever shifted), and bag boundaries ``[num_bags + 1]``.
     """
-    if any(row_bases):
+    if not any(row_bases):
+        ids = ids.long()
+    elif isinstance(ids_per_segment, torch.Tensor):
         bases = torch.tensor(row_bases, dtype=torch.int64, device=ids.device)
-        counts = torch.as_tensor(ids_per_segment, device=ids.device)
-        ids = ids + torch.repeat_interleave(bases, counts, output_size=ids.numel())
+        counts = ids_per_segment.to(ids.device)
+        ids = ids.long() + torch.repeat_interleave(bases, counts, output_size=ids.numel())
+    else:
+        ids = ids.to(torch.int64, copy=True)  # shifted in place, segment by segment: no index
+        start = 0
+        for base, count in zip(row_bases, ids_per_segment):
+            if base:
+                ids[start : start + count] += base
+            start += count
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return ids, offsets
@@ -175,21 +183,18 @@ def mean_as_weights(
 def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
     """Every id of key k must be in ``[0, num_embeddings of k's table)``; name the first that isn't."""
     values = kjt.values()
-    if values.numel() == 0:
-        return
-    limits = torch.tensor(plan.num_embeddings_per_key, device=values.device)
-    length_per_key = torch.tensor(kjt.length_per_key(), device=values.device)
-    limit = torch.repeat_interleave(limits, length_per_key, output_size=values.numel())
-    bad = (values < 0) | (values >= limit)
-    if not bool(bad.any()):
-        return
-    position = int(bad.nonzero()[0, 0])
     offsets = kjt.offset_per_key()
-    key = bisect.bisect_right(offsets, position) - 1
-    raise ValueError(
-        f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
-        f"{int(values[position])} at position {position - offsets[key]} of the feature's values is "
-        f"out of range: ids must satisfy 0 <= id < num_embeddings = "
-        f"{plan.num_embeddings_per_key[key]}. Map ids into range (e.g. id % num_embeddings), or "
-        "pass validate_ids=False to skip this check"
-    )
+    for key, limit in enumerate(plan.num_embeddings_per_key):
+        ids = values[offsets[key] : offsets[key + 1]]
+        if ids.numel() == 0:
+            continue
+        low, high = torch.aminmax(ids)  # one pass per key, no [N] tensor of limits
+        if int(low) >= 0 and int(high) < limit:
+            continue
+        position = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
+        raise ValueError(
+            f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
+            f"{int(ids[position])} at position {position} of the feature's values is "
+            f"out of range: ids must satisfy 0 <= id < num_embeddings = {limit}. Map ids into "
+            "range (e.g. id % num_embeddings), or pass validate_ids=False to skip this check"
+        )

@@ -13,10 +13,27 @@ each occurrence, its "bags" the runs of equal ids. That adds duplicates within a
 optimizer rule then updates those rows (see [Note: fused row updates] in `shardkit.optim`).
 Chunks of a few MiB keep the temporaries in cache and out of fresh pages, which on CPU costs more
 than the arithmetic.
+
+That is the eager kernel: pure torch ops, the spec and the fallback. The compiled kernel (see
+[Note: compiled kernel] in `shardkit.kernels`) does the same in C++ operators without the
+temporaries: forward one loop over the bags, backward one radix sort of the ids and ONE pass over
+the unique rows that sums each row's gradient and applies the rule in place (plain fp32 SGD on
+one thread needs no sort at all). Which one runs is chosen once per process, at the first lookup:
+``SHARDKIT_KERNEL=auto|compiled|eager`` or `shardkit.kernels.set_kernel` (``use_kernel`` for a
+block), one INFO line saying which and why; the choice is made in forward and kept by that
+lookup's backward, and lookups the compiled operators cannot serve (`shardkit.kernels.unsupported`)
+run eager. The first process on a machine builds the operators (10-40 s on 2 cores) and caches
+them in ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR``); later ones load them in
+milliseconds.
+
+Pooled lookups may ask for their output example-major (``batch_size``): ``[B, K * D]``, a
+KeyedTensor's layout, which the compiled kernel writes directly (and reads its gradient so),
+where the eager one transposes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from shardkit import kernels
 from shardkit.optim import RowOptimizer
 
 __all__ = ["BatchedTables", "lookup"]
+
+logger = logging.getLogger(__name__)
 
 # Bytes of gradient rows handled per chunk in backward (see [Note: batched kernel]).
 _CHUNK_BYTES = 2 << 20
@@ -66,8 +86,8 @@ class BatchedTables:
         per_sample_weights: torch.Tensor | None,
         grad_out: torch.Tensor,
     ) -> list[torch.Tensor | None]:
-        """Fused update (returns no gradients), or the dense gradient of each table."""
-        runs = _RowRuns(ids, bag_of, per_sample_weights, *self.weight.shape)
+        """Eager: fused update (returns no gradients), or the dense gradient of each table."""
+        runs = _RowRuns(ids.long(), bag_of, per_sample_weights, *self.weight.shape)
         optimizer = self.optimizer
         if optimizer is not None:
             optimizer.begin_step()
@@ -77,7 +97,30 @@ class BatchedTables:
         grad = torch.zeros(self.weight.shape, dtype=torch.float32, device=self.weight.device)
         for index in range(runs.num_chunks):
             grad.index_copy_(0, *runs.gradients(index, grad_out))
-        grad = grad.to(self.weight.dtype)
+        return self._split(grad.to(self.weight.dtype))
+
+    def compiled_backward(
+        self,
+        ids: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+        grad_out: torch.Tensor,
+        grad_per_sample_weights: bool,
+        *,
+        batch_size: int = 0,
+    ) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+        """Compiled: as `backward`, and d loss / d per_sample_weights ``[N]`` fp32 when asked."""
+        optimizer = self.optimizer
+        args = (self.weight, ids, offsets, per_sample_weights, grad_out)
+        wants = {"grad_per_sample_weights": grad_per_sample_weights, "batch_size": batch_size}
+        if optimizer is not None:
+            optimizer.begin_step()
+            grad_weights = kernels.fused_backward(*args, optimizer, **wants)
+            return [None] * (len(self.row_starts) - 1), grad_weights
+        grad, grad_weights = kernels.dense_backward(*args, **wants)
+        return self._split(grad), grad_weights
+
+    def _split(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
         bounds = zip(self.row_starts[:-1], self.row_starts[1:])
         return [grad[start:end] for start, end in bounds]
 
@@ -88,18 +131,23 @@ def lookup(
     offsets: torch.Tensor | None,
     per_sample_weights: torch.Tensor | None,
     params: Sequence[torch.Tensor],
+    *,
+    batch_size: int | None = None,
 ) -> torch.Tensor:
     """Pooled lookup ``[num_bags, D]`` (``offsets`` given, SUM with optional per-sample weights)
     or per-id lookup ``[num_ids, D]`` (``offsets`` None), differentiable.
 
     Args:
         tables: the stacked tables.
-        ids: ``[N]`` int64 rows of the buffer (table-local id + the table's first row).
+        ids: ``[N]`` int64 (or int32) rows of the buffer (table-local id + the table's first row).
         offsets: ``[num_bags + 1]`` int64 bag boundaries into ``ids``, or None.
         per_sample_weights: ``[N]`` weight of each id in its bag, or None.
         params: the tables' parameters (views of the buffer), so autograd reaches them.
+        batch_size: for pooled lookups whose bags are ``K`` keys x ``batch_size`` examples,
+            key-major (a KJT's order): return them example-major, ``[batch_size, K * D]`` (a
+            KeyedTensor's values), which the compiled kernel writes without a transpose.
     """
-    return _Lookup.apply(tables, ids, offsets, per_sample_weights, *params)
+    return _Lookup.apply(tables, ids, offsets, per_sample_weights, batch_size or 0, *params)
 
 
 class _Lookup(torch.autograd.Function):
@@ -110,39 +158,99 @@ class _Lookup(torch.autograd.Function):
         ids: torch.Tensor,
         offsets: torch.Tensor | None,
         per_sample_weights: torch.Tensor | None,
+        batch_size: int,
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        ctx.tables = tables
+        ctx.tables, ctx.batch_size = tables, batch_size
         ctx.save_for_backward(ids, offsets, per_sample_weights)
+        ctx.compiled = _compiled(tables, ids)
         if offsets is None:
             return F.embedding(ids, tables.weight)
+        if ctx.compiled:
+            out = kernels.pooled_forward(
+                tables.weight, ids, offsets, per_sample_weights, batch_size=batch_size
+            )  # rows already example-major when batch_size > 0
+            return out.view(batch_size, out.numel() // batch_size) if batch_size else out
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(tables.weight.dtype)
-        return F.embedding_bag(
-            ids,
+        out = F.embedding_bag(
+            ids.long(),
             tables.weight,
-            offsets,
+            offsets.long(),
             mode="sum",
             per_sample_weights=per_sample_weights,
             include_last_offset=True,
         )
+        return _example_major(out, batch_size)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ids, offsets, per_sample_weights = ctx.saved_tensors
         tables: BatchedTables = ctx.tables
-        grad_out = grad_out.float().contiguous()
-        bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
-        grad_weights = None
-        if per_sample_weights is not None and ctx.needs_input_grad[3]:
-            # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
-            rows = tables.weight.index_select(0, ids).float()
-            grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
-            grad_weights = grad_weights.to(per_sample_weights.dtype)
-        param_grads = tables.backward(ids, bag_of, per_sample_weights, grad_out)
         ctx.tables = None
-        return (None, None, None, grad_weights, *param_grads)
+        wants_grad_weights = per_sample_weights is not None and ctx.needs_input_grad[3]
+        args = (ids, offsets, per_sample_weights)
+        if ctx.compiled:
+            grad_out = grad_out.float().contiguous().view(-1, tables.dim)  # the forward's rows
+            param_grads, grad_weights = tables.compiled_backward(
+                *args, grad_out, wants_grad_weights, batch_size=ctx.batch_size
+            )
+        else:
+            grad_out = _key_major(grad_out.float(), ctx.batch_size, tables.dim).contiguous()
+            param_grads, grad_weights = _eager_backward(tables, *args, grad_out, wants_grad_weights)
+        if grad_weights is not None:
+            grad_weights = grad_weights.to(per_sample_weights.dtype)
+        return (None, None, None, grad_weights, None, *param_grads)
+
+
+def _eager_backward(
+    tables: BatchedTables,
+    ids: torch.Tensor,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    grad_out: torch.Tensor,
+    wants_grad_weights: bool,
+) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+    ids = ids.long()
+    bag_of = None if offsets is None else _bag_of(offsets, ids.numel())
+    grad_weights = None
+    if wants_grad_weights:
+        # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
+        rows = tables.weight.index_select(0, ids).float()
+        grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
+    return tables.backward(ids, bag_of, per_sample_weights, grad_out), grad_weights
+
+
+def _example_major(out: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``[K * B, D]`` key-major -> ``[B, K * D]`` (no-op when ``batch_size`` is 0)."""
+    if not batch_size:
+        return out
+    dim = out.shape[1]
+    return out.view(-1, batch_size, dim).transpose(0, 1).reshape(batch_size, -1)
+
+
+def _key_major(grad: torch.Tensor, batch_size: int, dim: int) -> torch.Tensor:
+    """The inverse of `_example_major`: ``[B, K * D]`` -> ``[K * B, D]``."""
+    if not batch_size:
+        return grad
+    return grad.reshape(batch_size, -1, dim).transpose(0, 1).reshape(-1, dim)
+
+
+_unsupported_logged: set[str] = set()
+
+
+def _compiled(tables: BatchedTables, ids: torch.Tensor) -> bool:
+    """Whether this lookup runs the compiled kernel (see [Note: compiled kernel])."""
+    if kernels.kernel_path() != kernels.KernelPath.COMPILED:
+        return False
+    reason = kernels.unsupported(tables.weight, ids, tables.optimizer)
+    if reason is None:
+        return True
+    if reason not in _unsupported_logged:
+        _unsupported_logged.add(reason)
+        logger.info("these embedding lookups run the eager kernel: %s", reason)
+    return False
 
 
 def _bag_of(offsets: torch.Tensor, num_ids: int) -> torch.Tensor:

@@ -198,13 +198,15 @@ class EmbeddingBagCollection(_Collection):
             weights = inputs.per_sample_weights
             if not self._is_weighted and not any(spec.mean_per_key):
                 weights = None
-            out = lookup(group.tables, inputs.ids, inputs.offsets, weights, group.params)
-            per_key = out.view(spec.num_keys, stride, group.tables.dim)  # [K_g, B, D]
+            dim = group.tables.dim
+            out = lookup(
+                group.tables, inputs.ids, inputs.offsets, weights, group.params, batch_size=stride
+            ).view(stride, spec.num_keys * dim)  # [B, K_g * D], example-major
             if len(self._stack.groups) == 1 and plan.keys == tuple(self._feature_names):
-                values = per_key.transpose(0, 1).reshape(stride, -1)
-                return KeyedTensor(self._feature_names, self._dims, values)
+                return KeyedTensor(self._feature_names, self._dims, out)
             for position in range(spec.num_keys):
-                pooled[plan.keys[spec.first_key + position]] = per_key[position]
+                key = plan.keys[spec.first_key + position]
+                pooled[key] = out[:, position * dim : (position + 1) * dim]
         values = torch.cat([pooled[f] for f in self._feature_names], dim=1)
         return KeyedTensor(self._feature_names, self._dims, values)
 

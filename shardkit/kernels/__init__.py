@@ -1,0 +1,49 @@
+"""Compiled embedding kernels: C++ operators built on first use, and the choice of kernel.
+
+[Note: compiled kernel]
+The batched lookup (see [Note: batched kernel] in `shardkit.modules._kernel`) has two
+implementations that compute the same thing:
+
+- **eager**: pure torch ops (``F.embedding_bag``, a sort, and the rules of
+  `shardkit.optim._rules`). It is the spec, and the fallback where nothing can be compiled.
+- **compiled**: three ``torch.library`` operators in namespace ``shardkit`` (``pooled_forward``,
+  ``fused_backward``, ``dense_backward``), C++ in ``csrc/``, compiled for this CPU with
+  ``torch.utils.cpp_extension`` the first time a process needs them (about 20 s on 2 cores) and
+  cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR`` moves it), keyed by the
+  sources, torch, Python and the CPU, so later processes load it in milliseconds.
+
+Backward, compiled: one radix sort of the batch's ids (32-bit keys, as few 11-bit passes as the
+number of rows needs) groups their occurrences by row; then ONE pass over the unique rows in
+ascending order sums each row's gradient from the output-gradient rows of its bags (per-sample
+weights, which carry MEAN, applied on the way) into a register-sized buffer and applies the
+optimizer rule to the row and its state in place. No ``[unique rows, D]`` gradient is written;
+the rows, their state and their gradient sources a few occurrences ahead are prefetched, so the
+loop waits on memory as little as the hardware allows. Forward is one loop over bags that sums
+rows in fp32, prefetching ahead, with per-sample weights fused, writing each bag's row where a
+KeyedTensor wants it (example-major) so that no transpose follows. Plain fp32 SGD on one thread
+skips the sort (see [Note: SGD without a sort] in ``csrc/kernels.cpp``). fp16 and bf16 tables are
+read and written in their dtype with fp32 math, rounding where the eager rule rounds. Tables of
+4 MiB or more are asked onto 2 MiB pages on first use ([Note: huge pages for tables] in
+``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss.
+
+Which one runs is chosen once per process, at the first lookup: ``SHARDKIT_KERNEL`` =
+``auto`` (the default: compiled if it builds and loads, else eager), ``compiled`` (an error if it
+cannot be built) or ``eager``; `set_kernel` does the same from code and `use_kernel` for a block.
+One INFO line from ``shardkit.kernels`` says which kernel runs and why (a build failure's reason
+and the path of the compiler's output included). A lookup the compiled operators cannot serve
+(e.g. a CUDA table without a CUDA build) runs eager, with one INFO line per reason.
+"""
+
+from shardkit.kernels._ops import dense_backward, fused_backward, pooled_forward, unsupported
+from shardkit.kernels._select import KernelPath, kernel_path, set_kernel, use_kernel
+
+__all__ = [
+    "KernelPath",
+    "dense_backward",
+    "fused_backward",
+    "kernel_path",
+    "pooled_forward",
+    "set_kernel",
+    "unsupported",
+    "use_kernel",
+]

@@ -1,0 +1,68 @@
+"""The build cache: ranks that start at once on an empty cache build once, the others wait for
+the lock and load that build."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from shardkit.kernels import KernelPath, _build, use_kernel
+
+# load_library() with the compiler replaced by a slow fake that counts its runs.
+FAKE_BUILD = """
+import sys, time
+import torch
+from shardkit.kernels import _build
+
+def fake_build(entry, sources, flags):
+    with open(sys.argv[1], "a") as count:
+        count.write("built\\n")
+    time.sleep(1.0)
+    entry.mkdir()
+    (entry / _build.LIBRARY).write_text("not a library")
+    return 1.0
+
+_build._build = fake_build
+torch.ops.load_library = lambda path: None
+print(_build.load_library())
+"""
+
+
+def test_ranks_starting_at_once_build_once(tmp_path):
+    counter = tmp_path / "builds.txt"
+    env = {"SHARDKIT_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FAKE_BUILD, str(counter)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for _ in range(3)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out.strip())
+    assert counter.read_text() == "built\n"
+    assert sorted(o.split(" ")[0] for o in outputs) == ["built", "loaded", "loaded"], outputs
+
+
+def test_a_process_keeps_its_library_when_the_cache_has_another(monkeypatch, tmp_path):
+    """Loading a second library would register the ``shardkit`` ops twice, and torch aborts the
+    process for that (seen when a long-lived rank asked for the kernel again after the sources
+    had changed): a process that has its library never builds or loads another."""
+    with use_kernel("compiled"):
+        pass  # loaded now, if it was not yet
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path))  # a cache without this build
+
+    def no_build(*args):
+        raise AssertionError("built a second library in a process that has one")
+
+    monkeypatch.setattr(_build, "_build", no_build)
+    with use_kernel("compiled") as path:
+        assert path is KernelPath.COMPILED
+    assert _build.load_library().startswith("already loaded in this process from ")
