@@ -56,7 +56,10 @@ def draw_metrics(records: list[dict[str, Any]], path: Path, *, title: str = "") 
     _line(axes[0][0], train, "loss", "training loss (mean over ranks)", "tab:blue")
     _line(axes[0][1], validation, "auc", "validation AUC", "tab:green", marker="o")
     _line(axes[1][0], validation, "log_loss", "validation log loss", "tab:red", marker="o")
-    _line(axes[1][1], train, "samples_per_s", "samples/s", "tab:purple", label="training")
+    _line(axes[1][1], train, "samples_per_s", "samples/s", "tab:purple",
+          label="training, so far this epoch")  # fmt: skip
+    _line(axes[1][1], validation, "epoch_samples_per_s", "samples/s", "tab:purple", marker="s",
+          linestyle="none", label="training, whole epoch")  # fmt: skip
     _line(axes[1][1], validation, "data_samples_per_s", "samples/s", "tab:orange", marker="o",
           label="reading alone")  # fmt: skip
     axes[1][1].legend(loc="best")

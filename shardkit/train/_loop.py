@@ -91,7 +91,8 @@ def _epoch_line(results: dict[str, Any]) -> str:
         f"epoch {results['epoch']}: validation AUC {results['auc']:.4f}, log loss "
         f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
         f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
-        f"train {results['samples_per_s']:,.0f} samples/s; reading alone "
+        f"train {results['epoch_samples_per_s']:,.0f} samples/s over the epoch "
+        f"({results['samples_per_s']:,.0f} after warm-up); reading alone "
         f"{results['data_samples_per_s']:,.0f} samples/s, {results['data_time_share']:.0%} of the "
         "epoch's time"
     )
@@ -149,7 +150,7 @@ def _train_epoch(
                      "samples_per_s": speed}
                 )  # fmt: skip
     progress.close()
-    data_rate, data_share = reading.rates(time.perf_counter() - start)
+    data_rate, data_share, epoch_seconds = reading.rates(time.perf_counter() - start)
     if config.max_steps_per_epoch is not None:
         for _ in batches:  # skip the rest of a shortened epoch so the next one starts cleanly
             pass
@@ -161,6 +162,9 @@ def _train_epoch(
         "step": step,
         "train_loss": float(mean),
         "samples_per_s": meter.compute().get("samples_per_s", float("nan")),
+        # over the whole epoch, as reading's rate and share are (the shuffle buffer fills and
+        # the pipeline starts in the warm-up steps that samples_per_s leaves out)
+        "epoch_samples_per_s": len(losses) * global_batch / max(epoch_seconds, 1e-9),
         "data_samples_per_s": data_rate,
         "data_time_share": data_share,
     }
@@ -184,13 +188,16 @@ class _Timed:
             self.samples += batch.batch_size
             yield batch
 
-    def rates(self, epoch_seconds: float) -> tuple[float, float]:
+    def rates(self, epoch_seconds: float) -> tuple[float, float, float]:
         """(samples/s all ranks together would read at the slowest rank's rate, the largest
-        share of a rank's epoch spent reading); a collective."""
+        share of a rank's epoch spent reading, the longest rank's epoch seconds); a
+        collective."""
         rate = self.samples / self.seconds if self.seconds > 0 else float("inf")
-        mine = torch.tensor([-rate, self.seconds / max(epoch_seconds, 1e-9)], dtype=torch.float64)
+        share = self.seconds / max(epoch_seconds, 1e-9)
+        mine = torch.tensor([-rate, share, epoch_seconds], dtype=torch.float64)
         worst = comm.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
-        return -float(worst[0]) * torch.distributed.get_world_size(), float(worst[1])
+        world_size = torch.distributed.get_world_size()
+        return -float(worst[0]) * world_size, float(worst[1]), float(worst[2])
 
 
 @torch.no_grad()

@@ -18,7 +18,8 @@ def _metrics(run):
                        "samples_per_s": 1000.0 + step})  # fmt: skip
         for step in (50, 100):
             log.write({"kind": "validation", "epoch": step // 50 - 1, "step": step, "auc": 0.7,
-                       "log_loss": 0.5, "data_samples_per_s": 5000.0})  # fmt: skip
+                       "log_loss": 0.5, "data_samples_per_s": 5000.0,
+                       "epoch_samples_per_s": 900.0})  # fmt: skip
 
 
 def test_plot_draws_a_png_of_the_run(tmp_path, capsys):

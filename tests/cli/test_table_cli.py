@@ -39,7 +39,8 @@ def test_train_export_and_serve_a_csv_log(tmp_path):
                     "--nproc", "2", "--checkpoint-dir", run, *QUICK, cwd=tmp_path)  # fmt: skip
     assert "table: 1,193 training and 307 validation rows from 1 file(s)" in out
     assert "rows/s, parsing and checking" in out
-    assert "validation AUC" in out and "reading alone" in out
+    assert "validation AUC" in out and "samples/s over the epoch (" in out
+    assert "after warm-up); reading alone" in out
     assert f"draw them with: shardkit plot {run}" in out
     model_file = tmp_path / "model.pt"
     out = _shardkit("export", run, model_file, cwd=tmp_path)

@@ -21,7 +21,7 @@ def _config(tmp_path, **changes) -> TrainConfig:
     data = write_ratings(tmp_path / "ratings.csv", 1600)
     schema = write_schema(tmp_path / "schema.json")
     base = TrainConfig(data="table", data_path=data, schema=schema, batch_size=32, epochs=1,
-                       checkpoint_dir=tmp_path / "ckpt", progress=False, log_every=5)  # fmt: skip
+                       checkpoint_dir=tmp_path / "ckpt", progress=False, log_every=1)  # fmt: skip
     return dataclasses.replace(base, **changes)
 
 
@@ -29,6 +29,15 @@ def test_a_table_is_learnt_and_resumes_bit_identically(run_ranks, tmp_path):
     straight = _config(tmp_path / "a", epochs=2)
     history = run_ranks(train_rank, 2, straight)[0]["history"]
     assert history[-1]["auc"] > 0.75, history
+    # The epoch's training rate covers the whole epoch, its first steps (the shuffle buffer's
+    # fill) included, as reading's does: at most the rate so far at its last step (logged,
+    # log_every=1), and reading alone, part of the epoch, is not slower.
+    so_far = {r["epoch"]: r["samples_per_s"] for r in read_jsonl(straight.metrics_file)
+              if r["kind"] == "train"}  # fmt: skip
+    for epoch in history:
+        assert epoch["epoch_samples_per_s"] <= so_far[epoch["epoch"]], (epoch, so_far)
+        assert epoch["data_samples_per_s"] >= epoch["epoch_samples_per_s"] > 0, epoch
+        assert 0 < epoch["data_time_share"] <= 1, epoch
     first = _config(tmp_path / "b")
     run_ranks(train_rank, 2, first)
     # a resumed run maps values with the checkpoint's fitted schema, not the file's now
