@@ -45,7 +45,10 @@ def test_train_export_and_serve_a_csv_log(tmp_path):
     model_file = tmp_path / "model.pt"
     out = _shardkit("export", run, model_file, cwd=tmp_path)
     assert f"fitted schema (vocabularies, transforms) to {tmp_path / 'model.schema.json'}" in out
+    out = _shardkit("export", run, tmp_path / "int8.pt", "--quantize", "int8", cwd=tmp_path)
+    assert f"to {tmp_path / 'int8.schema.json'}" in out  # a quantized export maps values alike
     fitted = FittedSchema.load(tmp_path / "model.schema.json")
+    assert FittedSchema.load(tmp_path / "int8.schema.json").to_dict() == fitted.to_dict()
     model = table_model(fitted)
     model.load_state_dict(torch.load(model_file, weights_only=True))  # strict: the same model
     batch = fitted.batch([{"user_id": "3", "movie_id": "7", "genres": "Drama|War", "zip": "12345",
