@@ -198,6 +198,19 @@ def test_bench_recorder_runs_at_toy_size(tmp_path):
     assert rows[-1]["count"] == [4], rows[-1]  # row-wise: ids, lengths, pooled rows, gradients
 
 
+def test_bench_table_runs_at_toy_size(tmp_path):
+    out = tmp_path / "table.md"
+    _run("bench_table.py", "--rows", "3000", "--rounds", "1", "--keep", str(tmp_path / "log"),
+         "--out", str(out))  # fmt: skip
+    assert "| csv | " in out.read_text() and "| parquet | " in out.read_text()
+    report = json.loads(out.with_suffix(".json").read_text())
+    for name in ("csv", "csv.gz", "parquet"):
+        (run,) = report["runs"][name]
+        assert run["rows"] == 3000 and 2400 < run["train_rows"] < 3000, run
+        assert run["scan_rows_per_s"] > 0 and run["read_rows_per_s"] > 0
+    assert (tmp_path / "log" / "ratings.toml").exists()
+
+
 def test_bench_mc_runs_at_toy_size(tmp_path):
     out = tmp_path / "mc.md"
     _run(

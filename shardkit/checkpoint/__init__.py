@@ -1,6 +1,6 @@
 """Training checkpoints: each rank writes its own shards, atomically; load into any sharding."""
 
-from shardkit.checkpoint._api import load, save
+from shardkit.checkpoint._api import load, read_extra, save
 from shardkit.checkpoint._export import export_checkpoint, import_checkpoint
 from shardkit.checkpoint._store import CheckpointError, latest, verify
 
@@ -10,6 +10,7 @@ __all__ = [
     "import_checkpoint",
     "latest",
     "load",
+    "read_extra",
     "save",
     "verify",
 ]

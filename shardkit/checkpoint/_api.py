@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from shardkit.checkpoint._store import (
 )
 from shardkit.sharding import quiet_sharded_tensor
 
-__all__ = ["load", "save"]
+__all__ = ["load", "read_extra", "save"]
 
 _DENSE_META = "__dense_optimizer__"
 
@@ -157,6 +158,24 @@ def load(
             )
     _set_rng_state(state.get("rng", {}), rank)
     logger.info("loaded checkpoint %s", directory)
+    return extra
+
+
+def read_extra(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``extra`` values a checkpoint was saved with (a ``step-*`` directory, or a root with
+    ``latest``), read in this process alone (no process group, no model): what a job needs to
+    know before it starts ranks (e.g. ``shardkit train`` a table's fitted schema), or after."""
+    directory = _resolve(Path(path))
+    verify(directory, names=[".metadata"])
+    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    if "extra" not in metadata:
+        return {}
+    state = {"extra": torch.empty(metadata["extra"].size, dtype=torch.uint8)}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory), no_dist=True)
+    extra = _unpack(state["extra"])
+    extra.pop(_DENSE_META, None)
     return extra
 
 

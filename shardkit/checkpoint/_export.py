@@ -15,6 +15,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
 from shardkit.checkpoint._store import (
+    CheckpointError,
     commit,
     file_digests,
     latest,
@@ -48,7 +49,7 @@ def import_checkpoint(
 ) -> Path:
     """Turn an unsharded state dict file (as `export_checkpoint` writes, or any plain model's
     ``state_dict()``) into checkpoint ``<root>/step-<step>`` that `load` reads."""
-    state = torch.load(state_file, weights_only=True)
+    state = _read_state_dict(Path(state_file))
     if "model" not in state:
         state = {"model": state}
     temporary, final = prepare(root, step)  # written aside, published whole by commit
@@ -60,3 +61,29 @@ def import_checkpoint(
     write_manifest(temporary, file_digests(temporary, names), {"step": step, "imported": True})
     existing = len(list(Path(root).glob("step-*")))
     return commit(temporary, final, keep=existing + 1)  # keeps every checkpoint already there
+
+
+def _read_state_dict(path: Path) -> dict:
+    """A ``torch.save``'d state dict (names -> tensors, or ``{"model": ...}``), or a
+    `CheckpointError` that says what the file is instead."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file (give a .pt file written by torch.save)")
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # unpickling fails in many ways (not a zip, not a pickle, ...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path} is not a state dict written by torch.save ({first[:200]}); give the file "
+            "of torch.save(model.state_dict(), path) or of shardkit export"
+        ) from None
+    model = state.get("model", state) if isinstance(state, dict) else None
+    if (
+        not isinstance(model, dict)
+        or not model
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items())
+    ):
+        raise CheckpointError(
+            f"{path} holds a {type(state).__name__}, not a state dict (parameter names -> "
+            "tensors); give the file of torch.save(model.state_dict(), path)"
+        )
+    return state

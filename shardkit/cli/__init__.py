@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from shardkit.checkpoint import CheckpointError
-from shardkit.cli import _bench, _plan, _run, _train
+from shardkit.cli import _bench, _plan, _plot, _run, _train
 from shardkit.launch import RankFailedError
 from shardkit.planner import PlannerError
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardkit",
         description="Model-parallel embeddings and fully sharded data parallel in plain PyTorch.",
+        allow_abbrev=False,  # --epoch is not --epochs
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -28,12 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     _bench.add_parser(commands)
     _plan.add_parser(commands)
     _run.add_parser(commands)
+    _plot.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardkit`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser: its usage, not the top level's
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s: %(message)s",

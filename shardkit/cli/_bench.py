@@ -16,10 +16,11 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def add_parser(commands: Any) -> None:
-    bench = commands.add_parser("bench", help="run a benchmark")
+    bench = commands.add_parser("bench", help="run a benchmark", allow_abbrev=False)
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     parser = kinds.add_parser(
         "comm",
+        allow_abbrev=False,
         help="time collectives over message sizes (nccl-tests style)",
         description="For each operation and size: time per call, algorithm and bus bandwidth, "
         "and shardkit's overhead over calling torch.distributed directly.",
@@ -38,7 +39,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
     parser.add_argument("--json", metavar="PATH", help="also write rows and machine info here")
-    parser.set_defaults(run=_run)
+    parser.set_defaults(run=_run, parser=parser)
 
 
 def _size(text: str) -> int:

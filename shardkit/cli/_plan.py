@@ -63,6 +63,7 @@ _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "plan",
+        allow_abbrev=False,
         help="plan the sharding of a model's embedding tables (no processes needed)",
         description="Plan a model described in a JSON or YAML file of tables for any number of "
         "ranks; print the per-rank memory/cost table; optionally write the plan as JSON and a "
@@ -85,7 +86,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--png", type=Path, help="draw per-rank memory and cost here (shardkit[plot])"
     )
-    parser.set_defaults(run=_run)
+    parser.set_defaults(run=_run, parser=parser)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,220 +1,158 @@
-"""``shardkit train`` (the main job), ``shardkit export`` and ``shardkit import``."""
+"""``shardkit train`` (the main job), ``shardkit export`` and ``shardkit import``.
+
+``train``'s flags are `TrainConfig`'s fields, derived here rather than copied: each field is a
+flag (``data_path`` is ``--data-path``; a field's ``metadata`` may give its ``flag`` and
+``metavar``), its help is
+the field's entry in the ``Attributes`` of `TrainConfig`'s docstring, its default the field's.
+Booleans that default to True become ``--no-<name>``, enums choices, tuples of ints a comma list
+(``--dense-arch 64,16``), tuples of paths one or more paths.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import inspect
 import logging
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 from shardkit.cli._export import QUANTIZE_CHOICES, export
 from shardkit.cli._plan import _size
-from shardkit.planner import ShardingType
-from shardkit.train import (
-    CRITEO_FORMATS,
-    ID_MAPPINGS,
-    DataSource,
-    DenseOptimizer,
-    ModelKind,
-    TrainConfig,
-    run,
-)
+from shardkit.train import TrainConfig, run
 
-_DEFAULTS = TrainConfig()
+__all__ = ["add_parsers", "show_training_log", "train_flags"]
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except where there is none to show (None, False)."""
+    """Shows defaults, except where there is none to show (None, False, empty)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
+        default = action.default
+        if default is None or isinstance(default, bool) or default == () or default == "":
             return action.help
         return super()._get_help_string(action)
 
 
 def add_parsers(commands: Any) -> None:
     _train_parser(commands)
-    export = commands.add_parser("export", help="write a checkpoint's model as one unsharded file")
+    export = commands.add_parser(
+        "export",
+        help="write a checkpoint's model as one unsharded file",
+        description="Write a checkpoint's model as one unsharded state dict file; for a run on "
+        "table data, also its fitted schema next to it (<output>.schema.json), which maps raw "
+        "values as training did (shardkit.data.FittedSchema.load).",
+        allow_abbrev=False,
+    )
     export.add_argument("checkpoint", type=Path, help="a step-* directory, or a root with 'latest'")
     export.add_argument("output", type=Path, help="the .pt file to write")
     export.add_argument("--quantize", choices=list(QUANTIZE_CHOICES),
                         help="store the tables so for serving on CPU (see docs/serving.md)")  # fmt: skip
-    export.set_defaults(run=_export)
-    imp = commands.add_parser("import", help="turn an unsharded .pt state dict into a checkpoint")
+    export.set_defaults(run=_export, parser=export)
+    imp = commands.add_parser(
+        "import",
+        help="turn an unsharded .pt state dict into a checkpoint",
+        allow_abbrev=False,
+    )
     imp.add_argument("state_file", type=Path, help="a torch.save'd model state dict")
     imp.add_argument(
         "checkpoint_dir", type=Path, help="where the checkpoint goes (--resume reads it)"
     )
-    imp.set_defaults(run=_import)
+    imp.set_defaults(run=_import, parser=imp)
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
 
 
 def _train_parser(commands: Any) -> None:
-    p = commands.add_parser(
+    parser = commands.add_parser(
         "train",
         help="train a DLRM with sharded embedding tables (the main job)",
         description="Train DLRM (or DCN-v2) with its embedding tables sharded over ranks, the "
         "train pipeline, fused row-wise Adagrad for tables and Adam for the rest; validate "
-        "every epoch (AUC, log loss across ranks) and checkpoint. Defaults: UCI Adult, 2 ranks.",
+        "every epoch (AUC, log loss across ranks) and checkpoint. Defaults: UCI Adult, 2 ranks. "
+        "Your own data: --data table --data-path FILES --schema SCHEMA (docs/data.md).",
         formatter_class=_Help,
+        allow_abbrev=False,
     )
-    d = _DEFAULTS
-    p.add_argument("--data", choices=[s.value for s in DataSource], default=d.data.value,
-                   help="adult: the vendored census data; criteo: TSV files at --data-path; synthetic: generated")  # fmt: skip
-    p.add_argument(
-        "--data-path",
-        type=Path,
-        help="Criteo training file or folder (local; nothing is downloaded)",
-    )
-    p.add_argument(
-        "--data-val-path",
-        type=Path,
-        help="Criteo validation file or folder (unset: --data-path itself)",
-    )
-    p.add_argument(
-        "--num-embeddings",
-        type=int,
-        default=d.num_embeddings,
-        help="Criteo/synthetic: rows per table (Criteo ids are mapped into them by --id-mapping)",
-    )
-    p.add_argument(
-        "--criteo-format",
-        choices=CRITEO_FORMATS,
-        default=d.criteo_format,
-        help="Criteo line layout: tsv (Kaggle/Terabyte: label, 13 ints, 26 hex ids) or paddlerec "
-        "(the DLRM sample's layout)",
-    )
-    p.add_argument(
-        "--id-mapping",
-        choices=ID_MAPPINGS,
-        default=d.id_mapping,
-        help="Criteo: a categorical value's row is value modulo --num-embeddings, or its hash",
-    )
-    p.add_argument(
-        "--synthetic-examples",
-        type=int,
-        default=d.synthetic_examples,
-        help="synthetic: training examples",
-    )
-    p.add_argument(
-        "--model",
-        choices=[m.value for m in ModelKind],
-        default=d.model.value,
-        help="dlrm, or dcn (DCN-v2 interaction)",
-    )
-    p.add_argument(
-        "--embedding-dim", type=int, default=d.embedding_dim, help="columns of every table"
-    )
-    p.add_argument(
-        "--dense-arch",
-        type=_ints,
-        default=d.dense_arch,
-        help="dense MLP sizes; the last must be --embedding-dim",
-    )
-    p.add_argument(
-        "--over-arch", type=_ints, default=d.over_arch, help="top MLP sizes; the last must be 1"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=d.batch_size, help="examples per rank per step"
-    )
-    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the dense optimizer")
-    p.add_argument(
-        "--table-lr",
-        type=float,
-        default=d.table_lr,
-        help="learning rate of the tables' fused row-wise Adagrad",
-    )
-    p.add_argument(
-        "--dense-optimizer",
-        choices=[o.value for o in DenseOptimizer],
-        default=d.dense_optimizer.value,
-        help="optimizer of the dense MLPs (tables always use fused row-wise Adagrad)",
-    )
-    p.add_argument(
-        "--nproc", type=int, default=d.nproc, help="ranks to start (ignored under torchrun)"
-    )
-    p.add_argument(
-        "--local-world-size", type=int, help="ranks per (simulated) host, for table-row-wise"
-    )
-    p.add_argument(
-        "--sharding-type",
-        choices=[t.value for t in ShardingType],
-        help="force one sharding type for every table",
-    )
-    p.add_argument(
-        "--plan-only", action="store_true", help="print the sharding plan and its stats, then stop"
-    )
-    p.add_argument("--memory-cap", type=_size,
-                   help="memory per rank to plan for, e.g. 8G (unset: the machine's)")  # fmt: skip
-    p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (unset: runs/<data>)")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the latest checkpoint in --checkpoint-dir",
-    )
-    p.add_argument(
-        "--metrics",
-        type=Path,
-        help="JSON lines of metrics (unset: <checkpoint-dir>/metrics.jsonl)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=d.seed, help="initial weights, data order and sampling"
-    )
-    p.add_argument(
-        "--log-every",
-        type=int,
-        default=d.log_every,
-        help="steps between training-loss lines (averaged over ranks) in the metrics file",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--max-steps-per-epoch", type=int, help="cut epochs short (smoke tests)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=d.timeout,
-        help="seconds a collective may wait before the job fails, naming the late rank",
-    )
-    p.set_defaults(run=_train)
+    for name, kwargs in train_flags().items():
+        parser.add_argument(name, **kwargs)
+    parser.set_defaults(run=_train, parser=parser)
+
+
+def train_flags() -> dict[str, dict[str, Any]]:
+    """``flag -> add_argument keywords`` for every `TrainConfig` field (see the module doc)."""
+    docs, hints = field_docs(), typing.get_type_hints(TrainConfig)
+    flags = {}
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        assert f.name in docs, (
+            f"TrainConfig.{f.name} has no entry in the Attributes of TrainConfig's docstring; "
+            "add one: it is the flag's help"
+        )
+        kwargs: dict[str, Any] = {"dest": f.name, "help": docs[f.name], "default": default}
+        kind = _base(hints[f.name])
+        if kind is bool:
+            if default:
+                flag = "--no-" + f.name.replace("_", "-")
+                kwargs["help"] = f"turn off {docs[f.name]}"
+            kwargs["action"] = "store_false" if default else "store_true"
+        elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+            kwargs.update(choices=[m.value for m in kind], default=getattr(default, "value", None))
+        elif typing.get_origin(kind) is tuple:
+            if typing.get_args(kind)[0] is int:
+                kwargs.update(
+                    type=_ints, default=",".join(map(str, default or ())), metavar="N,N,..."
+                )
+            else:
+                kwargs.update(type=Path, nargs="+", metavar="PATH")
+        elif f.metadata.get("bytes"):
+            kwargs["type"] = _size  # 8G, 512M, 1.5T or a plain number of bytes
+        else:
+            kwargs["type"] = kind
+            if kind is Path:
+                kwargs["metavar"] = "PATH"
+        if "metavar" in f.metadata:
+            kwargs["metavar"] = f.metadata["metavar"]
+        flags[flag] = kwargs
+    return flags
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's text in `TrainConfig`'s ``Attributes`` (the command line's help)."""
+    section = inspect.cleandoc(TrainConfig.__doc__ or "").split("Attributes:\n", 1)[1]
+    lines = [line for line in section.splitlines() if line.strip()]
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    docs: dict[str, str] = {}
+    for line in lines:
+        if len(line) - len(line.lstrip()) == indent:
+            name, _, text = line.strip().partition(": ")
+            docs[name] = text
+        else:
+            docs[name] += " " + line.strip()
+    return docs
+
+
+def _base(hint: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
 
 
 def _train(args: argparse.Namespace) -> int:
-    data = DataSource(args.data)
-    config = TrainConfig(
-        data=data,
-        data_path=args.data_path,
-        data_val_path=args.data_val_path,
-        num_embeddings=args.num_embeddings,
-        criteo_format=args.criteo_format,
-        id_mapping=args.id_mapping,
-        synthetic_examples=args.synthetic_examples,
-        model=ModelKind(args.model),
-        embedding_dim=args.embedding_dim,
-        dense_arch=args.dense_arch,
-        over_arch=args.over_arch,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        lr=args.lr,
-        table_lr=args.table_lr,
-        dense_optimizer=DenseOptimizer(args.dense_optimizer),
-        nproc=args.nproc,
-        local_world_size=args.local_world_size,
-        sharding_type=ShardingType(args.sharding_type) if args.sharding_type else None,
-        plan_only=args.plan_only,
-        memory_cap=args.memory_cap,
-        checkpoint_dir=args.checkpoint_dir or Path("runs") / data.value,
-        resume=args.resume,
-        metrics_path=args.metrics,
-        seed=args.seed,
-        progress=not args.no_progress,
-        log_every=args.log_every,
-        max_steps_per_epoch=args.max_steps_per_epoch,
-        timeout=args.timeout,
-    )
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     run(config, rank_setup=show_training_log)
     return 0
 
@@ -232,7 +170,15 @@ def show_training_log() -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from shardkit.checkpoint import read_extra
+    from shardkit.data import FittedSchema
+
     print(export(args.checkpoint, args.output, args.quantize))
+    schema = read_extra(args.checkpoint).get("schema")
+    if schema is not None:
+        path = args.output.with_suffix(".schema.json")
+        FittedSchema.from_dict(schema).save(path)
+        print(f"wrote its fitted schema (vocabularies, transforms) to {path}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The main job: train a recommendation model end to end (``shardkit train``)."""
 
+from shardkit.train._build import table_model
 from shardkit.train._config import (
     CRITEO_FORMATS,
     ID_MAPPINGS,
@@ -9,6 +10,7 @@ from shardkit.train._config import (
     TrainConfig,
 )
 from shardkit.train._loop import train_rank
+from shardkit.train._prepare import Prepared, prepare
 from shardkit.train._run import run
 
 __all__ = [
@@ -17,7 +19,10 @@ __all__ = [
     "DataSource",
     "DenseOptimizer",
     "ModelKind",
+    "Prepared",
     "TrainConfig",
+    "prepare",
     "run",
+    "table_model",
     "train_rank",
 ]

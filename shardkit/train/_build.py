@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -11,24 +12,34 @@ from torch import nn
 
 from shardkit.data import (
     CriteoConfig,
-    CriteoFormat,
     CriteoReader,
+    FittedSchema,
     GlobalBatchIterator,
-    IdMapping,
     LastBatch,
     SyntheticConfig,
     SyntheticDataset,
+    TableData,
+    TableReader,
     load_adult,
 )
 from shardkit.launch import current, is_initialized, local_world_size
 from shardkit.models import DLRM, DLRM_DCN, DLRMTrain
-from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
+from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from shardkit.sharding import EmbeddingBagCollectionSharder
 from shardkit.train._config import DataSource, DenseOptimizer, ModelKind, TrainConfig
 
-__all__ = ["Data", "build_data", "build_model", "dense_optimizer", "planner_for", "sharders_for"]
+__all__ = [
+    "Data",
+    "build_data",
+    "build_model",
+    "dense_optimizer",
+    "fitted_data",
+    "planner_for",
+    "sharders_for",
+    "table_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +51,19 @@ class Data:
     num_dense: int
     train: Any  # an iterator of Batch with len(), state_dict() and load_state_dict()
     validation: Any
+    # (name, features, rows, pooling) per table when tables are not one per feature
+    tables: tuple[tuple[str, tuple[str, ...], int, PoolingType], ...] | None = None
+    fitted: FittedSchema | None = None  # table data: saved with every checkpoint
 
 
-def build_data(config: TrainConfig, rank: int, world_size: int) -> Data:
-    """This rank's training and validation batches (global-batch semantics)."""
+def build_data(
+    config: TrainConfig, rank: int, world_size: int, table: TableData | None = None
+) -> Data:
+    """This rank's training and validation batches (global-batch semantics); ``table`` is
+    the scanned table of ``--data table`` (see `prepare`)."""
+    if config.data == DataSource.TABLE:
+        assert table is not None, "--data table: scan the table first (train.prepare)"
+        return _table_data(config, rank, world_size, table)
     b = config.batch_size
     if config.data == DataSource.ADULT:
         adult = load_adult()
@@ -55,48 +75,95 @@ def build_data(config: TrainConfig, rank: int, world_size: int) -> Data:
             adult.keys, adult.num_embeddings_per_feature, len(adult.dense_names), train, val
         )
     if config.data == DataSource.SYNTHETIC:
-        synthetic = SyntheticConfig(num_examples=config.synthetic_examples,
-                                    num_embeddings=config.num_embeddings, seed=config.seed)  # fmt: skip
-        held_out = SyntheticConfig(num_examples=max(b * world_size, config.synthetic_examples // 8),
-                                   num_embeddings=config.num_embeddings, seed=config.seed + 1)  # fmt: skip
-        train = GlobalBatchIterator(SyntheticDataset(synthetic), batch_size=b, rank=rank,
-                                    world_size=world_size, shuffle=False)  # fmt: skip
-        val = GlobalBatchIterator(SyntheticDataset(held_out), batch_size=b, rank=rank,
-                                  world_size=world_size, shuffle=False, last_batch=LastBatch.PAD)  # fmt: skip
-        return Data(
-            synthetic.keys, synthetic.num_embeddings_per_feature, synthetic.num_dense, train, val
-        )
-    criteo = CriteoConfig(num_embeddings=config.num_embeddings,
-                          format=CriteoFormat(config.criteo_format),
-                          id_mapping=IdMapping(config.id_mapping))  # fmt: skip
+        return _synthetic_data(config, rank, world_size)
+    criteo = CriteoConfig(num_embeddings=config.num_embeddings, format=config.criteo_format,
+                          id_mapping=config.id_mapping)  # fmt: skip
     train = CriteoReader(
         config.data_path, config=criteo, batch_size=b, rank=rank, world_size=world_size
     )
     val_path = config.data_val_path or config.data_path
-    if config.data_val_path is None and rank == 0:
+    if not config.data_val_path and rank == 0:
         logger.warning(
             "validating on the training data %s (AUC will be optimistic); give "
             "--data-val-path for held-out data",
-            config.data_path,
+            [str(p) for p in config.data_path],
         )
     val = CriteoReader(val_path, config=criteo, batch_size=b, rank=rank, world_size=world_size,
                        last_batch=LastBatch.PAD)  # fmt: skip
     return Data(criteo.keys, criteo.num_embeddings_per_feature, criteo.num_dense, train, val)
 
 
-def build_model(config: TrainConfig, data: Data) -> DLRMTrain:
-    """DLRM (or DCN) with one table per categorical feature, on the meta device (DMP gives each
-    rank memory for its own shards only)."""
-    tables = [
-        EmbeddingBagConfig(
-            name=f"t_{key}",
-            embedding_dim=config.embedding_dim,
-            num_embeddings=rows,
-            feature_names=[key],
-        )
+def _synthetic_data(config: TrainConfig, rank: int, world_size: int) -> Data:
+    b = config.batch_size
+    synthetic = SyntheticConfig(num_examples=config.synthetic_examples,
+                                num_embeddings=config.num_embeddings, seed=config.seed)  # fmt: skip
+    # the same world (row effects, hot rows), the examples after the training ones
+    held_out = dataclasses.replace(
+        synthetic,
+        num_examples=max(b * world_size, config.synthetic_examples // 8),
+        first_example=synthetic.num_examples,
+    )
+    train = GlobalBatchIterator(SyntheticDataset(synthetic), batch_size=b, rank=rank,
+                                world_size=world_size, shuffle=False)  # fmt: skip
+    val = GlobalBatchIterator(SyntheticDataset(held_out), batch_size=b, rank=rank,
+                              world_size=world_size, shuffle=False, last_batch=LastBatch.PAD)  # fmt: skip
+    return Data(
+        synthetic.keys, synthetic.num_embeddings_per_feature, synthetic.num_dense, train, val
+    )
+
+
+def _table_data(config: TrainConfig, rank: int, world_size: int, table: TableData) -> Data:
+    common: dict[str, Any] = {
+        "batch_size": config.batch_size,
+        "rank": rank,
+        "world_size": world_size,
+    }
+    train = TableReader(table, split="train", shuffle_buffer=config.shuffle_buffer,
+                        seed=config.seed, **common)  # fmt: skip
+    val = TableReader(table, split="validation", **common)
+    return fitted_data(table.fitted, train, val)
+
+
+def fitted_data(fitted: FittedSchema, train: Any = None, validation: Any = None) -> Data:
+    """The model's view of a fitted table schema (with these readers): what `build_model`
+    needs to build the model a checkpoint of that table holds, e.g. to serve an export."""
+    pooling = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
+    tables = tuple(
+        (t.name, t.features, t.num_embeddings, pooling[t.pooling]) for t in fitted.tables
+    )
+    return Data(fitted.keys, fitted.num_embeddings_per_feature, len(fitted.dense), train,
+                validation, tables=tables, fitted=fitted)  # fmt: skip
+
+
+def table_model(
+    fitted: FittedSchema, config: TrainConfig | None = None, *, device: str = "cpu"
+) -> DLRMTrain:
+    """The whole (unsharded) model that ``shardkit train --data table`` trains for a fitted
+    schema: load an export into it and serve (``config``: the architecture flags trained
+    with; default: the defaults)::
+
+        fitted = FittedSchema.load("model.schema.json")
+        model = table_model(fitted)
+        model.load_state_dict(torch.load("model.pt"))
+        loss, (_, logits, _) = model(fitted.batch([{"user_id": "42", ...}]))
+    """
+    return build_model(config or TrainConfig(), fitted_data(fitted), device=device)
+
+
+def build_model(config: TrainConfig, data: Data, *, device: str = "meta") -> DLRMTrain:
+    """DLRM (or DCN) with a table per categorical feature (or as ``data.tables`` says), the
+    tables on the meta device (DMP gives each rank memory for its own shards only); on
+    ``device="cpu"`` a whole model, e.g. to load an export into and serve."""
+    specs = data.tables or tuple(
+        (key, (key,), rows, PoolingType.SUM)
         for key, rows in zip(data.keys, data.num_embeddings_per_feature)
-    ]
-    ebc = EmbeddingBagCollection(tables=tables, device="meta")
+    )
+    tables = [
+        EmbeddingBagConfig(name=f"t_{name}", embedding_dim=config.embedding_dim,
+                           num_embeddings=rows, feature_names=list(features), pooling=pooling)
+        for name, features, rows, pooling in specs
+    ]  # fmt: skip
+    ebc = EmbeddingBagCollection(tables=tables, device=device)
     common = {
         "embedding_bag_collection": ebc,
         "dense_in_features": data.num_dense,

@@ -3,6 +3,7 @@ point in a fresh process, with the flags the README and ``--help`` show."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import torch
 
-from shardkit.train import TrainConfig
+from shardkit.cli import build_parser
+from shardkit.cli._train import train_flags
+from shardkit.planner import ShardingType
+from shardkit.train import DataSource, TrainConfig
 from shardkit.train._build import build_data, build_model
 from tests.scripts import run_script
 
@@ -118,3 +122,82 @@ def test_the_demo_defaults(tmp_path):
     aucs = [float(x) for x in re.findall(r"validation AUC (\d\.\d+)", out)]
     assert len(aucs) == 3 and min(aucs) > 0.88, aucs
     assert "runs/adult/step-00000228" in out and (tmp_path / "runs/adult/latest").exists()
+
+
+def test_flags_are_the_config_fields():
+    """Every TrainConfig field is a flag with its docstring's help; parsing the flags gives the
+    config (issue 17: the flags were a hand copy of the fields)."""
+    fields = dataclasses.fields(TrainConfig)
+    flags = train_flags()
+    assert [kw["dest"] for kw in flags.values()] == [f.name for f in fields]
+    assert all(len(kw["help"]) > 10 for kw in flags.values())
+    assert {"--metrics", "--no-progress", "--data-path", "--resume-from"} <= set(flags)
+
+    def config(*argv):
+        args = build_parser().parse_args(["train", *argv])
+        return TrainConfig(**{f.name: getattr(args, f.name) for f in fields})
+
+    assert config() == TrainConfig()
+    assert config("--data", "table", "--data-path", "a.csv", "b", "--schema", "s.toml",
+                  "--dense-arch", "32,16", "--no-progress", "--metrics", "m.jsonl",
+                  "--resume-from", "12", "--sharding-type", "row_wise") == TrainConfig(
+        data=DataSource.TABLE, data_path=(Path("a.csv"), Path("b")), schema=Path("s.toml"),
+        dense_arch=(32, 16), progress=False, metrics_path=Path("m.jsonl"), resume_from="12",
+        sharding_type=ShardingType.ROW_WISE)  # fmt: skip
+
+
+def _fails(*args: str, cwd: Path) -> str:
+    result = subprocess.run([sys.executable, "-m", "shardkit", *args], cwd=cwd,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "(rank" not in result.stderr, result.stderr
+    return result.stderr
+
+
+def test_flags_are_not_abbreviated_and_a_typo_shows_the_subcommand(tmp_path):
+    error = _fails("train", "--epoch", "3", cwd=tmp_path)
+    assert error.startswith("usage: shardkit train ")
+    assert "shardkit train: error: unrecognized arguments: --epoch 3" in error
+    error = _fails("plan", "model.json", "--world-size", "2", "--png-file", "x", cwd=tmp_path)
+    assert error.startswith("usage: shardkit plan ") and "--png-file x" in error
+
+
+def test_missing_data_is_reported_before_ranks_start(tmp_path):
+    error = _fails("train", "--data", "criteo", "--data-path", "nowhere.txt", cwd=tmp_path)
+    assert "shardkit train: error: nowhere.txt does not exist" in error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_import_of_a_file_that_is_not_a_state_dict(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    for name, words in (("notes.txt", "is not a state dict written by torch.save"),
+                        ("list.pt", "holds a list, not a state dict (parameter names -> tensors)"),
+                        ("absent.pt", "no such file")):  # fmt: skip
+        error = _fails("import", str(tmp_path / name), str(tmp_path / "ckpt"), cwd=tmp_path)
+        assert words in error and len(error.strip().splitlines()) == 2, (
+            error
+        )  # + the --verbose hint
+        assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_corrupted_latest_checkpoint_names_the_intact_one_and_resume_from_takes_it(tmp_path):
+    run = tmp_path / "run"
+    quick = ["--max-steps-per-epoch", "2", "--no-progress", "--batch-size", "64", "--nproc", "1",
+             "--checkpoint-dir", str(run)]  # fmt: skip
+    _shardkit("train", "--epochs", "2", *quick, cwd=tmp_path)
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000002", "step-00000004"]
+    shard = next((run / "step-00000004").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(data)
+    error = _fails("train", "--epochs", "3", "--resume", *quick, cwd=tmp_path)
+    assert "step-00000004: file" in error and "is corrupted" in error
+    assert (
+        f"the newest intact checkpoint is {run / 'step-00000002'}: resume from it with --resume-from 2"
+        in error
+    )
+    out = _shardkit("train", "--epochs", "3", "--resume-from", "2", *quick, cwd=tmp_path)
+    assert f"resumed from {run / 'step-00000002'}: epoch 1, step 2" in out
+    error = _fails("train", "--resume-from", "7", *quick, cwd=tmp_path)
+    assert "--resume-from 7: no checkpoint at" in error and "step-00000006" in error

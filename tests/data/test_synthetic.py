@@ -3,6 +3,8 @@ matches its formula, bag lengths in range, and labels a model can learn."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,11 +86,21 @@ def test_id_frequencies_follow_the_power_law(exponent):
     torch.testing.assert_close(observed, expected, atol=0.006, rtol=0)
 
 
-def test_hot_ids_are_spread_over_the_table():
-    config = SyntheticConfig(num_examples=5000, table_sizes=(1000,), num_signal_features=0)
-    ids = SyntheticDataset(config).batch(torch.arange(5000)).sparse_features.values()
-    hottest = torch.bincount(ids, minlength=1000).topk(5).indices.tolist()
-    assert sorted(hottest) != [0, 1, 2, 3, 4]
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hot_ids_are_spread_over_the_table(seed):
+    """Hot rows land all over the table, as hashed ids do, so row-wise shards (contiguous row
+    ranges) share the lookups: each quarter of the table gets a fair share of them, and the 8
+    hottest rows are not in one or two quarters. Hot rows packed at the start or the end of the
+    table, or in any one range of it, fail both."""
+    n, samples = 1000, 20_000
+    config = SyntheticConfig(num_examples=samples, table_sizes=(n,), num_signal_features=0,
+                             seed=seed)  # fmt: skip
+    ids = SyntheticDataset(config).batch(torch.arange(samples)).sparse_features.values()
+    quarter = ids * 4 // n  # which row-wise shard of 4 would serve each lookup
+    shares = torch.bincount(quarter, minlength=4).double() / samples
+    assert bool(((shares > 0.1) & (shares < 0.45)).all()), shares.tolist()
+    hottest = torch.bincount(ids, minlength=n).topk(8).indices
+    assert len(set((hottest * 4 // n).tolist())) >= 3, hottest.tolist()
 
 
 def _config(num_examples: int) -> SyntheticConfig:
@@ -96,11 +108,26 @@ def _config(num_examples: int) -> SyntheticConfig:
                            max_ids_per_bag=2, num_dense=4)  # fmt: skip
 
 
+def test_held_out_examples_come_from_the_same_world():
+    """``first_example`` numbers the examples after the training ones: the same world (row
+    effects, hot rows), other examples."""
+    train = _config(8_000)
+    world = SyntheticDataset(dataclasses.replace(train, num_examples=10_000))
+    held_out = SyntheticDataset(dataclasses.replace(train, num_examples=2_000, first_example=8_000))
+    assert len(held_out) == 2_000
+    assert_batches_equal(
+        held_out.batch(torch.arange(2_000)), world.batch(torch.arange(8_000, 10_000))
+    )
+    with pytest.raises(ValueError, match=r"first_example must be >= 0, got -1"):
+        dataclasses.replace(train, first_example=-1)
+
+
 def test_labels_can_be_learnt():
-    """Logistic regression on per-row weights, trained on 8,000 examples, tested on 2,000 more."""
-    config, train_size = _config(10_000), 8_000
+    """Logistic regression on per-row weights, trained on 8,000 examples, tested on 2,000 more
+    of the same world (``first_example``); on another seed's world it learns nothing."""
+    config, train_size = _config(8_000), 8_000
     data = SyntheticDataset(config)
-    assert 0.15 < float(data.batch(torch.arange(10_000)).labels.mean()) < 0.35
+    assert 0.15 < float(data.batch(torch.arange(train_size)).labels.mean()) < 0.35
     offsets = torch.tensor([0, *config.num_embeddings_per_feature[:-1]]).cumsum(0)  # [F]
     rows = torch.nn.EmbeddingBag(sum(config.num_embeddings_per_feature), 1, mode="mean")
     torch.nn.init.zeros_(rows.weight)
@@ -120,9 +147,13 @@ def test_labels_can_be_learnt():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    held_out = data.batch(torch.arange(train_size, 10_000))
+    same_world = dataclasses.replace(config, num_examples=2_000, first_example=train_size)
+    other_world = dataclasses.replace(config, num_examples=2_000, seed=1)
     with torch.no_grad():
+        held_out = SyntheticDataset(same_world).batch(torch.arange(2_000))
         assert auc_score(logits(held_out), held_out.labels) > 0.7
+        elsewhere = SyntheticDataset(other_world).batch(torch.arange(2_000))
+        assert abs(auc_score(logits(elsewhere), elsewhere.labels) - 0.5) < 0.05
 
 
 @pytest.mark.parametrize(

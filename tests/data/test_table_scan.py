@@ -1,0 +1,296 @@
+"""The table scan: vocabularies (frequency order, min_count, the unseen row, hashing, shared
+tables), dense transforms fitted on the training split, the four splits, gzip / several files /
+folders / Parquet read alike, and every bad input refused with file, line and column (or
+skipped and counted)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from shardkit.data import FittedSchema, TableReader, scan_table
+from shardkit.data._table_rows import hash_id
+from shardkit.data._table_schema_load import schema_from_dict
+from tests.data.ratings import SCHEMA, T0, write_ratings, write_ratings_parquet
+
+TINY = """user,item,tags,age,clicked,day
+u1,a,x|y,20,1,1
+u1,b,y,30,0,2
+u2,a,,40,1,3
+u3,a,z|x|y,50,0,4
+u2,c,x,60,1,5
+u1,a,y,70,0,6
+"""
+
+
+def _schema(columns, *, label="clicked", split=None):
+    return schema_from_dict({"label": label, "columns": columns,
+                             "split": split or {"time_column": "day", "time_cut": 6}})  # fmt: skip
+
+
+def _write(tmp_path, text, name="t.csv"):
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def _validation_batch(data):
+    reader = TableReader(data, split="validation", batch_size=1000, rank=0, world_size=1)
+    (batch,) = list(reader)
+    return batch
+
+
+def test_vocabularies_are_frequency_ordered_with_an_unseen_row(tmp_path):
+    """Training rows are days 1-5 (the cut is day 6): user counts u1 2, u2 2, u3 1; item a 3,
+    b 1, c 1; tags x 3, y 3, z 1."""
+    schema = _schema({"user": {"type": "categorical", "min_count": 2}, "item": "categorical",
+                      "tags": {"type": "multi_hot", "pooling": "mean"}})  # fmt: skip
+    data = scan_table([_write(tmp_path, TINY)], schema)
+    tables = {t.name: t for t in data.fitted.tables}
+    assert tables["user"].vocabulary == ("u1", "u2")  # u3 is rare: row 0
+    assert tables["item"].vocabulary == ("a", "b", "c")  # ties by value
+    assert tables["tags"].vocabulary == ("x", "y", "z") and tables["tags"].pooling == "mean"
+    assert data.fitted.num_embeddings_per_feature == (3, 4, 4)
+    assert data.num_rows == (5, 1)
+    batch = data.fitted.batch([{"user": "u3", "item": "b", "tags": "y|new|x", "clicked": "1"},
+                               {"user": "u1", "item": "zzz", "tags": ""}])  # fmt: skip
+    kjt = batch.sparse_features
+    assert kjt["user"].values().tolist() == [0, 1]
+    assert kjt["item"].values().tolist() == [2, 0]
+    assert kjt["tags"].values().tolist() == [2, 0, 1] and kjt["tags"].lengths().tolist() == [3, 0]
+    assert batch.labels.tolist() == [1.0, 0.0]
+    missing = data.fitted.batch([{"user": "", "item": " ", "tags": "|"}]).sparse_features
+    assert missing.lengths().tolist() == [0, 0, 0]  # a missing value is an empty bag
+
+
+def test_num_embeddings_caps_a_vocabulary_and_hashing_needs_none(tmp_path):
+    schema = _schema({"item": {"type": "categorical", "num_embeddings": 2},
+                      "user": {"type": "categorical", "ids": "hash", "num_embeddings": 7}})  # fmt: skip
+    data = scan_table([_write(tmp_path, TINY)], schema)
+    item, user = data.fitted.tables
+    assert item.vocabulary == ("a",) and item.num_embeddings == 2
+    assert user.vocabulary == () and user.num_embeddings == 7
+    batch = data.fitted.batch([{"item": "b", "user": "u9"}])
+    assert batch.sparse_features["user"].values().tolist() == [hash_id("u9", 7)]
+    assert batch.sparse_features["item"].values().tolist() == [0]
+
+
+def test_columns_sharing_a_table(tmp_path):
+    text = "a,b,y\nx,y,1\nx,z,0\nz,z,1\nq,x,0\n"
+    schema = _schema({"a": {"type": "categorical", "table": "shared"},
+                      "b": {"type": "categorical", "table": "shared", "num_embeddings": 9}},
+                     label="y", split={"validation_fraction": 0.25})  # fmt: skip
+    data = scan_table([_write(tmp_path, text)], schema, seed=3)
+    (table,) = data.fitted.tables
+    assert table.features == ("a", "b") and table.num_embeddings == 9
+    counts = {}
+    rows = [r.split(",") for r in text.splitlines()[1:]]
+    kinds = [data.split.kind_of(0, i, i, None) for i in range(4)]
+    for (a, b, _), kind in zip(rows, kinds):
+        if kind == 0:
+            counts[a] = counts.get(a, 0) + 1
+            counts[b] = counts.get(b, 0) + 1
+    assert table.vocabulary == tuple(sorted(counts, key=lambda v: (-counts[v], v)))
+    assert data.fitted.keys == ("a", "b") and data.fitted.num_embeddings_per_feature == (9, 9)
+
+
+def test_dense_transforms_use_the_training_split(tmp_path):
+    ages = [20.0, 30.0, 40.0, 50.0, 60.0]  # training rows; day 6 (age 70) validates
+    mean = sum(ages) / 5
+    std = math.sqrt(sum((a - mean) ** 2 for a in ages) / 5)
+    logs = [math.log1p(a) for a in ages]
+    log_mean = sum(logs) / 5
+    log_std = math.sqrt(sum((x - log_mean) ** 2 for x in logs) / 5)
+    columns = {"item": "categorical",
+               "age": {"type": "dense", "transform": "standardize"},
+               "age_log": {"type": "dense", "transform": ["log1p", "standardize"]},
+               "age_q": {"type": "dense", "transform": "bucketize", "buckets": 4},
+               "age_b": {"type": "dense", "transform": "bucketize", "boundaries": [35, 65]},
+               "age_raw": {"type": "dense", "fill": -1}}  # fmt: skip
+    text = TINY.replace("age", "age,age_log,age_q,age_b,age_raw")
+    lines = text.splitlines()
+    for i in range(1, len(lines)):
+        age = lines[i].split(",")[3]
+        lines[i] = lines[i].replace(
+            f",{age},", f",{age},{age},{age},{age},{age if i != 2 else ''},"
+        )
+    data = scan_table([_write(tmp_path, "\n".join(lines) + "\n")], _schema(columns))
+    age, age_log, age_q, age_b, raw = data.fitted.dense
+    assert (age.mean, age.std) == pytest.approx((mean, std))
+    assert (age_log.mean, age_log.std) == pytest.approx((log_mean, log_std))
+    assert age_q.boundaries == (30.0, 40.0, 50.0)  # quartiles of the 5 training ages
+    assert age_b.boundaries == (35.0, 65.0)
+    assert (raw.log1p, raw.mean, raw.boundaries) == (False, None, None)
+    batch = _validation_batch(data)  # the day-6 row: age 70
+    expected = [(70 - mean) / std, (math.log1p(70) - log_mean) / log_std, 1.0, 1.0, 70.0]
+    torch.testing.assert_close(batch.dense_features[0], torch.tensor(expected))
+    filled = data.fitted.batch([{"item": "a", "age": "35", "age_log": "0", "age_q": "35",
+                                 "age_b": "35", "age_raw": ""}])  # fmt: skip
+    assert filled.dense_features[0, 2:].tolist() == pytest.approx([1 / 3, 0.5, -1.0])
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5])
+def test_fraction_split_is_seeded_and_disjoint(tmp_path, fraction):
+    path = write_ratings(tmp_path / "r.csv", 600)
+    schema = schema_from_dict({**SCHEMA, "split": {"validation_fraction": fraction}})
+    a, b = scan_table([path], schema, seed=1), scan_table([path], schema, seed=1)
+    other = scan_table([path], schema, seed=2)
+    assert a.num_rows == b.num_rows and sum(a.num_rows) == 600
+    assert abs(a.num_rows[1] / 600 - fraction) < 0.06
+    kinds = [a.split.kind_of(0, i, i, None) for i in range(600)]
+    assert sum(kinds) == a.num_rows[1]
+    assert kinds != [other.split.kind_of(0, i, i, None) for i in range(600)]
+
+
+def test_time_splits(tmp_path):
+    """Global cut from a fraction, and the last fraction of each user's rows."""
+    path = write_ratings(tmp_path / "r.csv", 600)  # timestamps grow with the row
+    rows = [line.split(",") for line in path.read_text().splitlines()[1:]]
+    times = [int(r[3]) for r in rows]
+    cut = scan_table([path], schema_from_dict(
+        {**SCHEMA, "split": {"time_column": "timestamp", "validation_fraction": 0.25}}))  # fmt: skip
+    assert cut.split.cut == sorted(times)[450] and cut.num_rows == (450, 150)
+    per = scan_table([path], schema_from_dict({**SCHEMA, "split": {
+        "time_column": "timestamp", "validation_fraction": 0.25, "per": "user_id"}}))  # fmt: skip
+    by_user = {}
+    for i, r in enumerate(rows):
+        by_user.setdefault(r[0], []).append(i)
+    expected = {i for rows_of in by_user.values()
+                for i in rows_of[len(rows_of) - math.floor(0.25 * len(rows_of) + 0.5):]}  # fmt: skip
+    parsed = [(0.0, [], [], float(t), r[0]) for t, r in zip(times, rows)]
+    found = {i for i in range(600) if per.split.kind_of(0, i, i, parsed[i])}
+    assert found == expected and per.num_rows[1] == len(expected)
+
+
+def test_a_validation_file(tmp_path):
+    train = write_ratings(tmp_path / "train.csv", 300, seed=1)
+    validation = write_ratings(tmp_path / "val.csv", 100, seed=2)
+    data = scan_table([train], schema_from_dict(SCHEMA), validation_paths=[validation])
+    assert data.num_rows == (300, 100) and data.split.kind == "file"
+    (tmp_path / "s").mkdir()
+    schema = schema_from_dict({**SCHEMA, "split": {"validation_path": "val.csv"}}, base=tmp_path)
+    assert scan_table([train], schema).num_rows == (300, 100)
+
+
+def test_gzip_tsv_several_files_and_folders_read_alike(tmp_path):
+    whole = write_ratings(tmp_path / "whole.csv", 600)
+    tsv = write_ratings(tmp_path / "r.tsv.gz", 600, delimiter="\t", compress=True)
+    assert tsv.read_bytes()[:2] == b"\x1f\x8b"  # really compressed
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    lines = whole.read_text().splitlines(keepends=True)
+    for part, start in ((10, 401), (2, 201), (1, 1)):  # natural order: part_1, part_2, part_10
+        (folder / f"part_{part}.csv").write_text(lines[0] + "".join(lines[start : start + 200]))
+    schema = schema_from_dict({**SCHEMA, "split": {"time_column": "timestamp", "time_cut": T0 + 64 * 500}})  # fmt: skip
+    reference = scan_table([whole], schema).fitted.to_dict()
+    assert scan_table([tsv], schema).fitted.to_dict() == reference
+    files = [folder / f"part_{part}.csv" for part in (1, 2, 10)]
+    assert scan_table(files, schema).fitted.to_dict() == reference
+    assert scan_table([folder], schema).fitted.to_dict() == reference
+
+
+def test_parquet_reads_like_csv(tmp_path):
+    csv_data = scan_table([write_ratings(tmp_path / "r.csv", 600)], schema_from_dict(SCHEMA))
+    parquet = scan_table(
+        [write_ratings_parquet(tmp_path / "r.parquet", 600)], schema_from_dict(SCHEMA)
+    )
+    assert parquet.fitted.to_dict() == csv_data.fitted.to_dict()
+    assert parquet.num_rows == csv_data.num_rows
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    path = write_ratings_parquet(tmp_path / "r.parquet", 10)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(
+        ValueError,
+        match=r"r.parquet is a Parquet file: reading it needs pyarrow, pip install 'shardkit\[parquet\]'",
+    ):
+        scan_table([path], schema_from_dict(SCHEMA))
+
+
+GOOD = "user,item,tags,age,clicked,day\n" + "u1,a,x,20,1,1\nu2,b,y,30,0,2\n" * 3
+
+
+@pytest.mark.parametrize(
+    ("text", "label", "match"),
+    [
+        ("user,tags,age,clicked,day\nu1,x,20,1,1\n", "clicked", r"t.csv:1: no column 'item' \(the schema needs"),
+        ("", "clicked", r"t.csv: the file is empty \(no header line"),
+        ("user,item,tags,age,clicked,day\n", "clicked", r"t.csv: no rows after the header"),
+        (GOOD + "u1,a,x,20,1\n", "clicked", r"t.csv:8: 5 fields, the header has 6; fix or remove the row"),
+        (GOOD + "u1,a,x,twenty,1,8\n", "clicked", r"t.csv:8: column 'age': 'twenty' is not a finite number"),
+        (GOOD + "u1,a,x,inf,1,8\n", "clicked", r"t.csv:8: column 'age': 'inf' is not a finite number"),
+        (GOOD + "u1,a,x,,1,8\n", "clicked", r"t.csv:8: column 'age': missing value ''; give the column a fill"),
+        (GOOD + "u1,a,x,20,2,8\n", "clicked", r"t.csv:8: column 'clicked': label '2' is not binary"),
+        (GOOD + "u1,a,x,20,x,8\n", "clicked >= 1", r"t.csv:8: column 'clicked': 'x' is not a number, which the label rule"),
+        (GOOD + "u1,a,x,20,1,noon\n", "clicked", r"t.csv:8: column 'day': 'noon' is not a time"),
+        (GOOD.encode() + b"u1,\xffb,x,20,1,8\n", "clicked", r"t.csv:8: column 'item': bytes that are not UTF-8 \(b'\\xffb'\)"),
+        (GOOD + '"u1\nstill u1",a,x,20,1\n', "clicked", r"t.csv:8: 5 fields"),  # a quoted newline: its first line
+        (GOOD, "clicked >= 5", r"label 'clicked >= 5.0' is 0 on all 3 training rows: a model needs both labels"),
+    ],
+)  # fmt: skip
+def test_bad_input_names_file_line_and_column(tmp_path, text, label, match):
+    schema = _schema({"item": "categorical", "tags": "multi_hot", "age": "dense"}, label=label,
+                     split={"time_column": "day", "time_cut": 2})  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        scan_table([_write(tmp_path, text)], schema)
+
+
+def test_bad_rows_can_be_skipped_and_counted(tmp_path):
+    text = GOOD + "u1,a,x,twenty,1,8\nu1,a\nu9,c,z,40,0,9\n"
+    schema = _schema(
+        {"item": "categorical", "age": "dense"}, split={"time_column": "day", "time_cut": 9}
+    )
+    data = scan_table([_write(tmp_path, text)], schema, skip_bad_rows=True)
+    assert data.skipped == 2 and data.num_rows == (6, 1)
+    assert data.skipped_examples[0].endswith(
+        "t.csv:8: column 'age': 'twenty' is not a finite number (a dense column)"
+    )
+    assert data.skipped_examples[1].endswith(
+        "t.csv:9: 2 fields, the header has 6; fix or remove the row"
+    )
+    assert "skipped 2 bad rows, e.g." in data.summary()
+    assert _validation_batch(data).dense_features[:1, 0].tolist() == [40.0]
+    train = TableReader(data, split="train", batch_size=6, rank=0, world_size=1)
+    (batch,) = list(train)  # the readers skip the same rows
+    assert sorted(batch.dense_features[:, 0].tolist()) == [20.0, 20.0, 20.0, 30.0, 30.0, 30.0]
+
+
+def test_a_split_with_no_validation_rows_is_refused(tmp_path):
+    schema = _schema({"item": "categorical"}, split={"time_column": "day", "time_cut": 99})
+    with pytest.raises(
+        ValueError,
+        match=r"the split leaves 6 training and 0 validation rows \(rows at or after time 99 validate\)",
+    ):
+        scan_table([_write(tmp_path, TINY)], schema)
+
+
+def test_a_fitted_schema_round_trips_and_is_used_as_given(tmp_path):
+    path = write_ratings(tmp_path / "r.csv", 600)
+    fitted = scan_table([path], schema_from_dict(SCHEMA)).fitted
+    fitted.save(tmp_path / "f.json")
+    again = FittedSchema.load(tmp_path / "f.json")
+    assert again.to_dict() == fitted.to_dict()
+    other = write_ratings(tmp_path / "o.csv", 300, seed=5)  # other data: the vocabulary stays
+    assert scan_table([other], again).fitted is again
+
+
+def test_the_worked_example_of_docs_data_md(tmp_path):
+    """examples/tables/adult.toml reads the vendored Adult file as a user's table: the values
+    the built-in loader knows (its split differs: a value or two of a rare country may fall
+    on the other side)."""
+    from pathlib import Path
+
+    from shardkit.data import ADULT_PATH, load_adult, load_schema
+
+    schema = load_schema(Path(__file__).resolve().parents[2] / "examples" / "tables" / "adult.toml")
+    data = scan_table([ADULT_PATH], schema)
+    assert data.num_rows == (39_094, 9_748) and data.skipped == 0
+    adult = load_adult()
+    for table in data.fitted.tables:
+        assert len(set(table.vocabulary) ^ set(adult.vocabularies[table.name])) <= 2, table.name
+    assert len(data.fitted.dense) == 6
+    assert 0.2 < data.fitted.stats["train_positives"] / data.fitted.stats["train_rows"] < 0.28
