@@ -13,6 +13,13 @@ from shardkit.sharding._embedding_sharders import (
 )
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
+from shardkit.sharding._mc_embedding import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+    ShardedManagedCollisionEmbeddingCollection,
+)
 from shardkit.sharding._model_parallel import DistributedModelParallel
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,
@@ -35,10 +42,15 @@ __all__ = [
     "EmbeddingBagCollectionSharder",
     "EmbeddingCollectionSharder",
     "InputError",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
     "ParameterShardingGenerator",
     "ShardedCollection",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
+    "ShardedManagedCollisionCollection",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
     "TrainPipelineSparseDist",
     "apply_to_all",
     "column_wise",

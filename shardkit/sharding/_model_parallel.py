@@ -121,7 +121,15 @@ class DistributedModelParallel(nn.Module):
         dense = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
         if self._env.world_size == 1 or not dense:
             return module
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
+        # each rank's own state (managed-collision remappers): DDP must not broadcast rank 0's
+        own = {
+            f"{path}.{name}" if path else name
+            for path in self._sharded_paths
+            for name, _ in module.get_submodule(path).named_buffers()
+        }
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            module, sorted(sharded | own)
+        )
         device_ids = [self.device] if self.device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, process_group=self._env.pg)
 

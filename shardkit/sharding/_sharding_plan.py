@@ -27,6 +27,10 @@ from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._mc_embedding import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
+)
 from shardkit.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -59,8 +63,13 @@ ParameterShardingGenerator = Callable[
 
 
 def get_default_sharders() -> list[ModuleSharder]:
-    """A sharder for each of shardkit's embedding collections."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    """A sharder for each of shardkit's embedding collections (TorchRec's defaults)."""
+    return [
+        EmbeddingBagCollectionSharder(),
+        EmbeddingCollectionSharder(),
+        ManagedCollisionEmbeddingBagCollectionSharder(),
+        ManagedCollisionEmbeddingCollectionSharder(),
+    ]
 
 
 def data_parallel() -> ParameterShardingGenerator:
