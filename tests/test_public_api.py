@@ -496,6 +496,7 @@ PUBLIC = {
         "DistributedModelParallel",
         "EmbeddingBagCollectionSharder",
         "EmbeddingCollectionSharder",
+        "FeatureProcessedEmbeddingBagCollectionSharder",
         "InputError",
         "ManagedCollisionEmbeddingBagCollectionSharder",
         "ManagedCollisionEmbeddingCollectionSharder",
@@ -503,6 +504,7 @@ PUBLIC = {
         "ShardedCollection",
         "ShardedEmbeddingBagCollection",
         "ShardedEmbeddingCollection",
+        "ShardedFeatureProcessedEmbeddingBagCollection",
         "ShardedManagedCollisionCollection",
         "ShardedManagedCollisionEmbeddingBagCollection",
         "ShardedManagedCollisionEmbeddingCollection",
@@ -551,6 +553,10 @@ PUBLIC = {
         "ShardedManagedCollisionEmbeddingCollection",
     ],
     "shardkit.distributed.mc_modules": ["ShardedManagedCollisionCollection"],
+    "shardkit.distributed.fp_embeddingbag": [
+        "FeatureProcessedEmbeddingBagCollectionSharder",
+        "ShardedFeatureProcessedEmbeddingBagCollection",
+    ],
     "shardkit.distributed.sharding_plan": [
         "ParameterShardingGenerator",
         "apply_to_all",

@@ -12,6 +12,10 @@ from shardkit.sharding._embedding_sharders import (
     EmbeddingCollectionSharder,
 )
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._fp_embeddingbag import (
+    FeatureProcessedEmbeddingBagCollectionSharder,
+    ShardedFeatureProcessedEmbeddingBagCollection,
+)
 from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_embedding import (
@@ -41,6 +45,7 @@ __all__ = [
     "DistributedModelParallel",
     "EmbeddingBagCollectionSharder",
     "EmbeddingCollectionSharder",
+    "FeatureProcessedEmbeddingBagCollectionSharder",
     "InputError",
     "ManagedCollisionEmbeddingBagCollectionSharder",
     "ManagedCollisionEmbeddingCollectionSharder",
@@ -48,6 +53,7 @@ __all__ = [
     "ShardedCollection",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
+    "ShardedFeatureProcessedEmbeddingBagCollection",
     "ShardedManagedCollisionCollection",
     "ShardedManagedCollisionEmbeddingBagCollection",
     "ShardedManagedCollisionEmbeddingCollection",

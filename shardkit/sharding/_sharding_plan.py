@@ -27,6 +27,7 @@ from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from shardkit.sharding._mc_embedding import (
     ManagedCollisionEmbeddingBagCollectionSharder,
     ManagedCollisionEmbeddingCollectionSharder,
@@ -66,6 +67,7 @@ def get_default_sharders() -> list[ModuleSharder]:
     """A sharder for each of shardkit's embedding collections (TorchRec's defaults)."""
     return [
         EmbeddingBagCollectionSharder(),
+        FeatureProcessedEmbeddingBagCollectionSharder(),
         EmbeddingCollectionSharder(),
         ManagedCollisionEmbeddingBagCollectionSharder(),
         ManagedCollisionEmbeddingCollectionSharder(),
