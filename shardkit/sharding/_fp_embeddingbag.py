@@ -100,7 +100,8 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
             return features
         local = {f for c in collection._configs if c.name in collection._local_tables
                  for f in c.feature_names}  # fmt: skip
-        per_key = [1.0 if key in local else factor for key in features.keys()]
+        keys: list[str] = features.keys()
+        per_key = [1.0 if key in local else factor for key in keys]
         scale = torch.repeat_interleave(
             torch.tensor(per_key, dtype=weights.dtype, device=weights.device),
             torch.tensor(features.length_per_key(), device=weights.device),

@@ -154,7 +154,9 @@ def _dmp(rank, world_size):
         topology=Topology(world_size=world_size, compute_device="cpu"), constraints=constraints
     )
     model = copy.deepcopy(reference)
-    dmp = DistributedModelParallel(model, plan=planner.collective_plan(model, get_default_sharders()))
+    dmp = DistributedModelParallel(
+        model, plan=planner.collective_plan(model, get_default_sharders())
+    )
     ref_weights = _position_weights(reference)
     for step in range(STEPS):
         kjt = global_batch(step, LOCAL_BATCH * world_size, weighted=False)
