@@ -114,6 +114,7 @@ PUBLIC = {
         "MCHManagedCollisionModule",
         "ManagedCollisionCollection",
         "ManagedCollisionModule",
+        "apply_mc_method_to_jt_dict",
         "average_threshold_filter",
         "dynamic_threshold_filter",
         "probabilistic_threshold_filter",
@@ -128,6 +129,8 @@ PUBLIC = {
         "FeatureProcessorsCollection",
         "PositionWeightedModule",
         "PositionWeightedModuleCollection",
+        "get_stride_per_key_per_rank",
+        "get_weights_list",
     ],
     "shardkit.modules.fp_embedding_modules": [
         "FeatureProcessedEmbeddingBagCollection",
@@ -145,10 +148,15 @@ PUBLIC = {
     "shardkit.quant.embedding_modules": [
         "EmbeddingBagCollection",
         "EmbeddingCollection",
+        "for_each_module_of_type_do",
         "quantize_state_dict",
     ],
     "shardkit.inference": ["quantize_embeddings"],
-    "shardkit.inference.modules": ["quantize_embeddings"],
+    "shardkit.inference.modules": [
+        "DEFAULT_QUANT_MAPPING",
+        "quantize_embeddings",
+        "trim_torch_package_prefix_from_typename",
+    ],
     "shardkit.optim": [
         "SGD",
         "Adagrad",
