@@ -151,10 +151,15 @@ PUBLIC = {
         "for_each_module_of_type_do",
         "quantize_state_dict",
     ],
-    "shardkit.inference": ["quantize_embeddings"],
+    "shardkit.inference": [
+        "ShardedQuantEmbeddingBagCollection",
+        "quantize_embeddings",
+        "shard_quant_model",
+    ],
     "shardkit.inference.modules": [
         "DEFAULT_QUANT_MAPPING",
         "quantize_embeddings",
+        "shard_quant_model",
         "trim_torch_package_prefix_from_typename",
     ],
     "shardkit.optim": [

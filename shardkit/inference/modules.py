@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from shardkit.compat import refuse
+from shardkit.inference._sharded import shard_quant_model
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
@@ -20,6 +21,7 @@ from shardkit.quant import QuantConfig
 __all__ = [
     "DEFAULT_QUANT_MAPPING",
     "quantize_embeddings",
+    "shard_quant_model",
     "trim_torch_package_prefix_from_typename",
 ]
 
@@ -137,6 +139,8 @@ __getattr__ = refuse(
         "FEATURE_PROCESSED_EBC_TYPE": "TorchRec's key for quantizing feature-processed "
         "collections; quantize_embeddings quantizes their tables and keeps the float position "
         "weights",
+        "DEFAULT_SHARDERS": "TorchRec's quantized sharders for its TorchScript predict stack; "
+        "shard_quant_model spreads quantized tables table-wise over ranks itself",
         "assign_weights_to_tbe": _TBE,
         "get_table_to_weights_from_tbe": _TBE,
         "quantize_dense": "shardkit keeps dense layers float32 for serving; "
