@@ -234,17 +234,25 @@ def shard_quant_model(
     device_memory_size: int | None = None,
     constraints: Mapping[str, Any] | None = None,
     ddr_cap: int | None = None,
+    sharding_plan: object | None = None,
     *,
     placement: Mapping[str, int] | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> tuple[nn.Module, dict[str, dict[str, int]]]:
     """Spread every quantized `EmbeddingBagCollection` of ``model`` table-wise over the ranks
     (TorchRec's name; its ``world_size`` devices are shardkit's ranks, one process each).
+    ``sharders``, ``device_memory_size``, ``constraints`` and ``ddr_cap`` are TorchRec's planner
+    inputs: ignored (tables are dealt by size, or by ``placement``).
 
     Call it on every rank of ``group`` with the same model. Returns (the model, in place, with
     `ShardedQuantEmbeddingBagCollection`\\ s; ``{module path: {table: rank}}``).
     """
-    if compute_device != "cpu" or sharding_device != "cpu":
+    if sharding_plan is not None:
+        raise ValueError(
+            "shard_quant_model(sharding_plan=...): quantized tables are placed table-wise; "
+            "give placement={table: rank} instead"
+        )
+    if compute_device != "cpu" or sharding_device not in ("cpu", "meta"):
         raise ValueError(
             f"shard_quant_model(compute_device={compute_device!r}, sharding_device="
             f"{sharding_device!r}): quantized tables are served on CPU (torch's quantized "

@@ -5,8 +5,8 @@ sharded weighted `EmbeddingBagCollection`.
 The processors run where the bags are whole: on each rank, over its own batch, before the
 input dist; the per-id weights they give travel with the ids (the weighted input dist) and
 their gradients come back by the adjoint all-to-all. So every sharding type works, row-wise
-too (TorchRec refuses row-wise: it applies the processors after the input dist, where a
-row-wise shard sees bags cut into pieces). The position weights are dense parameters,
+too, with no special case (a row-wise shard sees bags cut into pieces, but their weights were
+computed from the whole bags). The position weights are dense parameters,
 replicated: `DistributedModelParallel`'s data-parallel wrapper averages their gradients.
 """
 

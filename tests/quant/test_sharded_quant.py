@@ -78,6 +78,8 @@ def _refusals(rank, world_size):
         shard_quant_model(_quantized(False), compute_device="cuda")
     with pytest.raises(ValueError, match=r"world_size=2\): .* start 2 ranks \(this group has 1\)"):
         shard_quant_model(_quantized(False), world_size=2)
+    with pytest.raises(ValueError, match=r"sharding_plan=\.\.\.\): .* placement=\{table: rank\}"):
+        shard_quant_model(_quantized(False), sharding_plan={})
     with pytest.raises(ValueError, match=r"tables without a rank \['t2'\]"):
         ShardedQuantEmbeddingBagCollection(_quantized(False), {"t0": 0, "t1": 0})
     assert dist.get_world_size() == 1

@@ -1,7 +1,7 @@
 """Position-weighted features sharded, against the unsharded `FeatureProcessedEmbeddingBagCollection`
 (the spec) on the global batch: outputs, the position weights' gradients at every step, and the
-tables after steps, for table-wise, column-wise, data-parallel and row-wise tables (TorchRec
-refuses row-wise) and a mix. The position weights are replicated: their gradients are averaged
+tables after steps, for table-wise, column-wise, data-parallel, row-wise and table-row-wise
+tables and a mix. The position weights are replicated: their gradients are averaged
 across ranks here as DistributedModelParallel's data-parallel wrapper does."""
 
 from __future__ import annotations
