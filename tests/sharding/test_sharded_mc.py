@@ -95,7 +95,9 @@ def _save(rank, world_size, kind, root):
 
 def _resume(rank, world_size, kind, root, saved_world_size):
     reference = mc_module()
-    sharded = _sharded(copy.deepcopy(reference), kind, world_size)  # untrained
+    sharded = _sharded(copy.deepcopy(reference), kind, world_size)
+    out, _ = sharded(local_part(raw_batch(99, LOCAL_BATCH * world_size), rank, world_size))
+    out.values().sum().backward()  # a used model: its remappers' caches must not survive the load
     for step in range(SAVED_AT):  # the reference trains as the saving job did
         ref_out, _ = reference(raw_batch(step, LOCAL_BATCH * saved_world_size))
         loss(ref_out, rank, step, saved_world_size, True, local=False).backward()
