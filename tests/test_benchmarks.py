@@ -270,3 +270,13 @@ def test_bench_quant_runs_at_toy_size(tmp_path):
         assert row["auc_change"] == pytest.approx(row["auc"] - rows[0]["auc"]), row
         assert set(row["lookup_us"]) == {"1", "8"} and _positive(*row["lookup_us"].values()), row
     assert rows[0]["auc_change"] == 0
+
+
+def test_bench_mc_sharded_runs_at_toy_size(tmp_path):
+    out = tmp_path / "mc_sharded.md"
+    _run(
+        "bench_mc_sharded.py", "--rows", "200", "--vocab", "2000", "--batch", "16", "--steps", "2",
+        "--rounds", "1", "--eviction-interval", "2", "--out", str(out),
+    )  # fmt: skip
+    report = out.read_text()
+    assert "| id % rows |" in report and "| managed collision |" in report

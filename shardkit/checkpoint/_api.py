@@ -29,6 +29,7 @@ from shardkit.checkpoint._state import (
     dense_optimizer_state,
     fused_states,
     has_fsdp,
+    revalidate,
     sharded_view,
 )
 from shardkit.checkpoint._store import (
@@ -141,6 +142,7 @@ def load(
     if has_fsdp(model):  # its DTensors are built for the state dict, not views of the shards
         with sharded_view(model):
             model.load_state_dict(state["model"])
+    revalidate(model)
     if with_optimizers:
         apply_fused(model, state.get("optim", {}).get("fused", {}))
     defaults = dict(extra or {})

@@ -23,6 +23,7 @@ from shardkit.fsdp import (
     optim_state_dict_to_load,
     state_dict_type,
 )
+from shardkit.modules.mc_modules import ManagedCollisionModule
 from shardkit.sharding import ShardedCollection, fused_state, load_fused_state
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "dense_optimizer_state",
     "fused_states",
     "has_fsdp",
+    "revalidate",
     "sharded_view",
 ]
 
@@ -73,6 +75,14 @@ def apply_fused(model: nn.Module, states: dict[str, dict[str, Any]]) -> None:
     """Write loaded fused-optimizer state back (see `shardkit.sharding.load_fused_state`)."""
     for path, collection in _collections(_unwrapped(model)).items():
         load_fused_state(collection, states.get(path or "root", {}))  # {}: no fused shards
+
+
+def revalidate(model: nn.Module) -> None:
+    """After an in-place load: managed-collision remappers re-index the state written into their
+    buffers and forget what they had cached (their iteration, their search index)."""
+    for module in _unwrapped(model).modules():
+        if isinstance(module, ManagedCollisionModule):
+            module.validate_state()
 
 
 def dense_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""Preparing trained models for serving (TorchRec's ``torchrec.inference``)."""
+"""Preparing trained models for serving (TorchRec's ``torchrec.inference``), and serving
+quantized tables across ranks."""
 
-from shardkit.inference.modules import quantize_embeddings
+from shardkit.inference._sharded import ShardedQuantEmbeddingBagCollection
+from shardkit.inference.modules import quantize_embeddings, shard_quant_model
 
-__all__ = ["quantize_embeddings"]
+__all__ = ["ShardedQuantEmbeddingBagCollection", "quantize_embeddings", "shard_quant_model"]

@@ -11,12 +11,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardkit.compat import refuse
+from shardkit.inference._sharded import shard_quant_model
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
 from shardkit.quant import QuantConfig
 
-__all__ = ["quantize_embeddings"]
+__all__ = [
+    "DEFAULT_QUANT_MAPPING",
+    "quantize_embeddings",
+    "shard_quant_model",
+    "trim_torch_package_prefix_from_typename",
+]
+
+
+def trim_torch_package_prefix_from_typename(typename: str) -> str:
+    """TorchRec's helper: ``"<torch_package_0>.a.B"`` -> ``"a.B"`` (other names unchanged)."""
+    if typename.startswith("<torch_package_"):
+        typename = ".".join(typename.split(".")[1:])
+    return typename
+
+
+# float collection's type name -> its quantized class (TorchRec's table, shardkit's classes)
+DEFAULT_QUANT_MAPPING: dict[str, type[nn.Module]] = {
+    torch.typename(EmbeddingBagCollection): QuantEmbeddingBagCollection,
+    torch.typename(EmbeddingCollection): QuantEmbeddingCollection,
+}
 
 
 def quantize_embeddings(
@@ -89,3 +110,42 @@ def _swap(
         if swapped is not child:
             setattr(module, name, swapped)
     return module
+
+
+_PREDICT = (
+    "part of TorchRec's TorchScript/gRPC predict stack; shardkit serves from a plain process: "
+    "build the model, quantize_embeddings, load the exported state dict "
+    "(examples/serve_quantized.py, docs/serving.md)"
+)
+_TBE = "FBGEMM table-batched-embedding weights; shardkit's quantized tables are not TBEs"
+__getattr__ = refuse(
+    __name__,
+    {
+        **{
+            name: _PREDICT
+            for name in (
+                "BatchingMetadata",
+                "PredictFactory",
+                "PredictModule",
+                "QualNameMetadata",
+            )
+        },
+        "quantize_inference_model": "TorchRec's one-call quantization for TorchScript "
+        "inference; shardkit.inference.quantize_embeddings quantizes the tables (feature "
+        "processors and managed collision keep working around them)",
+        "quantize_feature": "casts float features to fp16 for TorchScript inference; shardkit "
+        "serves float features as they are",
+        "DEFAULT_FUSED_PARAMS": _TBE,
+        "FEATURE_PROCESSED_EBC_TYPE": "TorchRec's key for quantizing feature-processed "
+        "collections; quantize_embeddings quantizes their tables and keeps the float position "
+        "weights",
+        "DEFAULT_SHARDERS": "TorchRec's quantized sharders for its TorchScript predict stack; "
+        "shard_quant_model spreads quantized tables table-wise over ranks itself",
+        "assign_weights_to_tbe": _TBE,
+        "get_table_to_weights_from_tbe": _TBE,
+        "quantize_dense": "shardkit keeps dense layers float32 for serving; "
+        "torch.ao.quantization.quantize_dynamic quantizes nn.Linear layers if you want it",
+        "set_pruning_data": "row pruning of quantized tables is not supported; serve the whole "
+        "table",
+    },
+)

@@ -11,7 +11,7 @@ import torch
 
 from shardkit.modules._mc_base import MAX_BUCKETS, ManagedCollisionModule
 from shardkit.modules._mc_policies import MCHEvictionPolicy
-from shardkit.modules._mc_slots import SENTINEL, Slots, Window, bucket_bounds, evict
+from shardkit.modules._mc_slots import SENTINEL, Slots, Window, bucket_bounds, bucket_of, evict
 from shardkit.sparse import JaggedTensor
 
 __all__ = ["MCHManagedCollisionModule"]
@@ -199,6 +199,15 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
 
     def buckets(self) -> int:
         return self._slots.num_buckets
+
+    def output_segments(self) -> list[int]:
+        """Row bounds of all the table's buckets (``buckets() + 1`` values)."""
+        return list(self._segments)
+
+    def bucket_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[N]`` the bucket (of all ``buckets()``) of each id, after `preprocess`: a sharded
+        table sends each id to the rank that owns its bucket."""
+        return bucket_of(ids.to(torch.int64), self._slots.num_buckets)
 
     def open_slots(self) -> torch.Tensor:
         empty = (self._mch_sorted_raw_ids == SENTINEL).sum() - (len(self._local_bounds) - 1)

@@ -33,6 +33,8 @@ __all__ = [
     "FeatureProcessorsCollection",
     "PositionWeightedModule",
     "PositionWeightedModuleCollection",
+    "get_stride_per_key_per_rank",
+    "get_weights_list",
 ]
 
 
@@ -204,3 +206,26 @@ def _with_weights(features: KeyedJaggedTensor, weights: torch.Tensor | None) -> 
         inverse_indices=features.inverse_indices_or_none(),
         **fields,
     )
+
+
+def get_weights_list(
+    cat_seq: torch.Tensor,
+    features: KeyedJaggedTensor,
+    position_weights: Mapping[str, torch.Tensor],
+) -> torch.Tensor | None:
+    """TorchRec's helper: ``[N]`` each id's weight, ``position_weights[key][position]`` for the
+    keys with weights and 1.0 for the others, from ``cat_seq`` ``[N]`` the ids' positions."""
+    weights = []
+    for key, seq in zip(features.keys(), cat_seq.split(features.length_per_key())):
+        if key in position_weights:
+            weights.append(position_weights[key].gather(0, seq.long()))
+        else:
+            weights.append(torch.ones(seq.numel(), device=features.values().device))
+    return torch.cat(weights) if weights else features.weights_or_none()
+
+
+def get_stride_per_key_per_rank(kjt: KeyedJaggedTensor) -> list[list[int]] | None:
+    """TorchRec's helper: the KJT's batch size per key and rank when it varies, else None."""
+    if not kjt.variable_stride_per_key():
+        return None
+    return kjt.stride_per_key_per_rank()

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from shardkit.compat import refuse
 from shardkit.modules._mc_collection import ManagedCollisionCollection
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -187,3 +188,14 @@ def _reset_optimizer_rows(
     for name, state in fused.state[weight].items():
         initial = group.get("initial_accumulator_value", 0.0) if name == "momentum1" else 0.0
         state[rows] = initial
+
+
+_INTERNAL = (
+    "a helper inside TorchRec's managed-collision collections; shardkit's collections do this "
+    "themselves: call the ManagedCollisionEmbeddingBagCollection (or ...EmbeddingCollection)"
+)
+__getattr__ = refuse(
+    __name__,
+    {"evict": _INTERNAL, "return_custom_metadata": _INTERNAL,
+     "return_remapped_lengths_as_mask": _INTERNAL},
+)  # fmt: skip

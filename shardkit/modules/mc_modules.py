@@ -40,6 +40,7 @@ from shardkit.modules._mc_policies import (
     probabilistic_threshold_filter,
 )
 from shardkit.modules._mch import MCHManagedCollisionModule
+from shardkit.sparse import JaggedTensor
 
 __all__ = [
     "DistanceLFU_EvictionPolicy",
@@ -50,7 +51,15 @@ __all__ = [
     "MCHManagedCollisionModule",
     "ManagedCollisionCollection",
     "ManagedCollisionModule",
+    "apply_mc_method_to_jt_dict",
     "average_threshold_filter",
     "dynamic_threshold_filter",
     "probabilistic_threshold_filter",
 ]
+
+
+def apply_mc_method_to_jt_dict(
+    mc_module: ManagedCollisionModule, method: str, features_dict: dict[str, JaggedTensor]
+) -> dict[str, JaggedTensor]:
+    """TorchRec's helper: ``mc_module.<method>(features_dict)`` (e.g. ``"remap"``, ``"profile"``)."""
+    return getattr(mc_module, method)(features_dict)

@@ -19,13 +19,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardkit.compat import refuse
 from shardkit.modules import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from shardkit.quant._config import quantized_configs
 from shardkit.quant._groups import Stacks
 from shardkit.quant._pack import check_data_type, code_columns, lookup, pack, packed_shape
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "quantize_state_dict"]
+__all__ = [
+    "EmbeddingBagCollection",
+    "EmbeddingCollection",
+    "for_each_module_of_type_do",
+    "quantize_state_dict",
+]
 
 QuantizedWeights = Mapping[str, tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -317,3 +323,66 @@ def _check_collection(
         raise ValueError(f"table names must be unique; {repeated} appear more than once")
     for config in configs:
         check_data_type(config.name, config.data_type, config.embedding_dim)
+
+
+def for_each_module_of_type_do(
+    module: nn.Module,
+    module_types: Sequence[type[nn.Module]],
+    op: Callable[[nn.Module], None],
+) -> None:
+    """TorchRec's helper: ``op(m)`` for every submodule ``m`` (``module`` included) of one of
+    ``module_types``."""
+    for child in module.modules():
+        if isinstance(child, tuple(module_types)):
+            op(child)
+
+
+_TBE = (
+    "a switch of FBGEMM's table-batched embedding modules, which shardkit's quantized "
+    "collections are not built on (torch's quantized operators, rows unpadded; docs/serving.md): "
+    "nothing to set"
+)
+_SPLIT = (
+    "quant_state_dict_split_scale_bias (rows with separate scale/bias tensors in the state dict) "
+    "is not supported: shardkit's state dict stores each row with its scale and bias (docs/"
+    "serving.md)"
+)
+_AROUND = (
+    "shardkit.inference.quantize_embeddings quantizes the tables inside a {0} and keeps the "
+    "module around them ({1}): quantize the float {0} with it"
+)
+__getattr__ = refuse(
+    __name__,
+    {
+        "DEFAULT_ROW_ALIGNMENT": "FBGEMM pads quantized rows to 16 bytes; shardkit stores rows "
+        "unpadded in torch's layout (docs/serving.md)",
+        "FeatureProcessedEmbeddingBagCollection": _AROUND.format(
+            "FeatureProcessedEmbeddingBagCollection", "float position weights"
+        ),
+        "QuantManagedCollisionEmbeddingBagCollection": _AROUND.format(
+            "ManagedCollisionEmbeddingBagCollection", "remapping in eval()"
+        ),
+        "QuantManagedCollisionEmbeddingCollection": _AROUND.format(
+            "ManagedCollisionEmbeddingCollection", "remapping in eval()"
+        ),
+        **{
+            name: _TBE
+            for name in (
+                "MODULE_ATTR_CACHE_FEATURES_ORDER",
+                "MODULE_ATTR_REGISTER_TBES_BOOL",
+                "MODULE_ATTR_REMOVE_STBE_PADDING_BOOL",
+                "MODULE_ATTR_ROW_ALIGNMENT_INT",
+                "MODULE_ATTR_USE_BATCHING_HINTED_OUTPUT",
+                "MODULE_ATTR_USE_UNFLATTENED_LENGTHS_FOR_BATCHING",
+                "quant_prep_customize_row_alignment",
+                "quant_prep_enable_cache_features_order",
+                "quant_prep_enable_register_tbes",
+            )
+        },
+        "MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT": "row pruning of quantized "
+        "tables is not supported; serve the whole table",
+        "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS": _SPLIT,
+        "quant_prep_enable_quant_state_dict_split_scale_bias": _SPLIT,
+        "quant_prep_enable_quant_state_dict_split_scale_bias_for_types": _SPLIT,
+    },
+)

@@ -52,7 +52,18 @@ from shardkit.sharding._embedding_types import (
     compute_kernel_to_embedding_location,
 )
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._fp_embeddingbag import (
+    FeatureProcessedEmbeddingBagCollectionSharder,
+    ShardedFeatureProcessedEmbeddingBagCollection,
+)
 from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
+from shardkit.sharding._mc_embedding import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+    ShardedManagedCollisionEmbeddingCollection,
+)
 from shardkit.sharding._model_parallel import DistributedModelParallel
 from shardkit.sharding._module_internals import (
     EC_INDEX_DEDUP,
@@ -140,6 +151,7 @@ __all__ = [
     "EmbeddingCollectionSharder",
     "EmbeddingShardingInfo",
     "EvalPipelineSparseDist",
+    "FeatureProcessedEmbeddingBagCollectionSharder",
     "FeatureShardingMixIn",
     "GradientAccumulationConfig",
     "GradientAccumulationWrapper",
@@ -149,6 +161,8 @@ __all__ = [
     "InputError",
     "KJTList",
     "ListOfKJTList",
+    "ManagedCollisionEmbeddingBagCollectionSharder",
+    "ManagedCollisionEmbeddingCollectionSharder",
     "ModuleShardingMixIn",
     "OptimType",
     "ParameterShardingGenerator",
@@ -159,6 +173,10 @@ __all__ = [
     "ShardedEmbeddingCollection",
     "ShardedEmbeddingModule",
     "ShardedEmbeddingTable",
+    "ShardedFeatureProcessedEmbeddingBagCollection",
+    "ShardedManagedCollisionCollection",
+    "ShardedManagedCollisionEmbeddingBagCollection",
+    "ShardedManagedCollisionEmbeddingCollection",
     "ShardedMetaConfig",
     "SparseDataDistUtil",
     "StagedTrainPipeline",

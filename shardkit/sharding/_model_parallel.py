@@ -143,8 +143,14 @@ class DistributedModelParallel(nn.Module):
         if self._data_parallel_wrapper is not None:
             self._data_parallel_wrapper.wrap(self, self._env, self.device)
             return
+        # each rank's own state (managed-collision remappers): DDP must not broadcast rank 0's
+        own = [
+            f"{path}.{name}" if path else name
+            for path in self._sharded_paths
+            for name, _ in self.module.get_submodule(path).named_buffers()
+        ]
         self._dmp_wrapped_module = wrap_data_parallel(
-            self._dmp_wrapped_module, self._env, self.device, self.sharded_parameter_names()
+            self._dmp_wrapped_module, self._env, self.device, self.sharded_parameter_names() + own
         )
 
     # -- the model's interface -----------------------------------------------------------

@@ -27,6 +27,11 @@ from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
 )
+from shardkit.sharding._fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+from shardkit.sharding._mc_embedding import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ManagedCollisionEmbeddingCollectionSharder,
+)
 from shardkit.types import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
@@ -59,8 +64,14 @@ ParameterShardingGenerator = Callable[
 
 
 def get_default_sharders() -> list[ModuleSharder]:
-    """A sharder for each of shardkit's embedding collections."""
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    """A sharder for each of shardkit's embedding collections (TorchRec's defaults)."""
+    return [
+        EmbeddingBagCollectionSharder(),
+        FeatureProcessedEmbeddingBagCollectionSharder(),
+        EmbeddingCollectionSharder(),
+        ManagedCollisionEmbeddingBagCollectionSharder(),
+        ManagedCollisionEmbeddingCollectionSharder(),
+    ]
 
 
 def data_parallel() -> ParameterShardingGenerator:

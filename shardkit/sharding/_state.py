@@ -28,7 +28,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 
 from shardkit.sharding._layout import ShardSlice
 
-__all__ = ["block_of", "fused_state", "load_fused_state", "sharded_tensor"]
+__all__ = ["block_of", "fused_state", "load_fused_state", "reset_rows", "sharded_tensor"]
 
 
 def _metadata(shard: ShardSlice, device: torch.device) -> TorchShardMetadata:
@@ -180,3 +180,37 @@ def _fused_shards(collection: Any):
             continue
         for position, slice_ in enumerate(shard_group.spec.shards):
             yield configs[slice_.table], shard_group, position
+
+
+@torch.no_grad()
+def reset_rows(collection: Any, config: Any, rows: torch.Tensor) -> None:
+    """Re-initialise the rows ``[E]`` (global row numbers) of table ``config.name`` held by this
+    rank, and their fused optimizer state, as the unsharded managed-collision module does when
+    an id loses its row: the config's ``init_fn``, else its uniform range."""
+    table = collection.tables[config.name]
+    for slice_, param in zip(table.shard_slices, table.shards):
+        local = _rows_in(slice_, rows)
+        if local.numel():
+            param.data[local] = _initial_rows(config, local.numel(), slice_.cols, param)
+    for found, shard_group, position in _fused_shards(collection):
+        if found.name != config.name:
+            continue
+        local = _rows_in(shard_group.spec.shards[position], rows)
+        optimizer = shard_group.tables.optimizer
+        start = shard_group.tables.row_starts[position]
+        initial = optimizer.config.initial_accumulator_value
+        for name, state in optimizer.state.items():
+            state[start + local] = initial if name == "momentum1" else 0.0
+
+
+def _rows_in(slice_: ShardSlice, rows: torch.Tensor) -> torch.Tensor:
+    inside = (rows >= slice_.row_start) & (rows < slice_.row_start + slice_.rows)
+    return rows[inside] - slice_.row_start
+
+
+def _initial_rows(config: Any, num_rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
+    rows = torch.empty(num_rows, cols, dtype=like.dtype, device=like.device)
+    if callable(config.init_fn):
+        result = config.init_fn(rows)
+        return result if isinstance(result, torch.Tensor) else rows
+    return rows.uniform_(config.get_weight_init_min(), config.get_weight_init_max())

@@ -1,0 +1,276 @@
+"""Quantized tables served across ranks: `ShardedQuantEmbeddingBagCollection` and
+`shard_quant_model` (TorchRec's ``torchrec.inference.modules.shard_quant_model``, table-wise).
+
+[Note: sharded quantized serving]
+Each table of a quantized `EmbeddingBagCollection` lives on one rank (table-wise; the tables are
+dealt to the ranks by size, largest first, onto the rank with the fewest bytes). Per batch, with
+every rank holding its own requests (batch ``B_r`` on rank ``r``):
+
+1. all-gather of the batch sizes;
+2. all-to-all of each feature's lengths, then of its ids (and per-id weights), to the feature's
+   table's rank;
+3. each rank looks up ALL ranks' bags of its tables in one call of its local quantized
+   collection (bags of rank 0 first): ``[sum_r B_r, D_local]``;
+4. all-to-all of the pooled rows back: rank ``r`` gets ``[B_r, D_local]`` from each rank and
+   puts the columns in the unsharded module's feature order.
+
+The result equals the unsharded quantized module's on the same bags (the same stored bytes and
+the same operators). No gradients: serving only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shardkit import comm
+from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
+from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
+
+__all__ = ["ShardedQuantEmbeddingBagCollection", "shard_quant_model", "table_wise_placement"]
+
+logger = logging.getLogger(__name__)
+
+
+def table_wise_placement(configs: Sequence[Any], world_size: int) -> dict[str, int]:
+    """``{table: rank}``: largest tables first, each onto the rank with the fewest rows x dims."""
+    load = [0] * world_size
+    placement = {}
+    for config in sorted(configs, key=lambda c: -c.num_embeddings * c.embedding_dim):
+        rank = load.index(min(load))
+        placement[config.name] = rank
+        load[rank] += config.num_embeddings * config.embedding_dim
+    return placement
+
+
+class ShardedQuantEmbeddingBagCollection(nn.Module):
+    """A quantized `EmbeddingBagCollection` whose tables are spread table-wise over the ranks
+    of ``group``; see [Note: sharded quantized serving].
+
+    Args:
+        module: the unsharded quantized collection (each rank keeps only its tables' rows).
+        placement: ``{table: rank}`` (default: `table_wise_placement`).
+        group: the ranks (default: the world).
+    """
+
+    def __init__(
+        self,
+        module: QuantEmbeddingBagCollection,
+        placement: Mapping[str, int] | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self._group = group
+        self._world = dist.get_world_size(group)
+        self._rank = dist.get_rank(group)
+        configs = list(module.embedding_bag_configs())
+        self._placement = dict(placement or table_wise_placement(configs, self._world))
+        _check_placement(configs, self._placement, self._world)
+        self._is_weighted = module.is_weighted()
+        self._features = [f for c in configs for f in c.feature_names]
+        self._dims = [c.embedding_dim for c in configs for _ in c.feature_names]
+        self._owner = {f: self._placement[c.name] for c in configs for f in c.feature_names}
+        self._features_of = [[f for f in self._features if self._owner[f] == r] for r in
+                             range(self._world)]  # fmt: skip
+        mine = [c for c in configs if self._placement[c.name] == self._rank]
+        self._local = _subset(module, mine) if mine else None
+        logger.info("rank %d serves quantized tables %s", self._rank, [c.name for c in mine])
+
+    def embedding_bag_configs(self) -> list[Any]:
+        return list(self._local.embedding_bag_configs()) if self._local is not None else []
+
+    @torch.no_grad()
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """``features``: this rank's requests, batch ``B``. Returns ``[B, sum(dims)]`` in the
+        unsharded module's feature order."""
+        by_key = features.to_dict()
+        missing = [f for f in self._features if f not in by_key]
+        batch = torch.tensor([features.stride() if not missing else -1])
+        batches = comm.all_gather_into_tensor(batch, group=self._group).tolist()
+        if min(batches) < 0:
+            bad = [r for r, b in enumerate(batches) if b < 0]
+            raise ValueError(
+                f"rank(s) {bad} gave a KeyedJaggedTensor without the features "
+                f"{missing or '(see their error)'} of the sharded quantized tables; every rank "
+                f"must give all of {self._features}"
+            )
+        received = self._send_ids(by_key, batches)
+        pooled = self._lookup(received, batches)
+        return self._send_rows(pooled, batches)
+
+    def _send_ids(self, by_key, batches: list[int]) -> list[dict[str, Any]]:
+        """From each rank, its bags of this rank's features: ``{feature: (lengths, ids,
+        weights)}``."""
+        batch = batches[self._rank]
+        lengths, ids, weights = [], [], []
+        for dest in range(self._world):
+            for f in self._features_of[dest]:
+                lengths.append(by_key[f].lengths().to(torch.int64))
+                ids.append(by_key[f].values().to(torch.int64))
+                if self._is_weighted:
+                    weights.append(by_key[f].weights().float())
+        splits = [len(self._features_of[d]) * batch for d in range(self._world)]
+        back = [len(self._features_of[self._rank]) * b for b in batches]
+        got_lengths = _exchange(torch.cat(lengths), splits, back, self._group)
+        sent_ids = [int(sum(x.sum() for x in lengths[_span(self._features_of, d)]))
+                    for d in range(self._world)]  # fmt: skip
+        counts = torch.tensor(sent_ids)
+        got_counts = comm.all_to_all_single(counts, group=self._group).tolist()
+        got_ids = _exchange(torch.cat(ids), sent_ids, got_counts, self._group)
+        got_weights = None
+        if self._is_weighted:
+            got_weights = _exchange(torch.cat(weights), sent_ids, got_counts, self._group)
+        return _per_source(self._features_of[self._rank], batches, got_lengths, got_ids,
+                           got_weights)  # fmt: skip
+
+    def _lookup(self, received: list[dict[str, Any]], batches: list[int]) -> torch.Tensor:
+        """``[sum(batches), D_local]`` pooled rows of this rank's features, all ranks' bags."""
+        names = self._features_of[self._rank]
+        if self._local is None or not names:
+            return torch.empty(sum(batches), 0)
+        lengths, values, weights = [], [], []
+        for f in names:
+            for source in received:
+                lengths.append(source[f][0])
+                values.append(source[f][1])
+                if self._is_weighted:
+                    weights.append(source[f][2])
+        kjt = KeyedJaggedTensor(
+            keys=names,
+            values=torch.cat(values),
+            lengths=torch.cat(lengths),
+            weights=torch.cat(weights) if self._is_weighted else None,
+        )
+        return self._local(kjt).values().float()
+
+    def _send_rows(self, pooled: torch.Tensor, batches: list[int]) -> KeyedTensor:
+        width = pooled.shape[1]
+        widths = [sum(self._dims[self._features.index(f)] for f in self._features_of[r])
+                  for r in range(self._world)]  # fmt: skip
+        batch = batches[self._rank]
+        flat = pooled.reshape(-1)
+        got = _exchange(flat, [b * width for b in batches], [batch * w for w in widths],
+                        self._group)  # fmt: skip
+        blocks = got.split([batch * w for w in widths])
+        columns: dict[str, torch.Tensor] = {}
+        for rank, block in enumerate(blocks):
+            block = block.view(batch, widths[rank])
+            start = 0
+            for f in self._features_of[rank]:
+                dim = self._dims[self._features.index(f)]
+                columns[f] = block[:, start : start + dim]
+                start += dim
+        values = torch.cat([columns[f] for f in self._features], dim=1)
+        return KeyedTensor(self._features, self._dims, values.to(self._output_dtype()))
+
+    def _output_dtype(self) -> torch.dtype:
+        return self._local.output_dtype() if self._local is not None else torch.float
+
+
+def _span(features_of: list[list[str]], dest: int) -> slice:
+    """The positions, in the per-feature lists, of the features bound for ``dest``."""
+    start = sum(len(f) for f in features_of[:dest])
+    return slice(start, start + len(features_of[dest]))
+
+
+def _exchange(x: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+    return comm.all_to_all_single(
+        x, input_split_sizes=send, output_split_sizes=receive, group=group
+    )
+
+
+def _per_source(names, batches, lengths, ids, weights) -> list[dict[str, Any]]:
+    """Split what every rank sent (in rank order, each its features' bags) per source."""
+    out = []
+    length_at = id_at = 0
+    for batch in batches:
+        source = {}
+        for f in names:
+            bag_lengths = lengths[length_at : length_at + batch]
+            count = int(bag_lengths.sum())
+            source[f] = (
+                bag_lengths,
+                ids[id_at : id_at + count],
+                None if weights is None else weights[id_at : id_at + count],
+            )
+            length_at += batch
+            id_at += count
+        out.append(source)
+    return out
+
+
+def _subset(module: QuantEmbeddingBagCollection, configs: list[Any]) -> nn.Module:
+    local = QuantEmbeddingBagCollection(
+        configs, module.is_weighted(), device="cpu", output_dtype=module.output_dtype()
+    )
+    names = {c.name for c in configs}
+    state = {k: v for k, v in module.state_dict().items() if k.split(".")[1] in names}
+    local.load_state_dict(state)
+    return local
+
+
+def _check_placement(configs, placement: Mapping[str, int], world: int) -> None:
+    names = [c.name for c in configs]
+    wrong = {t: r for t, r in placement.items() if t not in names or not 0 <= r < world}
+    missing = [n for n in names if n not in placement]
+    if wrong or missing:
+        raise ValueError(
+            f"placement {dict(placement)} must give every table {names} a rank in "
+            f"[0, {world}): unknown tables or ranks {wrong}, tables without a rank {missing}"
+        )
+
+
+def shard_quant_model(
+    model: nn.Module,
+    world_size: int = 1,
+    compute_device: str = "cpu",
+    sharding_device: str = "cpu",
+    sharders: object | None = None,
+    device_memory_size: int | None = None,
+    constraints: Mapping[str, Any] | None = None,
+    ddr_cap: int | None = None,
+    sharding_plan: object | None = None,
+    *,
+    placement: Mapping[str, int] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[nn.Module, dict[str, dict[str, int]]]:
+    """Spread every quantized `EmbeddingBagCollection` of ``model`` table-wise over the ranks
+    (TorchRec's name; its ``world_size`` devices are shardkit's ranks, one process each).
+    ``sharders``, ``device_memory_size``, ``constraints`` and ``ddr_cap`` are TorchRec's planner
+    inputs: ignored (tables are dealt by size, or by ``placement``).
+
+    Call it on every rank of ``group`` with the same model. Returns (the model, in place, with
+    `ShardedQuantEmbeddingBagCollection`\\ s; ``{module path: {table: rank}}``).
+    """
+    if sharding_plan is not None:
+        raise ValueError(
+            "shard_quant_model(sharding_plan=...): quantized tables are placed table-wise; "
+            "give placement={table: rank} instead"
+        )
+    if compute_device != "cpu" or sharding_device not in ("cpu", "meta"):
+        raise ValueError(
+            f"shard_quant_model(compute_device={compute_device!r}, sharding_device="
+            f"{sharding_device!r}): quantized tables are served on CPU (torch's quantized "
+            "operators are CPU-only); pass 'cpu'"
+        )
+    ranks = dist.get_world_size(group)
+    if world_size not in (1, ranks):
+        raise ValueError(
+            f"shard_quant_model(world_size={world_size}): shardkit serves with one process per "
+            f"rank; start {world_size} ranks (this group has {ranks}) and pass world_size={ranks}"
+        )
+    plans: dict[str, dict[str, int]] = {}
+    targets = [(p, m) for p, m in model.named_modules() if type(m) is QuantEmbeddingBagCollection]
+    for path, child in targets:
+        sharded = ShardedQuantEmbeddingBagCollection(child, placement, group)
+        plans[path] = dict(sharded._placement)
+        if path == "":
+            return sharded, plans
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, sharded)
+    return model, plans
