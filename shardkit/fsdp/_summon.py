@@ -45,7 +45,7 @@ def summon_full_params(
     Example::
 
         with FSDP.summon_full_params(model):
-            print(model.fc1.weight.shape)   # torch.Size([128, 9216]) on every rank
+            shape = model.fc1.weight.shape  # torch.Size([128, 9216]) on every rank
     """
     units = units_under(module, recurse=recurse)
     if not units:
