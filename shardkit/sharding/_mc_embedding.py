@@ -25,6 +25,7 @@ from shardkit.modules.mc_embedding_modules import (
 from shardkit.optim import FusedOptimizer
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._embedding_sharders import _CollectionSharder
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection, aligned_plan
 from shardkit.sharding._state import reset_rows
@@ -102,11 +103,10 @@ class ShardedManagedCollisionEmbeddingCollection(_ShardedMc):
         return self._embedding_module  # type: ignore[return-value]
 
 
-class _McSharder(BaseEmbeddingSharder):
+class _McSharder(_CollectionSharder):
     """Shards a managed-collision collection: its tables as the inner collection's sharder
     would, row-wise or table-wise only (see [Note: sharded managed collision])."""
 
-    unsharded: type[nn.Module]
     inner: type[nn.Module]
     sharded: type[_ShardedMc]
 
@@ -126,10 +126,6 @@ class _McSharder(BaseEmbeddingSharder):
         else:
             super().__init__(e_sharder.fused_params, e_sharder._shardable_params)
 
-    @property
-    def module_type(self) -> type[nn.Module]:
-        return self.unsharded
-
     def sharding_types(self, compute_device_type: str) -> list[ShardingType]:
         return [ShardingType.TABLE_WISE, ShardingType.ROW_WISE]
 
@@ -138,28 +134,6 @@ class _McSharder(BaseEmbeddingSharder):
 
     def table_configs(self, module: nn.Module) -> list[Any]:
         return super().table_configs(module._embedding_module)  # type: ignore[arg-type]
-
-    def shard(
-        self,
-        module: nn.Module,
-        params: Mapping[str, ParameterSharding],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-        *,
-        local_world_size: int | None = None,
-        gradient_division: bool = True,
-    ) -> nn.Module:
-        """The sharded version of ``module`` for its plan ``params`` on ``env``."""
-        return self.sharded(
-            module,
-            params,
-            env,
-            device,
-            fused_params=self.fused_params,
-            local_world_size=local_world_size,
-            gradient_division=gradient_division,
-        )
 
 
 class ManagedCollisionEmbeddingBagCollectionSharder(_McSharder):
