@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from shardkit.comm._errors import collective_error
+from shardkit.comm._exit import remember
 from shardkit.comm._label import label
 
 __all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Launched", "Reduce", "ReduceScatter"]
@@ -63,7 +64,11 @@ class Launched:
         return self.buffer if self.post is None else self.post(self.buffer)
 
 
-def _launch(name: str, group: Group, call: Callable[[], dist.Work | None]) -> dist.Work | None:
+def _launch(
+    name: str, group: Group, call: Callable[[], dist.Work | None], *handed: torch.Tensor
+) -> dist.Work | None:
+    """``call()`` (the backend's collective on the ``handed`` tensors), errors named."""
+    remember(*handed)  # See [Note: gloo at exit]
     with label(f"shardkit::{name}"):
         try:
             return call()
@@ -88,17 +93,20 @@ class AllToAll:
 
     def launch(self, x: torch.Tensor, async_op: bool = True) -> Launched:
         out = x.new_empty((sum(self.output_split_sizes), *x.shape[1:]))
+        src = x.contiguous()
         work = _launch(
             self.name,
             self.group,
             lambda: dist.all_to_all_single(
                 out,
-                x.contiguous(),
+                src,
                 list(self.output_split_sizes),
                 list(self.input_split_sizes),
                 group=self.group,
                 async_op=async_op,
             ),
+            out,
+            src,
         )
         return Launched(self.name, self.group, work, out)
 
@@ -121,12 +129,13 @@ class AllGather:
         if x.size(0) < chunk:  # See [Note: uneven sizes]
             x = torch.cat([x, x.new_zeros((chunk - x.size(0), *x.shape[1:]))])
         out = x.new_empty((len(sizes) * chunk, *x.shape[1:]))
+        src = x.contiguous()
         work = _launch(
             self.name,
             self.group,
-            lambda: dist.all_gather_single(
-                out, x.contiguous(), group=self.group, async_op=async_op
-            ),
+            lambda: dist.all_gather_single(out, src, group=self.group, async_op=async_op),
+            out,
+            src,
         )
         post = _scaled(self.scale)
         if min(sizes) != chunk:
@@ -166,12 +175,15 @@ class ReduceScatter:
                 padded[r, : piece.size(0)] = piece
             x = padded.view(len(sizes) * chunk, *tail)
         out = x.new_empty((chunk, *tail))
+        src = x.contiguous()
         work = _launch(
             self.name,
             self.group,
             lambda: dist.reduce_scatter_single(
-                out, x.contiguous(), op=self.op, group=self.group, async_op=async_op
+                out, src, op=self.op, group=self.group, async_op=async_op
             ),
+            out,
+            src,
         )
         mine = sizes[dist.get_rank(self.group)]
         post = _scaled(self.scale)
@@ -213,6 +225,7 @@ class AllReduce:
             self.name,
             self.group,
             lambda: dist.all_reduce(out, op=self.op, group=self.group, async_op=async_op),
+            out,
         )
         return Launched(self.name, self.group, work, out, _scaled(self.scale))
 
@@ -240,6 +253,7 @@ class Broadcast:
             self.name,
             self.group,
             lambda: dist.broadcast(out, src=self.src, group=self.group, async_op=async_op),
+            out,
         )
         return Launched(self.name, self.group, work, out)
 
@@ -261,6 +275,7 @@ class Reduce:
             self.name,
             self.group,
             lambda: dist.reduce(out, dst=self.dst, group=self.group, async_op=async_op),
+            out,
         )
         post = None if dist.get_rank() == self.dst else torch.zeros_like
         return Launched(self.name, self.group, work, out, post)
