@@ -26,8 +26,9 @@ def test_emb_optim_type_picks_the_fused_optimizer():
     assert changed.tolist() == [False, True, False, False]
     assert EmbOptimType.ROWWISE_ADAGRAD is EmbOptimType.EXACT_ROWWISE_ADAGRAD
     assert EmbOptimType.SGD is EmbOptimType.EXACT_SGD
-    with pytest.raises(AttributeError, match=r"EmbOptimType.LAMB: an FBGEMM-only fused optimizer"):
-        _ = EmbOptimType.LAMB
+    with pytest.raises(AttributeError, match=r"EmbOptimType.MADGRAD: an FBGEMM-only fused optim"):
+        _ = EmbOptimType.MADGRAD
+    assert EmbOptimType.LAMB.value == "lamb"  # FBGEMM's value
 
 
 def test_sparse_type():
