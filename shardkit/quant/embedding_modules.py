@@ -21,6 +21,10 @@ from torch import nn
 
 from shardkit.compat import refuse
 from shardkit.modules import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
+from shardkit.modules.embedding_modules import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+)
 from shardkit.quant._config import quantized_configs
 from shardkit.quant._groups import Stacks
 from shardkit.quant._pack import check_data_type, code_columns, lookup, pack, packed_shape
@@ -336,6 +340,10 @@ def for_each_module_of_type_do(
         if isinstance(child, tuple(module_types)):
             op(child)
 
+
+# As TorchRec's quantized collections, instances of the float ones' interfaces.
+EmbeddingBagCollectionInterface.register(EmbeddingBagCollection)
+EmbeddingCollectionInterface.register(EmbeddingCollection)
 
 _TBE = (
     "a switch of FBGEMM's table-batched embedding modules, which shardkit's quantized "
