@@ -28,6 +28,13 @@ from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCo
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
 from shardkit.quant import QuantConfig, TableWeights, assign_table_weights, table_weights
+from shardkit.quant.embedding_modules import (
+    FeatureProcessedEmbeddingBagCollection as QuantFeatureProcessedEmbeddingBagCollection,
+)
+from shardkit.quant.embedding_modules import (
+    quant_prep_enable_cache_features_order,
+    quant_prep_enable_register_tbes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +159,9 @@ def quantize_inference_model(
 ) -> nn.Module:
     """Quantize ``model``'s embedding collections in place for serving (TorchRec's one call).
 
-    The tables inside each `FeatureProcessedEmbeddingBagCollection` are stored as
-    ``fp_weight_dtype`` (its position weights stay float); every module whose type name is in
+    Each `FeatureProcessedEmbeddingBagCollection` becomes a quantized one
+    (`shardkit.quant.embedding_modules.FeatureProcessedEmbeddingBagCollection`, position weights
+    kept float) with tables stored as ``fp_weight_dtype``; every module whose type name is in
     ``quantization_mapping`` (default `DEFAULT_QUANT_MAPPING`: bag and plain collections, also
     inside managed-collision modules) is swapped for its quantized class with
     ``quantization_dtype``; ``per_table_weight_dtype`` overrides either per table.
@@ -162,18 +170,37 @@ def quantize_inference_model(
         ``model``, quantized.
     """
     mapping = DEFAULT_QUANT_MAPPING if quantization_mapping is None else quantization_mapping
-    kwargs = {"inplace": True, "output_dtype": output_dtype,
-              "per_table_weight_dtype": per_table_weight_dtype}  # fmt: skip
-    for module in list(model.modules()):
+    qconfig = QuantConfig(with_dtype(output_dtype), with_dtype(fp_weight_dtype),
+                          per_table_weight_dtype)  # fmt: skip
+    for name, module in list(model.named_modules()):
         if type(module) is FeatureProcessedEmbeddingBagCollection:
-            quantize_embeddings(module, dtype=fp_weight_dtype, **kwargs)
+            quant_prep_enable_register_tbes(module, [FeatureProcessedEmbeddingBagCollection])
+            quant_prep_enable_cache_features_order(module, [FeatureProcessedEmbeddingBagCollection])
+            module.qconfig = qconfig  # type: ignore[assignment]
+            _replace(model, name, QuantFeatureProcessedEmbeddingBagCollection.from_float(module))
     names = {type(m): trim_torch_package_prefix_from_typename(torch.typename(m))
              for m in model.modules()}  # fmt: skip
     swap = {cls: mapping[name] for cls, name in names.items() if name in mapping}
+    quant_prep_enable_register_tbes(model, list(swap))
+    quant_prep_enable_cache_features_order(model, [EmbeddingBagCollection, EmbeddingCollection])
     logger.info("quantizing %s to %s (per table: %s)", sorted(t.__name__ for t in swap),
                 quantization_dtype, per_table_weight_dtype)  # fmt: skip
-    return quantize_embeddings(model, dtype=quantization_dtype, additional_qconfig_spec_keys=list(swap),
-                               additional_mapping=swap, **kwargs)  # fmt: skip
+    return quantize_embeddings(model, dtype=quantization_dtype, inplace=True,
+                               additional_qconfig_spec_keys=list(swap), additional_mapping=swap,
+                               output_dtype=output_dtype,
+                               per_table_weight_dtype=per_table_weight_dtype)  # fmt: skip
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` where ``model``'s submodule ``name`` is (``""``: cannot, the model itself)."""
+    if not name:
+        raise ValueError(
+            "quantize_inference_model swaps submodules; the model itself is a "
+            "FeatureProcessedEmbeddingBagCollection: use QuantFeatureProcessedEmbeddingBag"
+            "Collection.from_float (shardkit.quant.embedding_modules) on it"
+        )
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, new)
 
 
 def get_table_to_weights_from_tbe(model: nn.Module) -> dict[str, TableWeights]:

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from shardkit.modules import BaseEmbeddingConfig
+from shardkit.quant._collections import EmbeddingBagCollection, EmbeddingCollection
 from shardkit.quant._pack import code_columns
-from shardkit.quant.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 __all__ = ["TableWeights", "assign_table_weights", "table_weights"]
 

@@ -27,6 +27,7 @@ from shardkit.modules import DataType, EmbeddingBagCollectionInterface
 from shardkit.modules.feature_processor_ import PositionWeightedModuleCollection
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.quant import EmbeddingBagCollection as QuantEBC
+from shardkit.quant.embedding_modules import FeatureProcessedEmbeddingBagCollection as QuantFPEBC
 
 KEYS = ["a", "b"]
 
@@ -122,11 +123,13 @@ def test_per_table_and_feature_processed_dtypes():
     expected = fp_ebc(kjt).values().detach()
     quantize_inference_model(model, fp_weight_dtype=torch.float16,
                              per_table_weight_dtype={"t_b": torch.quint4x2})  # fmt: skip
-    fp_types = {c.name: c.data_type for c in fp_ebc._embedding_bag_collection.embedding_bag_configs()}  # fmt: skip
+    quantized = model["fp"]
+    assert type(quantized) is QuantFPEBC and quantized.feature_processor is not None
+    fp_types = {c.name: c.data_type for c in quantized.embedding_bag_configs()}
     assert fp_types == {"t_a": DataType.FP16, "t_b": DataType.INT4}
     plain = model["plain"].embedding_bag_collection.embedding_bag_configs()
     assert {c.name: c.data_type for c in plain} == {"t_a": DataType.INT8, "t_b": DataType.INT4}
-    torch.testing.assert_close(fp_ebc(kjt).values(), expected, rtol=0.05, atol=0.1)
+    torch.testing.assert_close(quantized(kjt).values(), expected, rtol=0.05, atol=0.1)
     assert FEATURE_PROCESSED_EBC_TYPE.endswith(".FeatureProcessedEmbeddingBagCollection")
 
 
