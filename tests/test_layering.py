@@ -37,7 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     "modules": {"types", "sparse", "optim", "kernels"},
     "planner": {"types", "sparse", "modules", "optim"},
     "sharding": {"types", "launch", "comm", "sparse", "modules", "optim", "planner"},
-    "distributed": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding"},
+    "distributed": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding",
+                    "quant", "inference"},  # TorchRec's distributed.quant_embeddingbag path
     "fsdp": {"comm", "launch"},
     "models": {"types", "sparse", "modules", "optim"},
     "quant": {"types", "sparse", "modules", "optim"},

@@ -186,6 +186,7 @@ PUBLIC = {
         "quantize_embeddings",
         "shard_quant_model",
     ],
+    "shardkit.distributed.quant_embeddingbag": ["ShardedQuantEmbeddingBagCollection"],
     "shardkit.inference.modules": [
         "DEFAULT_QUANT_MAPPING",
         "quantize_embeddings",
