@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": {"types", "launch", "comm", "sparse", "modules", "optim", "quant"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
-    "fbgemm_gpu": {"types", "optim"},
+    "fbgemm_gpu": {"types", "optim", "sparse", "modules"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
     "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},

@@ -575,7 +575,10 @@ PUBLIC = {
         "EmbeddingLocation",
         "PoolingMode",
     ],
-    "shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training": ["ComputeDevice"],
+    "shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training": [
+        "ComputeDevice",
+        "SplitTableBatchedEmbeddingBagsCodegen",
+    ],
     "shardkit.fbgemm_gpu.split_table_batched_embeddings_ops": [
         "BoundsCheckMode",
         "CacheAlgorithm",
@@ -584,6 +587,7 @@ PUBLIC = {
         "OptimType",
         "PoolingMode",
         "SparseType",
+        "SplitTableBatchedEmbeddingBagsCodegen",
     ],
     "shardkit.sparse": ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"],
     "shardkit.sparse.jagged_tensor": [

@@ -40,8 +40,8 @@ def test_sparse_type():
 
 
 def test_kernels_are_refused_with_what_to_use():
-    with pytest.raises(NotInShardkitError, match=r"SplitTableBatchedEmbeddingBagsCodegen: FBGEMM's "
+    with pytest.raises(NotInShardkitError, match=r"DenseTableBatchedEmbeddingBagsCodegen: FBGEMM's "
                        r"table-batched embedding kernel; shardkit's EmbeddingBagCollection"):  # fmt: skip
         from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen,
+            DenseTableBatchedEmbeddingBagsCodegen,
         )
