@@ -578,6 +578,7 @@ PUBLIC = {
     "shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training": [
         "ComputeDevice",
         "SplitTableBatchedEmbeddingBagsCodegen",
+        "DenseTableBatchedEmbeddingBagsCodegen",
     ],
     "shardkit.fbgemm_gpu.split_table_batched_embeddings_ops": [
         "BoundsCheckMode",

@@ -24,7 +24,7 @@ from shardkit.optim import EmbOptimType
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import EmbeddingLocation, PoolingMode, SparseType
 
-__all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
+__all__ = ["DenseTableBatchedEmbeddingBagsCodegen", "SplitTableBatchedEmbeddingBagsCodegen"]
 
 _POOLING = {PoolingMode.SUM: PoolingType.SUM, PoolingMode.MEAN: PoolingType.MEAN}
 _PRECISION = {SparseType.FP32: DataType.FP32, SparseType.FP16: DataType.FP16,
@@ -46,7 +46,70 @@ _IGNORED = ("weight_decay_mode", "cache_algorithm", "stochastic_rounding", "max_
             "record_cache_metrics", "gather_uvm_cache_stats")  # fmt: skip
 
 
-class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
+class _BatchedTables(nn.Module):
+    """What both FBGEMM modules share: tables ``t{i}`` in an `EmbeddingBagCollection` fed
+    FBGEMM's batched input (see [Note: FBGEMM's batched input])."""
+
+    def _build(
+        self,
+        specs: list[tuple[int, int]],
+        features: list[int],
+        weights_precision: SparseType,
+        output_dtype: SparseType,
+        pooling_mode: PoolingMode,
+        device: torch.device,
+        fused: dict[str, Any] | None,
+    ) -> None:
+        _check_choices(specs, features, weights_precision, output_dtype, pooling_mode)
+        self.feature_table_map = features
+        self._num_tables = len(specs)
+        self._keys = [f"f{t}" for t in range(len(features))]
+        self._output_dtype = output_dtype.as_dtype()
+        tables = [
+            EmbeddingBagConfig(
+                name=f"t{i}", num_embeddings=rows, embedding_dim=dim,
+                feature_names=[self._keys[t] for t, table in enumerate(features) if table == i],
+                pooling=_POOLING[pooling_mode], data_type=_PRECISION[weights_precision],
+            )
+            for i, (rows, dim) in enumerate(specs)
+        ]  # fmt: skip
+        self._collection = EmbeddingBagCollection(
+            tables, is_weighted=True, device=device, fused_params=fused
+        )
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+        feature_requires_grad: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``indices`` ``[N]``, ``offsets`` ``[T * B + 1]``, ``per_sample_weights`` ``[N]`` or
+        None. Returns ``[B, sum of the features' dims]`` (feature order)."""
+        num_features = len(self._keys)
+        if offsets.dim() != 1 or (offsets.numel() - 1) % num_features:
+            raise ValueError(
+                f"offsets must be 1-D with T * B + 1 entries for T = {num_features} features; "
+                f"got shape {tuple(offsets.shape)}"
+            )
+        if int(offsets[-1]) != indices.numel() or int(offsets[0]) != 0:
+            raise ValueError(
+                f"offsets must start at 0 and end at len(indices) ({indices.numel()}); got "
+                f"{int(offsets[0])} .. {int(offsets[-1])}"
+            )
+        weights = torch.ones(indices.numel(), device=indices.device) if per_sample_weights is None else per_sample_weights  # fmt: skip
+        kjt = KeyedJaggedTensor(keys=self._keys, values=indices, lengths=offsets.diff(),
+                                weights=weights.float())  # fmt: skip
+        pooled = self._collection(kjt).to_dict()
+        return torch.cat([pooled[key] for key in self._keys], dim=1).to(self._output_dtype)
+
+    def split_embedding_weights(self) -> list[torch.Tensor]:
+        """Each table's weights ``[rows, dim]`` (live: writing into them changes the tables)."""
+        bags = self._collection.embedding_bags
+        return [bags[f"t{i}"].weight.detach() for i in range(self._num_tables)]
+
+
+class SplitTableBatchedEmbeddingBagsCodegen(_BatchedTables):
     """Tables batched in one module with FBGEMM's constructor and forward; see [Note: FBGEMM's
     batched input].
 
@@ -95,60 +158,15 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         weight_decay = _weight_decay(optimizer, weight_decay, fbgemm.get("weight_decay_mode"))
         specs = [_spec(i, spec) for i, spec in enumerate(embedding_specs)]
         features = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
-        _check_choices(specs, features, weights_precision, output_dtype, pooling_mode)
-        self.feature_table_map = features
         self.embedding_specs = list(embedding_specs)
-        self._keys = [f"f{t}" for t in range(len(features))]
-        self._output_dtype = output_dtype.as_dtype()
-        tables = [
-            EmbeddingBagConfig(
-                name=f"t{i}", num_embeddings=rows, embedding_dim=dim,
-                feature_names=[self._keys[t] for t, table in enumerate(features) if table == i],
-                pooling=_POOLING[pooling_mode], data_type=_PRECISION[weights_precision],
-            )
-            for i, (rows, dim) in enumerate(specs)
-        ]  # fmt: skip
         fused: dict[str, Any] = {
             "optimizer": optimizer, "learning_rate": learning_rate, "eps": eps,
             "weight_decay": weight_decay, "beta1": beta1, "beta2": beta2,
         }  # fmt: skip
         if optimizer == EmbOptimType.LARS_SGD:
             fused.update(momentum=momentum, eta=eta)
-        self._collection = EmbeddingBagCollection(
-            tables, is_weighted=True, device=torch.device("cpu" if device is None else device),
-            fused_params=fused,
-        )  # fmt: skip
-
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: torch.Tensor | None = None,
-        feature_requires_grad: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``indices`` ``[N]``, ``offsets`` ``[T * B + 1]``, ``per_sample_weights`` ``[N]`` or
-        None. Returns ``[B, sum of the features' dims]`` (feature order)."""
-        num_features = len(self._keys)
-        if offsets.dim() != 1 or (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets must be 1-D with T * B + 1 entries for T = {num_features} features; "
-                f"got shape {tuple(offsets.shape)}"
-            )
-        if int(offsets[-1]) != indices.numel() or int(offsets[0]) != 0:
-            raise ValueError(
-                f"offsets must start at 0 and end at len(indices) ({indices.numel()}); got "
-                f"{int(offsets[0])} .. {int(offsets[-1])}"
-            )
-        weights = torch.ones(indices.numel(), device=indices.device) if per_sample_weights is None else per_sample_weights  # fmt: skip
-        kjt = KeyedJaggedTensor(keys=self._keys, values=indices, lengths=offsets.diff(),
-                                weights=weights.float())  # fmt: skip
-        pooled = self._collection(kjt).to_dict()
-        return torch.cat([pooled[key] for key in self._keys], dim=1).to(self._output_dtype)
-
-    def split_embedding_weights(self) -> list[torch.Tensor]:
-        """Each table's weights ``[rows, dim]`` (live: writing into them changes the tables)."""
-        bags = self._collection.embedding_bags
-        return [bags[f"t{i}"].weight.detach() for i in range(len(self.embedding_specs))]
+        device = torch.device("cpu" if device is None else device)
+        self._build(specs, features, weights_precision, output_dtype, pooling_mode, device, fused)
 
     @property
     def fused_optimizer(self) -> Any:
@@ -162,6 +180,39 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
 
     def get_learning_rate(self) -> float:
         return float(self.fused_optimizer.param_groups[0]["lr"])
+
+
+class DenseTableBatchedEmbeddingBagsCodegen(_BatchedTables):
+    """FBGEMM's batched tables without a fused optimizer: backward leaves dense gradients on the
+    tables' parameters (one per table, not FBGEMM's one flat ``weights``): step them with any
+    torch optimizer over ``parameters()``.
+
+    Args:
+        embedding_specs: ``(rows, dim)`` per table.
+        feature_table_map: the table of each feature (default: feature ``i`` is table ``i``).
+        weights_precision, output_dtype, pooling_mode: as `SplitTableBatchedEmbeddingBagsCodegen`.
+        use_cpu: FBGEMM's switch; the tables are on the CPU either way (no GPU build here).
+        use_mtia: only False.
+    """
+
+    def __init__(
+        self,
+        embedding_specs: Sequence[tuple[int, int]],
+        feature_table_map: Sequence[int] | None = None,
+        weights_precision: SparseType = SparseType.FP32,
+        pooling_mode: PoolingMode = PoolingMode.SUM,
+        use_cpu: bool = False,
+        output_dtype: SparseType = SparseType.FP32,
+        use_mtia: bool = False,
+    ) -> None:
+        super().__init__()
+        if use_mtia:
+            raise ValueError("use_mtia=True: MTIA devices are not in shardkit; use use_cpu=True")
+        specs = [(int(rows), int(dim)) for rows, dim in embedding_specs]
+        features = list(range(len(specs))) if feature_table_map is None else list(feature_table_map)
+        self.embedding_specs = list(embedding_specs)
+        cpu = torch.device("cpu")
+        self._build(specs, features, weights_precision, output_dtype, pooling_mode, cpu, None)
 
 
 def _spec(i: int, spec: tuple[int, int, Any, Any]) -> tuple[int, int]:

@@ -1,21 +1,21 @@
 """``fbgemm_gpu.split_table_batched_embeddings_ops_training``: `ComputeDevice` and
-`SplitTableBatchedEmbeddingBagsCodegen` (FBGEMM's constructor and forward over shardkit's kernel,
-CPU); the dense-gradient variant is refused."""
+`SplitTableBatchedEmbeddingBagsCodegen` / `DenseTableBatchedEmbeddingBagsCodegen` (FBGEMM's
+constructors and forward over shardkit's kernel, CPU; fused optimizer / dense gradients)."""
 
 from __future__ import annotations
 
 import enum
 
-from shardkit.compat import refuse
-from shardkit.fbgemm_gpu._tbe import SplitTableBatchedEmbeddingBagsCodegen
-
-__all__ = ["ComputeDevice", "SplitTableBatchedEmbeddingBagsCodegen"]
-
-_KERNEL = (
-    "FBGEMM's table-batched embedding kernel; shardkit's EmbeddingBagCollection batches its "
-    "tables itself: use it (with fused_params or apply_optimizer_in_backward)"
+from shardkit.fbgemm_gpu._tbe import (
+    DenseTableBatchedEmbeddingBagsCodegen,
+    SplitTableBatchedEmbeddingBagsCodegen,
 )
-__getattr__ = refuse(__name__, {"DenseTableBatchedEmbeddingBagsCodegen": _KERNEL})
+
+__all__ = [
+    "ComputeDevice",
+    "DenseTableBatchedEmbeddingBagsCodegen",
+    "SplitTableBatchedEmbeddingBagsCodegen",
+]
 
 
 @enum.unique

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from shardkit.compat import NotInShardkitError
 from shardkit.fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops import OptimType
 from shardkit.optim import EmbOptimType as ShardkitEmbOptimType
@@ -37,11 +36,3 @@ def test_sparse_type():
     assert SparseType.INT8.as_dtype() == torch.uint8 and not SparseType.INT8.is_float()
     with pytest.raises(ValueError, match=r"no SparseType for torch.int64"):
         SparseType.from_dtype(torch.int64)
-
-
-def test_kernels_are_refused_with_what_to_use():
-    with pytest.raises(NotInShardkitError, match=r"DenseTableBatchedEmbeddingBagsCodegen: FBGEMM's "
-                       r"table-batched embedding kernel; shardkit's EmbeddingBagCollection"):  # fmt: skip
-        from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            DenseTableBatchedEmbeddingBagsCodegen,
-        )

@@ -4,6 +4,8 @@ FBGEMM itself (CPU build) in the peers venv."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -172,3 +174,32 @@ def test_the_same_steps_as_fbgemm(tmp_path):
             (out * torch.arange(out.shape[1])).sum().backward()
         for got, expected in zip(tbe.split_embedding_weights(), theirs[name][1]):
             torch.testing.assert_close(got, expected, msg=name)
+
+
+def test_dense_tables_leave_gradients_for_a_torch_optimizer():
+    from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        DenseTableBatchedEmbeddingBagsCodegen,
+    )
+
+    torch.manual_seed(0)
+    tbe = DenseTableBatchedEmbeddingBagsCodegen([s[:2] for s in SPECS], FEATURES, use_cpu=True)
+    optimizer = torch.optim.Adam(tbe.parameters(), lr=0.1)
+    for step in range(2):
+        indices, offsets, weights = _batch(10 + step)
+        expected, tables = _reference(tbe, indices, offsets, weights, "sum")
+        reference = torch.optim.Adam([t.weight for t in tables], lr=0.1)
+        reference.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # the moments so far
+        out = tbe(indices, offsets, weights)
+        torch.testing.assert_close(out, expected)
+        optimizer.zero_grad()
+        (out * torch.arange(out.shape[1])).sum().backward()
+        (expected * torch.arange(out.shape[1])).sum().backward()
+        grads = [p.grad for p in tbe.parameters()]
+        torch.testing.assert_close(grads, [t.weight.grad for t in tables])
+        optimizer.step()
+        reference.step()
+        torch.testing.assert_close(
+            tbe.split_embedding_weights(), [t.weight.detach() for t in tables]
+        )
+    with pytest.raises(ValueError, match=r"use_mtia=True: MTIA devices are not in shardkit"):
+        DenseTableBatchedEmbeddingBagsCodegen([(4, 4)], use_mtia=True)
