@@ -21,7 +21,8 @@ a column-wise shard computes the norms over its own columns, as TorchRec's colum
 own FBGEMM table) do (tests/sharding/test_layerwise_fused.py).
 
 The same rules serve the dense optimizers below, which treat dimension 0 of each parameter as its
-rows (a 1-D parameter is one row) and update every row, as torch's optimizers do.
+rows (a 1-D parameter is one row) and update every row, as torch's optimizers do; given a sparse
+gradient (``nn.EmbeddingBag(sparse=True)``) they update only its rows, as the fused kernel does.
 """
 
 from __future__ import annotations
@@ -139,26 +140,33 @@ class _RowRuleOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        rule, shapes = LAYERWISE_RULES[self._RULE]
         for group in self.param_groups:
             for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise TypeError(f"{type(self).__qualname__} takes dense gradients only")
-                weight = param.view(param.shape[0] if param.dim() else 1, -1)  # [R, D]
-                state = self.state[param]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    for name, shape in shapes(*weight.shape).items():
-                        state[name] = torch.zeros(shape, device=param.device)
-                state["step"] += 1
-                rows = torch.arange(weight.shape[0], device=param.device)
-                grads = param.grad.reshape(weight.shape).float()
-                moments = {k: v for k, v in state.items() if k != "step"}
-                step = rule(moments, rows, grads, weight.float(), group, int(state["step"]))
-                weight.add_(step.to(weight.dtype))
+                if param.grad is not None:
+                    self._update(param, group)
         return loss
+
+    def _update(self, param: torch.Tensor, group: Mapping[str, Any]) -> None:
+        """One step of ``param`` (rows: dimension 0). A sparse gradient updates only its rows,
+        as the fused kernel does (see [Note: fused row updates])."""
+        rule, shapes = LAYERWISE_RULES[self._RULE]
+        weight = param.view(param.shape[0] if param.dim() else 1, -1)  # [R, D]
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            for name, shape in shapes(*weight.shape).items():
+                state[name] = torch.zeros(shape, device=param.device)
+        state["step"] += 1
+        if param.grad.is_sparse:
+            grad = param.grad.coalesce()
+            rows, grads = grad.indices()[0], grad.values().reshape(-1, weight.shape[1]).float()
+        else:
+            rows = torch.arange(weight.shape[0], device=param.device)
+            grads = param.grad.reshape(weight.shape).float()
+        moments = {k: v for k, v in state.items() if k != "step"}
+        weights = weight.index_select(0, rows).float()
+        step = rule(moments, rows, grads, weights, group, int(state["step"]))
+        weight.index_add_(0, rows, step.to(weight.dtype))
 
 
 _DEFAULTS = {
