@@ -1,6 +1,5 @@
 """``fbgemm_gpu.split_table_batched_embeddings_ops`` (FBGEMM's older path for the same names)."""
 
-from shardkit.compat import refuse
 from shardkit.fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
 from shardkit.fbgemm_gpu.split_embedding_configs import SparseType
 from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_common import (
@@ -9,7 +8,10 @@ from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_common import (
     EmbeddingLocation,
     PoolingMode,
 )
-from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import _KERNEL, ComputeDevice
+from shardkit.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 
 __all__ = [
     "BoundsCheckMode",
@@ -19,6 +21,5 @@ __all__ = [
     "OptimType",
     "PoolingMode",
     "SparseType",
+    "SplitTableBatchedEmbeddingBagsCodegen",
 ]
-
-__getattr__ = refuse(__name__, {"SplitTableBatchedEmbeddingBagsCodegen": _KERNEL})

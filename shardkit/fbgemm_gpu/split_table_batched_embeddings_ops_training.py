@@ -1,20 +1,21 @@
-"""``fbgemm_gpu.split_table_batched_embeddings_ops_training``: `ComputeDevice`; FBGEMM's training
-kernels are refused (shardkit's collections are the kernel)."""
+"""``fbgemm_gpu.split_table_batched_embeddings_ops_training``: `ComputeDevice` and
+`SplitTableBatchedEmbeddingBagsCodegen` / `DenseTableBatchedEmbeddingBagsCodegen` (FBGEMM's
+constructors and forward over shardkit's kernel, CPU; fused optimizer / dense gradients)."""
 
 from __future__ import annotations
 
 import enum
 
-from shardkit.compat import refuse
-
-__all__ = ["ComputeDevice"]
-
-_KERNEL = (
-    "FBGEMM's table-batched embedding kernel; shardkit's EmbeddingBagCollection batches its "
-    "tables itself: use it (with fused_params or apply_optimizer_in_backward)"
+from shardkit.fbgemm_gpu._tbe import (
+    DenseTableBatchedEmbeddingBagsCodegen,
+    SplitTableBatchedEmbeddingBagsCodegen,
 )
-__getattr__ = refuse(__name__, {"SplitTableBatchedEmbeddingBagsCodegen": _KERNEL,
-                                "DenseTableBatchedEmbeddingBagsCodegen": _KERNEL})  # fmt: skip
+
+__all__ = [
+    "ComputeDevice",
+    "DenseTableBatchedEmbeddingBagsCodegen",
+    "SplitTableBatchedEmbeddingBagsCodegen",
+]
 
 
 @enum.unique

@@ -16,11 +16,20 @@ from shardkit.optim.keyed import (
     KeyedOptimizerWrapper,
     OptimizerWrapper,
 )
-from shardkit.optim.optimizers import _FBGEMM_ONLY, SGD, Adagrad, Adam
+from shardkit.optim.optimizers import (
+    LAMB,
+    SGD,
+    Adagrad,
+    Adam,
+    LarsSGD,
+    PartialRowWiseAdam,
+    PartialRowWiseLAMB,
+)
 from shardkit.optim.rowwise_adagrad import RowWiseAdagrad
 from shardkit.optim.warmup import WarmupOptimizer, WarmupPolicy, WarmupStage
 
 __all__ = [
+    "LAMB",
     "SGD",
     "Adagrad",
     "Adam",
@@ -34,7 +43,10 @@ __all__ = [
     "GradientClippingOptimizer",
     "KeyedOptimizer",
     "KeyedOptimizerWrapper",
+    "LarsSGD",
     "OptimizerWrapper",
+    "PartialRowWiseAdam",
+    "PartialRowWiseLAMB",
     "RowOptimizer",
     "RowWiseAdagrad",
     "WarmupOptimizer",
@@ -47,10 +59,6 @@ __all__ = [
 __getattr__ = refuse(
     __name__,
     {
-        **{
-            name: _FBGEMM_ONLY
-            for name in ("LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB")
-        },
         "SemisyncOptimizer": "cross-region semi-synchronous training (DiLoCo) is not in "
         "shardkit; use CombinedOptimizer of the local optimizers",
     },

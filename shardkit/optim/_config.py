@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from shardkit.optim._layerwise import LAMB, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 from shardkit.optim.rowwise_adagrad import RowWiseAdagrad
 from shardkit.types import ParsableEnum
 
@@ -22,7 +23,7 @@ __all__ = ["EmbOptimType", "FusedOptimizerConfig", "RowWiseAdagrad"]
 
 
 _FBGEMM_ONLY_RULES = (
-    "LAMB", "LARS_SGD", "PARTIAL_ROWWISE_ADAM", "PARTIAL_ROWWISE_LAMB", "SHAMPOO", "SHAMPOO_V2",
+    "SHAMPOO", "SHAMPOO_V2",
     "MADGRAD", "EXACT_ROWWISE_WEIGHTED_ADAGRAD", "ENSEMBLE_ROWWISE_ADAGRAD",
     "EMAINPLACE_ROWWISE_ADAGRAD", "NONE",
 )  # fmt: skip
@@ -39,8 +40,8 @@ class _EmbOptimTypeMeta(enum.EnumMeta):
         if name in _FBGEMM_ONLY_RULES:
             raise AttributeError(
                 f"EmbOptimType.{name}: an FBGEMM-only fused optimizer (shardkit's embedding "
-                "kernel has no such rule); use EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM or "
-                "EXACT_SGD"
+                "kernel has no such rule); use EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
+                "EXACT_SGD, LAMB, LARS_SGD, PARTIAL_ROWWISE_ADAM or PARTIAL_ROWWISE_LAMB"
             )
         return super().__getattr__(name)  # type: ignore[misc]
 
@@ -51,13 +52,18 @@ class EmbOptimType(ParsableEnum, metaclass=_EmbOptimTypeMeta):
     also takes torch's and TorchRec's spellings (``"sgd"``, ``"rowwise_adagrad"``...).
 
     FBGEMM's ``SGD`` and ``ROWWISE_ADAGRAD`` (its non-exact, racy variants) give the exact
-    members; its other rules (LAMB, LARS_SGD, ...) are refused by name.
+    members; its other rules (SHAMPOO, MADGRAD, ...) are refused by name. LAMB, LARS_SGD and the
+    partial row-wise rules follow FBGEMM's arithmetic (see [Note: layer-wise rules per row]).
     """
 
     EXACT_SGD = "exact_sgd"
     EXACT_ADAGRAD = "exact_adagrad"
     EXACT_ROWWISE_ADAGRAD = "exact_row_wise_adagrad"
     ADAM = "adam"
+    LAMB = "lamb"
+    LARS_SGD = "lars_sgd"
+    PARTIAL_ROWWISE_ADAM = "partial_row_wise_adam"
+    PARTIAL_ROWWISE_LAMB = "partial_row_wise_lamb"
 
     @classmethod
     def _aliases(cls) -> Mapping[str, EmbOptimType]:
@@ -80,6 +86,12 @@ _ALIASES = {
     "exact_row_wise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
     "adam": EmbOptimType.ADAM,
     "sparse_adam": EmbOptimType.ADAM,
+    "lamb": EmbOptimType.LAMB,
+    "lars_sgd": EmbOptimType.LARS_SGD,
+    "partial_row_wise_adam": EmbOptimType.PARTIAL_ROWWISE_ADAM,
+    "partial_rowwise_adam": EmbOptimType.PARTIAL_ROWWISE_ADAM,
+    "partial_row_wise_lamb": EmbOptimType.PARTIAL_ROWWISE_LAMB,
+    "partial_rowwise_lamb": EmbOptimType.PARTIAL_ROWWISE_LAMB,
 }
 
 
@@ -95,6 +107,8 @@ class FusedOptimizerConfig:
         beta1: Adam's first-moment decay.
         beta2: Adam's second-moment decay.
         initial_accumulator_value: starting value of (row-wise) Adagrad's accumulator.
+        momentum: LARS_SGD's momentum (FBGEMM's default 0.9; only LARS_SGD takes it).
+        eta: LARS_SGD's trust coefficient (FBGEMM's default 0.001; only LARS_SGD takes it).
     """
 
     optimizer: EmbOptimType = EmbOptimType.EXACT_ROWWISE_ADAGRAD
@@ -104,6 +118,8 @@ class FusedOptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     initial_accumulator_value: float = 0.0
+    momentum: float = 0.9
+    eta: float = 0.001
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", EmbOptimType.parse(self.optimizer))
@@ -113,6 +129,11 @@ class FusedOptimizerConfig:
             raise ValueError(f"eps must be > 0, got {self.eps}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.optimizer != EmbOptimType.LARS_SGD and (self.momentum, self.eta) != (0.9, 0.001):
+            raise ValueError(
+                f"momentum ({self.momentum}) and eta ({self.eta}) are LARS_SGD's; "
+                f"{self.optimizer.name} does not use them: drop them or use LARS_SGD"
+            )
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -122,7 +143,8 @@ class FusedOptimizerConfig:
     def from_fused_params(cls, fused_params: Mapping[str, Any]) -> FusedOptimizerConfig:
         """From TorchRec's ``fused_params`` dict; an unknown key is an error naming the known."""
         known = {f.name for f in fields(cls)}
-        fbgemm_only = sorted(set(fused_params) & set(FBGEMM_ONLY_FUSED_PARAMS))
+        refused = set(FBGEMM_ONLY_FUSED_PARAMS) - _lars_keys(fused_params)
+        fbgemm_only = sorted(set(fused_params) & refused)
         if fbgemm_only:
             key = fbgemm_only[0]
             raise ValueError(
@@ -170,7 +192,7 @@ class FusedOptimizerConfig:
 
     def hyperparameters(self) -> dict[str, Any]:
         """The values an LR scheduler or user may change, as an optimizer param group holds them."""
-        return {
+        values = {
             "lr": self.learning_rate,
             "eps": self.eps,
             "weight_decay": self.weight_decay,
@@ -178,6 +200,18 @@ class FusedOptimizerConfig:
             "initial_accumulator_value": self.initial_accumulator_value,
             "optimizer": self.optimizer.value,
         }
+        if self.optimizer == EmbOptimType.LARS_SGD:
+            values.update(momentum=self.momentum, eta=self.eta)
+        return values
+
+
+def _lars_keys(fused_params: Mapping[str, Any]) -> set[str]:
+    """LARS_SGD's own keys, known when the fused optimizer is LARS_SGD."""
+    try:
+        lars = EmbOptimType.parse(fused_params.get("optimizer")) == EmbOptimType.LARS_SGD
+    except ValueError:
+        lars = False
+    return {"momentum", "eta"} if lars else set()
 
 
 def _same(name: str):
@@ -208,6 +242,8 @@ def _no_maximize(value: bool) -> dict[str, Any]:
 
 
 _LR = {"lr": _same("learning_rate"), "weight_decay": _same("weight_decay")}
+# TorchRec passes the kwargs of its LAMB-like classes to FBGEMM by FBGEMM's names.
+_FBGEMM_ADAM_LIKE = {**_LR, "eps": _same("eps"), "beta1": _same("beta1"), "beta2": _same("beta2")}
 _BY_CLASS: dict[type, tuple[EmbOptimType, dict[str, Any]]] = {
     torch.optim.SGD: (EmbOptimType.EXACT_SGD, {**_LR, "momentum": _no_momentum}),
     torch.optim.Adagrad: (
@@ -230,6 +266,10 @@ _BY_CLASS: dict[type, tuple[EmbOptimType, dict[str, Any]]] = {
         },
     ),
     torch.optim.Adam: (EmbOptimType.ADAM, {**_LR, "eps": _same("eps"), "betas": _betas}),
+    LAMB: (EmbOptimType.LAMB, _FBGEMM_ADAM_LIKE),
+    PartialRowWiseLAMB: (EmbOptimType.PARTIAL_ROWWISE_LAMB, _FBGEMM_ADAM_LIKE),
+    PartialRowWiseAdam: (EmbOptimType.PARTIAL_ROWWISE_ADAM, _FBGEMM_ADAM_LIKE),
+    LarsSGD: (EmbOptimType.LARS_SGD, {**_LR, "momentum": _same("momentum"), "eta": _same("eta")}),
     torch.optim.SparseAdam: (
         EmbOptimType.ADAM,
         {"lr": _same("learning_rate"), "eps": _same("eps"), "betas": _betas},
@@ -240,9 +280,8 @@ _NO_CACHE = (
     "UVM caching is not in shardkit: every table lives whole in its rank's memory (device memory "
     "with NCCL, host memory with gloo); drop the key, and shard bigger tables over more ranks"
 )
-_LARS_LAMB = (
-    "used only by FBGEMM's LARS/LAMB/counter-based optimizers, which shardkit does not have"
-)
+_LARS_LAMB = "used only by FBGEMM's counter-based or decay-mode variants, not in shardkit"
+_LARS_ONLY = "used only by FBGEMM's LARS_SGD: set optimizer to LARS_SGD, or drop the key"
 
 # fused_params keys that TorchRec passes on to FBGEMM and shardkit refuses, with what to do.
 FBGEMM_ONLY_FUSED_PARAMS: dict[str, str] = {
@@ -261,8 +300,8 @@ FBGEMM_ONLY_FUSED_PARAMS: dict[str, str] = {
     "(GradientClippingOptimizer clips the dense parameters' gradients)",
     "max_gradient": "FBGEMM's per-row gradient clipping is not in shardkit; drop the key "
     "(GradientClippingOptimizer clips the dense parameters' gradients)",
-    "momentum": _LARS_LAMB,
-    "eta": _LARS_LAMB,
+    "momentum": _LARS_ONLY,
+    "eta": _LARS_ONLY,
     "weight_decay_mode": _LARS_LAMB,
     "counter_based_regularization": _LARS_LAMB,
     "cowclip_regularization": _LARS_LAMB,

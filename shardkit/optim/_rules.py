@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from shardkit.optim._config import EmbOptimType
+from shardkit.optim._layerwise import LAYERWISE_RULES
 
 __all__ = ["STATE_SHAPES", "apply_rule", "new_state"]
 
@@ -30,6 +31,7 @@ def new_state(
 ) -> State:
     """Zero (or ``initial``) optimizer state for a ``[rows, dim]`` table."""
     shapes = STATE_SHAPES[kind](rows, dim)
+    initial = initial if kind in _ADAGRADS else 0.0  # only Adagrad's accumulator starts there
     return {
         name: torch.full(shape, initial if name == "momentum1" else 0.0, device=device)
         for name, shape in shapes.items()
@@ -47,6 +49,13 @@ def apply_rule(
 ) -> None:
     """Update ``weight[rows]`` (and ``state``) in place. See [Note: fused row updates]."""
     grads = grads.float()
+    if (
+        kind.value in LAYERWISE_RULES
+    ):  # weight decay is in the rule: [Note: layer-wise rules per row]
+        rule = LAYERWISE_RULES[kind.value][0]
+        delta = rule(state, rows, grads, weight.index_select(0, rows).float(), hyper, step)
+        weight.index_add_(0, rows, delta.to(weight.dtype))
+        return
     if hyper["weight_decay"]:
         grads.add_(weight.index_select(0, rows).float(), alpha=hyper["weight_decay"])
     delta = _RULES[kind](state, rows, grads, hyper, step)
@@ -95,4 +104,6 @@ STATE_SHAPES: dict[EmbOptimType, Callable[[int, int], dict[str, tuple[int, ...]]
     EmbOptimType.EXACT_ADAGRAD: lambda rows, dim: {"momentum1": (rows, dim)},
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: lambda rows, dim: {"momentum1": (rows,)},
     EmbOptimType.ADAM: lambda rows, dim: {"exp_avg": (rows, dim), "exp_avg_sq": (rows, dim)},
+    **{EmbOptimType(name): shapes for name, (_, shapes) in LAYERWISE_RULES.items()},
 }
+_ADAGRADS = (EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD)

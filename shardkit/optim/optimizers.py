@@ -3,8 +3,9 @@ parameters into those updated in backward and the rest (``torchrec.optim.optimiz
 
 In TorchRec ``SGD``, ``Adagrad`` and ``Adam`` here are placeholders that only name an FBGEMM
 kernel for `apply_optimizer_in_backward`. In shardkit they name the same fused rules and are also
-working optimizers (torch's), so a dense parameter given one trains too. The FBGEMM-only rules
-(LAMB, LARS, partial row-wise Adam/LAMB) are refused by name.
+working optimizers (torch's), so a dense parameter given one trains too. So are ``LAMB``,
+``LarsSGD``, ``PartialRowWiseAdam`` and ``PartialRowWiseLAMB``: FBGEMM's rules, fused into the
+embedding kernel or run as dense optimizers (see [Note: layer-wise rules per row]).
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.compat import refuse
+from shardkit.optim._layerwise import LAMB, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 
-__all__ = ["SGD", "Adagrad", "Adam", "in_backward_optimizer_filter"]
-
-_FBGEMM_ONLY = (
-    "an FBGEMM-only fused optimizer (shardkit's embedding kernel has no such rule); use "
-    "RowWiseAdagrad, Adam, Adagrad or SGD"
-)
-__getattr__ = refuse(
-    __name__,
-    {n: _FBGEMM_ONLY for n in ("LAMB", "LarsSGD", "PartialRowWiseAdam", "PartialRowWiseLAMB")},
-)
+__all__ = [
+    "LAMB",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "LarsSGD",
+    "PartialRowWiseAdam",
+    "PartialRowWiseLAMB",
+    "in_backward_optimizer_filter",
+]
 
 
 def in_backward_optimizer_filter(

@@ -92,6 +92,10 @@ def optimizer_state_bytes(optimizer: EmbOptimType, rows: int, cols: int) -> int:
         EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1,
         EmbOptimType.EXACT_ADAGRAD: cols,
         EmbOptimType.ADAM: 2 * cols,
+        EmbOptimType.LAMB: 2 * cols,
+        EmbOptimType.LARS_SGD: cols,
+        EmbOptimType.PARTIAL_ROWWISE_ADAM: cols + 1,
+        EmbOptimType.PARTIAL_ROWWISE_LAMB: cols + 1,
     }[optimizer]
     return rows * per_row * OPTIMIZER_STATE_DTYPE_SIZE
 

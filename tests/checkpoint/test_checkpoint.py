@@ -23,6 +23,7 @@ from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 FUSED = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
 ADAM = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.1}
+PARTIAL_ADAM = {"optimizer": EmbOptimType.PARTIAL_ROWWISE_ADAM, "learning_rate": 0.1}
 SHAPES = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs()}
 STEPS = 3
 
@@ -76,7 +77,7 @@ def _live(dmp, dense) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
                 state = key.removeprefix(f"{name}.")
                 if value.dim() == 0:  # the step counter
                     block, col = value.reshape(1, 1), 0
-                elif value.dim() == 1:  # row-wise Adagrad: one value per row
+                elif value.dim() == 1:  # one value per row (row-wise Adagrad, partial row-wise)
                     block, col = value.unsqueeze(1), 0
                 else:
                     block, col = value, slice_.col_start
@@ -92,7 +93,9 @@ def _assemble(views: list[dict]) -> dict[str, torch.Tensor]:
     for key in sorted({key for view in views for key in view}):
         table, state = key.split(".", 1)
         rows, cols = SHAPES[table]
-        shape = {"weight": (rows, cols), "momentum1": (rows, 1)}.get(state, (rows, cols))
+        blocks = [block for view in views for _, _, block in view.get(key, [])]
+        per_row = state != "weight" and all(block.shape[1] == 1 for block in blocks)
+        shape = (rows, 1) if per_row else (rows, cols)  # per row: row-wise Adagrad's, ...
         if state == "step" or state.endswith((".step", ".updates")):
             shape = (1, 1)
         tensor, covered = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
@@ -142,6 +145,7 @@ def _load(rank: int, world_size: int, root: str, kind: str, fused: dict, *, devi
         ("grid_shard", 2, "table_column_wise", ADAM),
         ("data_parallel", 3, "data_parallel", ADAM),
         ("mixed", 3, "mixed", ADAM),
+        ("row_wise", 3, "table_wise", PARTIAL_ADAM),  # per-row momentum2 and full momentum1
     ],
 )
 def test_checkpoints_keep_every_weight_and_optimizer_state_across_plans(

@@ -68,10 +68,12 @@ def test_refusals_raise_an_import_error_with_the_reason():
     assert issubclass(NotInShardkitError, ImportError)  # TorchRec's optional-import fallbacks
 
 
-# Issue 12's target is 0.95 present and working. Today 511 of 567 (90.1%): the quantized-serving
-# modules refuse 30 names of TorchRec's TorchScript/TBE serving stack (torchrec.quant.
-# embedding_modules, torchrec.inference.modules). This floor only ratchets up, to 0.95.
-FLOOR = 0.90
+# Issue 12's target, reached: 545 of 567 (96.1%). The 22 refused: UVM-cache statistics and
+# proposer, TorchRec internals (construct_jagged_tensors, managed-collision helpers, hash ZCH),
+# row pruning and split scale/bias of quantized state dicts, TorchRec's quantized sharders'
+# defaults, a bare nn.EmbeddingBag's sharder, DMPCollection, SemisyncOptimizer,
+# calculate_shard_storages. This floor only ratchets up.
+FLOOR = 0.95
 
 
 def test_coverage_is_at_least_the_floor_of_the_names_not_pending_elsewhere():

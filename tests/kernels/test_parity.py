@@ -25,7 +25,11 @@ ROWS = (7, 30, 12)
 STARTS = (0, 7, 37, 49)
 DIM = 5
 STEPS = 3
-OPTIMIZERS = [None, *EmbOptimType]
+# The rules with a compiled kernel; FBGEMM's LAMB, LARS_SGD and partial row-wise rules run on the
+# eager kernel only (test_the_other_rules_say_they_run_eager).
+COMPILED_RULES = [EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD,
+                  EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM]  # fmt: skip
+OPTIMIZERS = [None, *COMPILED_RULES]
 DEVICES = [
     "cpu",
     pytest.param(
@@ -174,7 +178,7 @@ def test_sgd_on_one_thread_per_id_matches_eager(one_thread):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", list(EmbOptimType), ids=lambda k: k.value)
+@pytest.mark.parametrize("kind", COMPILED_RULES, ids=lambda k: k.value)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_weight_decay_matches_eager(kind, dtype, device):
     _train_both(
@@ -306,3 +310,12 @@ def test_two_threads_on_a_batch_big_enough_to_split(two_threads, kind):
     torch.testing.assert_close(actual[0], expected[0], atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(actual[1], expected[1], atol=1e-4, rtol=1e-5)
     _assert_same_tables(mine, reference, {"atol": 1e-4, "rtol": 1e-5}, "2 threads")
+
+
+@pytest.mark.parametrize("kind", sorted(set(EmbOptimType) - set(COMPILED_RULES), key=str))
+def test_the_other_rules_say_they_run_eager(kind):
+    config = FusedOptimizerConfig(kind, learning_rate=0.05)
+    optimizer = RowOptimizer(config, 4, DIM, torch.device("cpu"))
+    weight = torch.zeros(4, DIM)
+    reason = kernels.unsupported(weight, torch.zeros(1, dtype=torch.int64), optimizer)
+    assert reason == f"no compiled rule for {kind.value}"

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from shardkit.modules import EmbeddingBagConfig, PoolingType
-from shardkit.optim import EmbOptimType, RowWiseAdagrad
+from shardkit.optim import (
+    LAMB,
+    EmbOptimType,
+    LarsSGD,
+    PartialRowWiseAdam,
+    PartialRowWiseLAMB,
+    RowWiseAdagrad,
+)
 
 
 class ReferenceEBC(torch.nn.Module):
@@ -48,6 +55,12 @@ def reference_optimizer(kind: EmbOptimType, params, lr: float):
         EmbOptimType.EXACT_ADAGRAD: lambda: torch.optim.Adagrad(params, lr=lr, eps=1e-8),
         EmbOptimType.EXACT_ROWWISE_ADAGRAD: lambda: RowWiseAdagrad(params, lr=lr, eps=1e-8),
         EmbOptimType.ADAM: lambda: torch.optim.SparseAdam(params, lr=lr, eps=1e-8),
+        # FBGEMM's rules: shardkit's dense optimizers on sparse gradients (their arithmetic is
+        # tested against an independent reference in tests/optim/test_layerwise.py)
+        EmbOptimType.LAMB: lambda: LAMB(params, lr=lr, eps=1e-8),
+        EmbOptimType.LARS_SGD: lambda: LarsSGD(params, lr=lr),
+        EmbOptimType.PARTIAL_ROWWISE_ADAM: lambda: PartialRowWiseAdam(params, lr=lr, eps=1e-8),
+        EmbOptimType.PARTIAL_ROWWISE_LAMB: lambda: PartialRowWiseLAMB(params, lr=lr, eps=1e-8),
     }[kind]()
 
 

@@ -15,7 +15,15 @@ from shardkit.modules import (
     EmbeddingConfig,
     PoolingType,
 )
-from shardkit.optim import EmbOptimType, RowWiseAdagrad, apply_optimizer_in_backward
+from shardkit.optim import (
+    LAMB,
+    EmbOptimType,
+    LarsSGD,
+    PartialRowWiseAdam,
+    PartialRowWiseLAMB,
+    RowWiseAdagrad,
+    apply_optimizer_in_backward,
+)
 from tests.modules.reference import ReferenceEBC, is_sparse_reference, reference_optimizer
 
 B = 4
@@ -101,11 +109,14 @@ def test_fused_optimizers_match_torch(kind, pooling, weighted, how):
             EmbOptimType.EXACT_ADAGRAD: torch.optim.Adagrad,
             EmbOptimType.EXACT_ROWWISE_ADAGRAD: RowWiseAdagrad,
             EmbOptimType.ADAM: torch.optim.Adam,
+            EmbOptimType.LAMB: LAMB,
+            EmbOptimType.LARS_SGD: LarsSGD,
+            EmbOptimType.PARTIAL_ROWWISE_ADAM: PartialRowWiseAdam,
+            EmbOptimType.PARTIAL_ROWWISE_LAMB: PartialRowWiseLAMB,
         }[kind]
+        no_eps = (EmbOptimType.EXACT_SGD, EmbOptimType.LARS_SGD)
         apply_optimizer_in_backward(
-            cls,
-            ebc.parameters(),
-            {"lr": lr, **({} if kind == EmbOptimType.EXACT_SGD else {"eps": 1e-8})},
+            cls, ebc.parameters(), {"lr": lr, **({} if kind in no_eps else {"eps": 1e-8})}
         )
     reference = ReferenceEBC(_configs(pooling), _weights(ebc), sparse=is_sparse_reference(kind))
     optimizer = reference_optimizer(kind, reference.parameters(), lr)
@@ -184,6 +195,10 @@ _STATE_NAMES = {
     EmbOptimType.EXACT_ADAGRAD: ["momentum1"],
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: ["momentum1"],
     EmbOptimType.ADAM: ["exp_avg", "exp_avg_sq"],
+    EmbOptimType.LAMB: ["momentum1", "momentum2"],
+    EmbOptimType.LARS_SGD: ["momentum1"],
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: ["momentum1", "momentum2"],
+    EmbOptimType.PARTIAL_ROWWISE_LAMB: ["momentum1", "momentum2"],
 }
 
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from shardkit.modules import _kernel
 from shardkit.modules._kernel import BatchedTables, lookup
-from shardkit.optim import EmbOptimType, FusedOptimizerConfig, RowOptimizer, RowWiseAdagrad
+from shardkit.optim import EmbOptimType, FusedOptimizerConfig, RowOptimizer
+from tests.modules.reference import is_sparse_reference, reference_optimizer
 
 ROWS, DIM = 30, 4
 IDS = torch.tensor([1, 1, 7, 29, 0, 1, 7, 7, 3, 12, 12, 5])
@@ -68,16 +69,10 @@ def test_sequence_forward_and_dense_gradients():
 
 
 def _reference(kind: EmbOptimType, weight: torch.Tensor, lr: float):
-    sparse = kind != EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    sparse = is_sparse_reference(kind)
     bag = torch.nn.EmbeddingBag(ROWS, DIM, mode="sum", sparse=sparse, include_last_offset=True)
     bag.weight.data.copy_(weight)
-    optimizer = {
-        EmbOptimType.EXACT_SGD: lambda p: torch.optim.SGD(p, lr=lr),
-        EmbOptimType.EXACT_ADAGRAD: lambda p: torch.optim.Adagrad(p, lr=lr, eps=1e-8),
-        EmbOptimType.EXACT_ROWWISE_ADAGRAD: lambda p: RowWiseAdagrad(p, lr=lr, eps=1e-8),
-        EmbOptimType.ADAM: lambda p: torch.optim.SparseAdam(p, lr=lr, eps=1e-8),
-    }[kind](bag.parameters())
-    return bag, optimizer
+    return bag, reference_optimizer(kind, bag.parameters(), lr)
 
 
 @pytest.mark.parametrize("kind", list(EmbOptimType))

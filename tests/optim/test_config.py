@@ -52,7 +52,7 @@ def test_fused_params(name, kind):
             r"fused_params key 'stochastic_rounding' \(True\): FBGEMM's stochastic rounding",
         ),
         ({"learning_rate": 0.1}, ValueError, r"fused_params needs 'optimizer'"),
-        ({"optimizer": "lamb"}, ValueError, r"unknown fused optimizer 'lamb'; choose one of"),
+        ({"optimizer": "madgrad"}, ValueError, r"unknown fused optimizer .madgrad.; choose one of"),
         (
             {"optimizer": "sgd", "learning_rate": -1},
             ValueError,

@@ -83,3 +83,15 @@ def _refusals(rank, world_size):
     with pytest.raises(ValueError, match=r"tables without a rank \['t2'\]"):
         ShardedQuantEmbeddingBagCollection(_quantized(False), {"t0": 0, "t1": 0})
     assert dist.get_world_size() == 1
+
+
+def test_torchrecs_path_has_the_sharded_quantized_collection():
+    from shardkit.compat import NotInShardkitError
+    from shardkit.distributed import quant_embeddingbag
+
+    assert (
+        quant_embeddingbag.ShardedQuantEmbeddingBagCollection is ShardedQuantEmbeddingBagCollection
+    )
+    with pytest.raises(NotInShardkitError, match=r"has no QuantEmbeddingBagCollectionSharder: "
+                       r"TorchRec's quantized sharders .*shard_quant_model\(model\) spreads"):  # fmt: skip
+        from shardkit.distributed.quant_embeddingbag import QuantEmbeddingBagCollectionSharder  # noqa: F401

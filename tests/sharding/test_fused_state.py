@@ -21,7 +21,12 @@ STATES = {
     EmbOptimType.ADAM: ("exp_avg", "exp_avg_sq"),
     EmbOptimType.EXACT_ADAGRAD: ("momentum1",),
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: ("momentum1",),
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: ("momentum1", "momentum2"),
+    EmbOptimType.LAMB: ("momentum1", "momentum2"),
 }
+# State with one value per row (as `fused_state` shows it: repeated across the columns).
+PER_ROW = {(EmbOptimType.EXACT_ROWWISE_ADAGRAD, "momentum1"),
+           (EmbOptimType.PARTIAL_ROWWISE_ADAM, "momentum2")}  # fmt: skip
 
 
 def _wanted(optimizer: EmbOptimType, agree: bool) -> dict[str, torch.Tensor]:
@@ -33,7 +38,7 @@ def _wanted(optimizer: EmbOptimType, agree: bool) -> dict[str, torch.Tensor]:
     for config in configs():
         rows, dim = config.num_embeddings, config.embedding_dim
         for state in STATES[optimizer]:
-            cols = 1 if optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and agree else dim
+            cols = 1 if (optimizer, state) in PER_ROW and agree else dim
             value = torch.rand(rows, cols, generator=g)
             out[f"{config.name}.{state}"] = value.expand(rows, dim).contiguous()
         out[f"{config.name}.step"] = torch.tensor(7.0)
@@ -62,7 +67,8 @@ def _load(rank: int, world_size: int, kind: str, optimizer: EmbOptimType, agree:
         for shard in value.local_shards():
             (row, col), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
             block = wanted[key][row : row + rows, col : col + cols]
-            if not agree:  # a shard of row-wise Adagrad keeps the mean of its columns' values
+            per_row = (optimizer, key.rsplit(".", 1)[1]) in PER_ROW
+            if not agree and per_row:  # a row-wise shard keeps the mean of its columns' values
                 block = block.mean(1, keepdim=True).expand(-1, cols)
             torch.testing.assert_close(shard.tensor, block, rtol=0, atol=0, msg=key)
     return sum(len(v.local_shards()) for k, v in got.items() if not k.endswith(".step"))
@@ -76,6 +82,9 @@ def _load(rank: int, world_size: int, kind: str, optimizer: EmbOptimType, agree:
         ("row_wise", EmbOptimType.EXACT_ADAGRAD, True),
         ("column_wise", EmbOptimType.EXACT_ROWWISE_ADAGRAD, True),  # each column shard's own
         ("row_wise", EmbOptimType.EXACT_ROWWISE_ADAGRAD, False),  # column shards' into whole rows
+        ("column_wise", EmbOptimType.PARTIAL_ROWWISE_ADAM, True),
+        ("row_wise", EmbOptimType.PARTIAL_ROWWISE_ADAM, False),
+        ("column_wise", EmbOptimType.LAMB, True),
     ],
 )
 def test_load_fused_state_writes_every_state_and_step(run_ranks, kind, optimizer, agree):

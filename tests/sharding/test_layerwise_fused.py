@@ -1,0 +1,64 @@
+"""FBGEMM's LAMB, LARS-SGD and partial row-wise Adam/LAMB fused into a sharded
+EmbeddingBagCollection, 2 ranks, against the unsharded module (the spec): outputs, and each
+shard's rows and optimizer state after several steps.
+
+Table-wise and row-wise shards hold whole rows, so the per-row norms of these rules ([Note:
+layer-wise rules per row]) are the unsharded ones. A column-wise shard computes them over its
+own columns, as TorchRec's column shards (each its own FBGEMM table) do: not tested here against
+the unsharded module, which it does not equal.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shardkit import EmbeddingBagCollection
+from shardkit.optim import EmbOptimType
+from shardkit.planner import ShardingEnv
+from shardkit.sharding import ShardedEmbeddingBagCollection
+from tests.sharding.common import (
+    assert_pairs_close,
+    configs,
+    global_batch,
+    local_part,
+    make_plan,
+    table_pairs,
+)
+
+LOCAL_BATCH = 3
+FUSED = {
+    EmbOptimType.LAMB: {"learning_rate": 0.05, "weight_decay": 0.01},
+    EmbOptimType.LARS_SGD: {"learning_rate": 0.5, "momentum": 0.5, "eta": 0.1},
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: {"learning_rate": 0.05, "beta1": 0.8},
+    EmbOptimType.PARTIAL_ROWWISE_LAMB: {"learning_rate": 0.05, "eps": 1e-6},
+}
+
+
+def _train(rank, world_size, kind, optimizer):
+    torch.manual_seed(0)
+    fused = {"optimizer": optimizer, **FUSED[optimizer]}
+    ebc = EmbeddingBagCollection(tables=configs(), fused_params=fused)
+    reference = copy.deepcopy(ebc)
+    plan = make_plan(ebc, kind, world_size, world_size)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=world_size)
+    pairs = []
+    for step in range(3):
+        kjt = global_batch(step, LOCAL_BATCH * world_size, weighted=False)
+        out = sharded(local_part(kjt, rank, world_size)).values()
+        out.pow(2).sum(1).mean().backward()  # gradients average over ranks, as DDP
+        expected = reference(kjt).values()
+        expected.pow(2).sum(1).mean().backward()
+        mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+        pairs.append((f"output {step}", out.detach(), expected.detach()[mine]))
+    return pairs + table_pairs(sharded, reference, "embedding_bags")
+
+
+@pytest.mark.parametrize("optimizer", list(FUSED))
+@pytest.mark.parametrize("kind", ["table_wise", "row_wise"])
+def test_sharded_layerwise_rules_match_the_unsharded_module(run_ranks, kind, optimizer):
+    assert_pairs_close(run_ranks(_train, 2, kind, optimizer), atol=1e-5)
