@@ -83,11 +83,6 @@ def data_parallel(compute_kernel: str | None = None) -> ParameterShardingGenerat
     see [Note: sparse data-parallel tables] in `shardkit.sharding._replicas`).
     """
     kernel = EmbeddingComputeKernel.parse(compute_kernel or EmbeddingComputeKernel.DENSE)
-    if kernel not in (EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED):
-        raise ValueError(
-            f"data_parallel(compute_kernel={compute_kernel!r}): a replicated table runs the "
-            "'dense' or 'fused' kernel"
-        )
 
     def generate(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         ranks = list(range(world_size))
