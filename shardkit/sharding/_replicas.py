@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from shardkit import comm, kernels
+from shardkit import comm
 from shardkit.modules import BaseEmbeddingConfig, BatchedTables, kernel_input, lookup, stack_tables
 from shardkit.optim import FusedOptimizerConfig
 from shardkit.optim.fused import EmptyFusedOptimizer
@@ -187,7 +187,7 @@ class _ReplicaLookup(torch.autograd.Function):
         step: _Step = ctx.step
         ctx.step = None
         ids, offsets, psw, grad_out = _exchange(step, grad.float())
-        _apply(step.group.tables, ids, offsets, psw, grad_out)
+        step.group.tables.apply_gradient(ids, offsets, psw, grad_out)
         return (None,) * (1 + len(step.group.params))
 
 
@@ -249,22 +249,3 @@ def _unpack(packed: torch.Tensor, n: int, num_bags: int, dim: int, weighted: boo
         start += n
     grads = packed[start:].view(torch.float32).view(num_bags, dim)
     return lengths, ids, weights, grads
-
-
-def _apply(
-    tables: BatchedTables,
-    ids: torch.Tensor,
-    offsets: torch.Tensor,
-    psw: torch.Tensor | None,
-    grad_out: torch.Tensor,
-) -> None:
-    """The fused backward over the global batch: the compiled kernel where it serves, else
-    the eager one (the same choice as `shardkit.modules.lookup`)."""
-    compiled = kernels.kernel_path() == kernels.KernelPath.COMPILED
-    if compiled and kernels.unsupported(tables.weight, ids, tables.optimizer) is None:
-        tables.compiled_backward(ids, offsets, psw, grad_out, False)
-        return
-    ids = ids.long()
-    bags = torch.arange(offsets.numel() - 1, device=ids.device)
-    bag_of = torch.repeat_interleave(bags, offsets.diff(), output_size=ids.numel())
-    tables.backward(ids, bag_of, psw, grad_out)
