@@ -221,3 +221,32 @@ def _sequence_collection(rank: int, world_size: int) -> None:
 def test_fused_replicas_of_sequence_tables_are_refused(run_ranks):
     with pytest.raises(Exception, match=r"data-parallel tables \['s'\] of a EmbeddingCollection"):
         run_ranks(_sequence_collection, 1)
+
+
+def _through_checkpoint(rank: int, world_size: int, root: str):
+    """As `_round_trip`, through `shardkit.checkpoint` files (torch.distributed.checkpoint)."""
+    from shardkit import checkpoint as ckpt
+
+    dmp, _ = _dmp("rowwise_adagrad", world_size, True)
+    other, _ = _dmp("rowwise_adagrad", world_size, True, seed=7)
+    batches = [global_batch(step, LOCAL_BATCH * world_size, False) for step in range(3)]
+    for step in range(2):
+        _loss(dmp(local_part(batches[step], rank, world_size)).values(), step).backward()
+    ckpt.save(root, step=2, model=dmp)
+    ckpt.load(root, model=other)
+    for model in (dmp, other):
+        _loss(model(local_part(batches[2], rank, world_size)).values(), 2).backward()
+    state = dmp.module.fused_optimizer.state_dict()["state"]
+    loaded = other.module.fused_optimizer.state_dict()["state"]
+    pairs = []
+    for name, table in _replicas(dmp.module).items():
+        theirs = other.module.embedding_bags[name].weight.detach()
+        pairs.append((f"replica {name}", theirs, table.weight.detach()))
+        key = f"embedding_bags.{name}.weight"
+        pairs += [(f"{key}: {k}", loaded[key][k], v) for k, v in state[key].items()]
+        assert float(state[key][f"{name}.step"]) == 3.0
+    return pairs
+
+
+def test_fused_replicas_through_checkpoint_files(run_ranks, tmp_path):
+    assert_pairs_close(run_ranks(_through_checkpoint, 2, str(tmp_path)), atol=0)
