@@ -210,32 +210,11 @@ class ShardedCollection(nn.Module):
                 "plan them with the DENSE kernel (data_parallel())"
             )
         weights = dict(zip((c.name for c in self._configs), tables.weights))
-
-        def initial(config: BaseEmbeddingConfig, view: torch.Tensor) -> None:
-            full = weights[config.name]
-            if full.device.type == "meta":
-                view.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
-            else:
-                view.copy_(full.detach())
-
         dense = self._replicated(fused=False)
-        if replicated or dense:
-            logger.info(
-                "data-parallel tables: %s FUSED (only the rows a batch touched are exchanged "
-                "and updated), %s DENSE (dense gradients all-reduced by DDP)",
-                replicated,
-                dense,
-            )
-        return build_replica_groups(self._configs, keys, replicated, self._device, initial)
+        return build_replica_groups(self._configs, keys, replicated, dense, self._device, weights)
 
     def _replicated(self, *, fused: bool) -> list[str]:
-        """Names of the data-parallel tables with (or without) the FUSED kernel."""
-        local = {u.table_index for u in self._layout.units_of(Route.LOCAL)}
-        return [
-            c.name
-            for i, c in enumerate(self._configs)
-            if i in local and self._layout.fused[i] == fused
-        ]
+        return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]
 
     def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
         """Data-parallel tables with the DENSE kernel: a replica, looked up like the unsharded

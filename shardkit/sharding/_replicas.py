@@ -30,7 +30,8 @@ semantics: they keep the dense all-reduce (one INFO line says which tables run w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ from shardkit.optim import FusedOptimizerConfig
 from shardkit.optim.fused import EmptyFusedOptimizer
 
 __all__ = ["ReplicaGroup", "ReplicaTable", "build_replica_groups", "replica_lookup"]
+
+logger = logging.getLogger(__name__)
 
 _MAX_ROWS = torch.iinfo(torch.int32).max
 
@@ -73,15 +76,29 @@ class ReplicaGroup:
     row_bases: list[int]
 
 
+def _log_replicas(fused: Sequence[str], dense: Sequence[str]) -> None:
+    """One INFO line: which data-parallel tables run which way."""
+    if fused or dense:
+        logger.info(
+            "data-parallel tables: %s FUSED (only the rows a batch touched are exchanged and "
+            "updated), %s DENSE (dense gradients all-reduced by DDP)",
+            list(fused),
+            list(dense),
+        )
+
+
 def build_replica_groups(
     configs: Sequence[BaseEmbeddingConfig],
     keys: Sequence[tuple[torch.dtype, FusedOptimizerConfig | None]],
     replicated: Sequence[str],
+    dense: Sequence[str],
     device: torch.device,
-    initial: Callable[[BaseEmbeddingConfig, torch.Tensor], None],
+    weights: Mapping[str, torch.Tensor],
 ) -> list[ReplicaGroup]:
-    """One group per (dim, dtype, optimizer) of the ``replicated`` tables; ``initial(config,
-    view)`` fills each table."""
+    """One group per (dim, dtype, optimizer) of the ``replicated`` tables, each table a copy of
+    ``weights[name]`` (initialised anew where that is on "meta", as TorchRec does); one INFO
+    line names them and the ``dense`` (DENSE-kernel) data-parallel tables."""
+    _log_replicas(replicated, dense)
     by_key: dict[tuple, list[int]] = {}
     for index, config in enumerate(configs):
         if config.name in replicated:
@@ -103,14 +120,36 @@ def build_replica_groups(
         params, features, bases = [], [], []
         for index, view, base in zip(indices, tables.table_views(), tables.row_starts):
             with torch.no_grad():
-                initial(configs[index], view)
+                _initial(configs[index], view, weights[configs[index].name])
             params.append(_table_parameter(view))
             count = len(configs[index].feature_names)
             features += range(first_feature[index], first_feature[index] + count)
             bases += [base] * count
         names = [configs[i].name for i in indices]
         groups.append(ReplicaGroup(tables, names, params, features, bases))
+        _note_lazy(names, optimizer)
     return groups
+
+
+def _initial(config: BaseEmbeddingConfig, view: torch.Tensor, full: torch.Tensor) -> None:
+    if full.device.type == "meta":
+        view.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+    else:
+        view.copy_(full.detach())
+
+
+def _note_lazy(names: list[str], config: FusedOptimizerConfig | None) -> None:
+    """Say where FUSED replicas train differently from DENSE ones (see [Note: sparse
+    data-parallel tables])."""
+    if config is not None and (config.optimizer.value == "adam" or config.weight_decay):
+        logger.info(
+            "data-parallel tables %s: fused %s with weight_decay=%s updates only the rows a "
+            "batch touched, unlike a dense step of the same optimizer (which moves every row); "
+            "plan them DENSE for the dense result",
+            names,
+            config.optimizer.value,
+            config.weight_decay,
+        )
 
 
 def _table_parameter(view: torch.Tensor) -> nn.Parameter:

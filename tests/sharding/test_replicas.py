@@ -250,3 +250,38 @@ def _through_checkpoint(rank: int, world_size: int, root: str):
 
 def test_fused_replicas_through_checkpoint_files(run_ranks, tmp_path):
     assert_pairs_close(run_ranks(_through_checkpoint, 2, str(tmp_path)), atol=0)
+
+
+def _logged(rank: int, world_size: int) -> list[str]:
+    import logging
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("shardkit.sharding._replicas")
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        torch.manual_seed(0)
+        ebc = EmbeddingBagCollection(tables=configs())
+        gens = {f"t{i}": data_parallel(compute_kernel="fused" if i < 2 else None) for i in range(4)}
+        plan = construct_module_sharding_plan(ebc, gens, world_size=world_size, device_type="cpu")
+        adam = {"optimizer": "adam", "learning_rate": 0.01}
+        sharders = [EmbeddingBagCollectionSharder(fused_params=adam)]
+        DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=sharders)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return records
+
+
+def test_the_log_says_which_replicas_are_fused_and_where_that_differs_from_dense(run_ranks):
+    records = run_ranks(_logged, 1)[0]
+    assert "data-parallel tables: ['t0', 't1'] FUSED" in records[0]
+    assert "['t2', 't3'] DENSE" in records[0]
+    lazy = [r for r in records if "updates only the rows a batch touched" in r]
+    assert lazy and "fused adam" in lazy[0], records
