@@ -211,7 +211,9 @@ class ShardedCollection(nn.Module):
             )
         weights = dict(zip((c.name for c in self._configs), tables.weights))
         dense = self._replicated(fused=False)
-        return build_replica_groups(self._configs, keys, replicated, dense, self._device, weights)
+        return build_replica_groups(
+            self._configs, keys, replicated, dense, self._device, weights, self._env.pg
+        )
 
     def _replicated(self, *, fused: bool) -> list[str]:
         return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]

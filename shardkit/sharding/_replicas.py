@@ -94,10 +94,12 @@ def build_replica_groups(
     dense: Sequence[str],
     device: torch.device,
     weights: Mapping[str, torch.Tensor],
+    process_group: dist.ProcessGroup | None,
 ) -> list[ReplicaGroup]:
     """One group per (dim, dtype, optimizer) of the ``replicated`` tables, each table a copy of
-    ``weights[name]`` (initialised anew where that is on "meta", as TorchRec does); one INFO
-    line names them and the ``dense`` (DENSE-kernel) data-parallel tables."""
+    ``weights[name]`` (initialised anew where that is on "meta", as TorchRec does), then the
+    first rank's values broadcast to all (as DDP does for its replicas); one INFO line names
+    them and the ``dense`` (DENSE-kernel) data-parallel tables."""
     _log_replicas(replicated, dense)
     by_key: dict[tuple, list[int]] = {}
     for index, config in enumerate(configs):
@@ -128,6 +130,9 @@ def build_replica_groups(
         names = [configs[i].name for i in indices]
         groups.append(ReplicaGroup(tables, names, params, features, bases))
         _note_lazy(names, optimizer)
+        if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+            first = dist.get_global_rank(process_group or dist.group.WORLD, 0)
+            comm.broadcast(tables.weight, src=first, group=process_group, inplace=True)
     return groups
 
 

@@ -285,3 +285,18 @@ def test_the_log_says_which_replicas_are_fused_and_where_that_differs_from_dense
     assert "['t2', 't3'] DENSE" in records[0]
     lazy = [r for r in records if "updates only the rows a batch touched" in r]
     assert lazy and "fused adam" in lazy[0], records
+
+
+def _meta_init(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(rank)  # each rank would draw other values
+    ebc = EmbeddingBagCollection(tables=configs(), device="meta")
+    dmp = DistributedModelParallel(ebc, plan=_plan(ebc, world_size, True))
+    return {n: t.weight.detach().clone() for n, t in _replicas(dmp.module).items()}
+
+
+def test_replicas_made_on_meta_start_equal_on_every_rank(run_ranks):
+    first, *others = run_ranks(_meta_init, 3)
+    assert first
+    for weights in others:
+        for name, weight in weights.items():
+            assert torch.equal(weight, first[name]), name
