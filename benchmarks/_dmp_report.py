@@ -55,7 +55,11 @@ def render(report: dict[str, Any]) -> str:
         f"{args['world_size']} ranks on gloo, **{args['threads']} thread(s) per rank**, "
         f"{args['tables']} tables x {args['rows']:,} x {args['dim']}, batch {args['batch']} per "
         f"rank, ~{args['ids_per_bag']} ids per bag, MLP {args['tables'] * args['dim']}-256-1, BCE, "
-        "fused row-wise Adagrad (data-parallel tables: dense Adagrad), Adam for the MLP. Each "
+        "Adam for the MLP; tables: fused row-wise Adagrad, or fused SGD in the rows marked "
+        "(sgd). Data-parallel tables: TorchRec's DENSE kernel (dense gradients all-reduced, "
+        "stepped by torch's Adagrad or SGD) against shardkit's FUSED replicas (only the rows a "
+        "batch touched exchanged and updated, with exact Adagrad or SGD: the same trained "
+        "weights). Each "
         f"contender: median of {args['iters']} steps (the slower rank's) after {args['warmup']} "
         f"warm-up, in fresh processes; contenders take turns in {args['rounds']} round(s). "
         "*plain*: zero_grad, forward, backward, step; *pipeline*: each library's "
@@ -117,7 +121,8 @@ def chart(report: dict[str, Any], path: str) -> bool:
         return False
     if not report["ratios"]:
         return False
-    types = [t for t in report["args"]["types"] if any(r["type"] == t for r in report["ratios"])]
+    cases = report.get("cases", report["args"]["types"])
+    types = [t for t in cases if any(r["type"] == t for r in report["ratios"])]
     by_key = {(r["type"], r["loop"]): r["ratio"] for r in report["ratios"]}
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(types)), 4))
     for k, loop in enumerate(LOOPS):

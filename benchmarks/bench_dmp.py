@@ -6,12 +6,17 @@
 
 2 ranks on gloo (CPU), ONE thread per rank (``--threads``), 8 tables x 100,000 rows x dim 64,
 batch 1,024 per rank, ~20 ids per bag, a dense MLP (512 -> 256 -> 1) over the pooled embeddings,
-BCE loss, fused row-wise Adagrad for the tables (data-parallel tables: their dense gradients are
-all-reduced and stepped by Adagrad), Adam for the MLP. Every sharding type, each library with a
-plain loop and with its TrainPipelineSparseDist; each (library, loop, type) runs in fresh
-processes, contenders taking turns round after round, and each loop kind is compared with the
-same loop kind of the other library. Writes the markdown report, its JSON and (with matplotlib)
-a chart of the ratios beside ``--out``.
+BCE loss, Adam for the MLP, and for the tables each optimizer of ``--optimizers``:
+``rowwise_adagrad`` (fused row-wise Adagrad; data-parallel tables: Adagrad) and ``sgd`` (fused
+SGD; data-parallel tables: SGD), which separates FBGEMM's CPU row-wise Adagrad from the DMP
+overhead. Data-parallel tables: TorchRec's have only the DENSE kernel (dense gradients
+all-reduced by DDP, stepped by torch's Adagrad/SGD); shardkit's are planned FUSED
+(``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated),
+which trains exactly as the dense Adagrad/SGD (see [Note: sparse data-parallel tables]). Every
+sharding type, each library with a plain loop and with its TrainPipelineSparseDist; each
+(library, loop, type, optimizer) runs in fresh processes, contenders taking turns round after
+round, and each loop kind is compared with the same loop kind of the other library. Writes the
+markdown report, its JSON and (with matplotlib) a chart of the ratios beside ``--out``.
 
 ``--device cuda``: one GPU per rank on NCCL (TorchRec then needs its CUDA build and FBGEMM's CUDA
 kernels), both planners told the device, the batches resident on the GPU before timing (the
@@ -131,17 +136,32 @@ def _stepper(dmp, optimizers, batches, loop: str, pipeline_type):
     return step
 
 
-def _optimizers(dmp, fused_marker) -> list[torch.optim.Optimizer]:
-    """Adam for the MLP; Adagrad for data-parallel tables' replicas (dense gradients)."""
+# The tables' optimizer: fused (EmbOptimType name), and torch's for dense data-parallel tables.
+OPTIMIZERS = {
+    "rowwise_adagrad": ("EXACT_ROWWISE_ADAGRAD", torch.optim.Adagrad),
+    "sgd": ("EXACT_SGD", torch.optim.SGD),
+}
+# What shardkit's FUSED data-parallel tables run: exactly torch's dense Adagrad/SGD (lr 0.01,
+# torch's eps) on the rows a batch touched, the others being unchanged by both.
+REPLICA_RULES = {"rowwise_adagrad": ("EXACT_ADAGRAD", {"eps": 1e-10}), "sgd": ("EXACT_SGD", {})}
+
+
+def _label(kind: str, optimizer: str) -> str:
+    """The report's row: the sharding type, with the optimizer unless it is row-wise Adagrad."""
+    return kind if optimizer == "rowwise_adagrad" else f"{kind} ({optimizer})"
+
+
+def _optimizers(dmp, dense_class) -> list[torch.optim.Optimizer]:
+    """Adam for the MLP; ``dense_class`` for DENSE data-parallel tables (dense gradients)."""
     head = list(dmp.module.head.parameters())
     replicas = [
         p
         for n, p in dmp.named_parameters()
-        if "head" not in n and p.requires_grad and not fused_marker(n, p)
+        if "head" not in n and p.requires_grad and not hasattr(p, "_in_backward_optimizers")
     ]
     optimizers = [torch.optim.Adam(head, lr=1e-3)]
     if replicas:
-        optimizers.append(torch.optim.Adagrad(replicas, lr=0.01))
+        optimizers.append(dense_class(replicas, lr=0.01))
     return optimizers
 
 
@@ -156,7 +176,7 @@ def _cycle(rank: int, args, make_kjt, batch_type=None):
         yield batch_type(make_kjt(b["values"], b["lengths"]), b["labels"])
 
 
-def run_shardkit(rank: int, world_size: int, args, kind: str, loop: str) -> dict:
+def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> dict:
     from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -166,8 +186,15 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, loop: str) -> dict
         Topology,
     )
     from shardkit.optim import EmbOptimType
-    from shardkit.sharding import TrainPipelineSparseDist
+    from shardkit.planner import ShardingPlan
+    from shardkit.sharding import (
+        TrainPipelineSparseDist,
+        construct_module_sharding_plan,
+        data_parallel,
+        grid_shard,
+    )
 
+    kind, optimizer = case
     torch.set_num_threads(args.threads)
     tables = [
         EmbeddingBagConfig(
@@ -177,25 +204,43 @@ def run_shardkit(rank: int, world_size: int, args, kind: str, loop: str) -> dict
     ]
     ebc = EmbeddingBagCollection(tables=tables, device="meta", validate_ids=False)
     model = Model(ebc, args.tables * args.dim)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    rule, extra = OPTIMIZERS[optimizer][0], {}
+    if kind == "data_parallel":
+        rule, extra = REPLICA_RULES[optimizer]
+    fused = {"optimizer": EmbOptimType[rule], "learning_rate": 0.01, **extra}
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(
-            world_size=world_size, compute_device=args.device, local_world_size=world_size
-        ),
-        constraints=constraints,
-    )
-    plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+    # By hand: the planner plans data-parallel tables DENSE (as TorchRec's), and grid only
+    # over 2 or more hosts; on one host grid is one column block row-wise over its ranks.
+    by_hand = {
+        "data_parallel": lambda: data_parallel(compute_kernel="fused"),
+        "grid_shard": lambda: grid_shard(host_indexes=[0]),
+    }
+    if kind in by_hand:
+        gens = {f"t{t}": by_hand[kind]() for t in range(args.tables)}
+        module_plan = construct_module_sharding_plan(
+            ebc, gens, world_size=world_size, device_type=args.device
+        )
+        plan = ShardingPlan({"ebc": module_plan})
+    else:
+        constraints = {
+            f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)
+        }
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(
+                world_size=world_size, compute_device=args.device, local_world_size=world_size
+            ),
+            constraints=constraints,
+        )
+        plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
-    optimizers = _optimizers(dmp, lambda name, p: ".shards." in name)
+    optimizers = _optimizers(dmp, OPTIMIZERS[optimizer][1])
     keys = [f"f{t}" for t in range(args.tables)]
     batches = _cycle(rank, args, lambda v, n: KeyedJaggedTensor(keys=keys, values=v, lengths=n))
     step = _stepper(dmp, optimizers, batches, loop, TrainPipelineSparseDist)
     return _time(step, args, input_wait=True)
 
 
-def run_torchrec(rank: int, world_size: int, args, kind: str, loop: str) -> dict:
+def run_torchrec(rank: int, world_size: int, args, case: tuple, loop: str) -> dict:
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -208,6 +253,7 @@ def run_torchrec(rank: int, world_size: int, args, kind: str, loop: str) -> dict
     class PipelineableBatch(Batch, Pipelineable):
         """TorchRec's pipeline checks for its interface by type."""
 
+    kind, optimizer = case
     torch.set_num_threads(args.threads)
     tables = [
         torchrec.EmbeddingBagConfig(
@@ -217,7 +263,7 @@ def run_torchrec(rank: int, world_size: int, args, kind: str, loop: str) -> dict
     ]
     ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     model = Model(ebc, args.tables * args.dim)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    fused = {"optimizer": getattr(EmbOptimType, OPTIMIZERS[optimizer][0]), "learning_rate": 0.01}
 
     class AllTypesSharder(EmbeddingBagCollectionSharder):
         """TorchRec's sharder offers row-wise, table-row-wise and grid only for "cuda"; its CPU
@@ -236,8 +282,12 @@ def run_torchrec(rank: int, world_size: int, args, kind: str, loop: str) -> dict
     )
     plan = planner.collective_plan(model, sharders, dist.group.WORLD)
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=current().device)
-    fused = kind != "data_parallel"  # torchrec's sharded tables step inside backward
-    optimizers = _optimizers(dmp, lambda name, p: fused and "head" not in name)
+    # torchrec's sharded tables step inside backward; its data-parallel ones (DENSE) do not
+    dense_class = OPTIMIZERS[optimizer][1]
+    if kind == "data_parallel":
+        optimizers = _optimizers(dmp, dense_class)
+    else:
+        optimizers = [torch.optim.Adam(dmp.module.head.parameters(), lr=1e-3)]
     keys = [f"f{t}" for t in range(args.tables)]
     batches = _cycle(
         rank,
@@ -307,6 +357,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--distinct-batches", type=int, default=4)
     parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
+    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS,
+                        help="the tables' optimizers, each a separate case")  # fmt: skip
     parser.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     parser.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -325,14 +377,16 @@ def main() -> None:
     cpu_times: dict[tuple, list[float]] = {}
     failed: dict[tuple, str] = {}
     waits: dict[tuple, list[float]] = {}
+    cases = [(kind, optimizer) for optimizer in args.optimizers for kind in args.types]
+    labels = [_label(*case) for case in cases]
     for round_ in range(args.rounds):
-        for kind in args.types:
+        for case, label in zip(cases, labels):
             for loop in args.loops:
                 for library, fn in libraries.items():
-                    key = (kind, library, loop)
+                    key = (label, library, loop)
                     if key in failed:
                         continue
-                    result = _run_one(fn, args, kind, loop, failed, key)
+                    result = _run_one(fn, args, case, loop, failed, key)
                     if result is None:
                         continue
                     times.setdefault(key, []).append(result["ms"])
@@ -340,12 +394,13 @@ def main() -> None:
                     if result.get("input_wait_ms") is not None:
                         waits.setdefault(key, []).append(result["input_wait_ms"])
                     print(
-                        f"round {round_ + 1}: {kind:18} {library:9} {loop:9} "
+                        f"round {round_ + 1}: {label:24} {library:9} {loop:9} "
                         f"{result['ms']:8.1f} ms/step  {result['cpu_ms']:8.1f} CPU ms/step",
                         flush=True,
                     )
-    report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, args.types)}
-    report["cpu"] = summarize(cpu_times, failed, args.types)
+    report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, labels)}
+    report["cpu"] = summarize(cpu_times, failed, labels)
+    report["cases"] = labels
     report["input_wait_ms"] = [
         {"type": k[0], "library": k[1], "loop": k[2], "ms": statistics.median(v)}
         for k, v in waits.items()
@@ -364,11 +419,11 @@ def main() -> None:
         chart(report, os.path.splitext(args.out)[0] + ".png")
 
 
-def _run_one(fn, args, kind: str, loop: str, failed: dict, key: tuple) -> dict | None:
+def _run_one(fn, args, case: tuple, loop: str, failed: dict, key: tuple) -> dict | None:
     """One contender's turn on fresh ranks; its result from rank 0 (the slower rank's times)."""
     try:
         results = spawn(
-            lambda r, w: fn(r, w, args, kind, loop),
+            lambda r, w: fn(r, w, args, case, loop),
             world_size=args.world_size,
             backend="nccl" if args.device == "cuda" else "gloo",
             timeout=900,

@@ -120,6 +120,28 @@ class BatchedTables:
         grad, grad_weights = kernels.dense_backward(*args, **wants)
         return self._split(grad), grad_weights
 
+    def apply_gradient(
+        self,
+        ids: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None,
+        grad_out: torch.Tensor,
+    ) -> None:
+        """The fused optimizer's step for bags whose output gradient is known, without their
+        forward: what `lookup`'s backward does (compiled kernel where it serves, else eager).
+
+        Args:
+            ids: ``[N]`` rows of the buffer; offsets: ``[num_bags + 1]`` bag boundaries;
+            per_sample_weights: ``[N]`` or None; grad_out: ``[num_bags, D]`` fp32, bags in
+            ``offsets`` order.
+        """
+        assert self.optimizer is not None, "apply_gradient needs a fused optimizer"
+        if _compiled(self, ids):
+            self.compiled_backward(ids, offsets, per_sample_weights, grad_out, False)
+            return
+        ids = ids.long()
+        self.backward(ids, _bag_of(offsets, ids.numel()), per_sample_weights, grad_out)
+
     def _split(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
         bounds = zip(self.row_starts[:-1], self.row_starts[1:])
         return [grad[start:end] for start, end in bounds]

@@ -27,10 +27,11 @@ from shardkit.modules import (
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._device import resolve_device
 from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._input_dist import PendingInput, exchange_start
+from shardkit.sharding._input_dist import PendingInput, SourceBatch, exchange_start
 from shardkit.sharding._inputs import source_batch
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
 from shardkit.sharding._shard_groups import (
     ShardGroup,
     build_shard_group,
@@ -58,6 +59,7 @@ class DistributedInput:
 
     features: KeyedJaggedTensor
     pending: PendingInput
+    source: SourceBatch | None = None  # this rank's checked batch, per feature
 
 
 class ShardedTable(nn.Module):
@@ -93,6 +95,7 @@ class ShardedCollection(nn.Module):
     """
 
     _TABLES = ""
+    _FUSED_REPLICAS = True  # supports data-parallel tables with the FUSED kernel
 
     def __init__(
         self,
@@ -125,6 +128,7 @@ class ShardedCollection(nn.Module):
         self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
         self._shard_groups = self._build_shard_groups(tables)
+        self._replica_groups = self._build_replica_groups(tables, keys)
         self._hosts = None
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
@@ -196,9 +200,28 @@ class ShardedCollection(nn.Module):
             build_shard_group(spec, self._device, initial) for spec in self._specs[self._env.rank]
         ]
 
+    def _build_replica_groups(self, tables: CollectionTables, keys) -> list[ReplicaGroup]:
+        """Data-parallel tables with the FUSED kernel (see [Note: sparse data-parallel tables])."""
+        replicated = self._replicated(fused=True)
+        if replicated and not self._FUSED_REPLICAS:
+            raise ValueError(
+                f"data-parallel tables {replicated} of a {self._unsharded_module_type.__name__} "
+                "have the FUSED kernel, which data-parallel tables have only in bag collections; "
+                "plan them with the DENSE kernel (data_parallel())"
+            )
+        weights = dict(zip((c.name for c in self._configs), tables.weights))
+        dense = self._replicated(fused=False)
+        return build_replica_groups(
+            self._configs, keys, replicated, dense, self._device, weights, self._env.pg
+        )
+
+    def _replicated(self, *, fused: bool) -> list[str]:
+        return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]
+
     def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
-        """Data-parallel tables: a replica, looked up like the unsharded module (dense kernel)."""
-        names = {self._configs[u.table_index].name for u in self._layout.units_of(Route.LOCAL)}
+        """Data-parallel tables with the DENSE kernel: a replica, looked up like the unsharded
+        module."""
+        names = set(self._replicated(fused=False))
         unique = [c for c in self._configs if c.name in names]
         self._local_tables = [c.name for c in unique]
         if not unique:
@@ -221,8 +244,15 @@ class ShardedCollection(nn.Module):
                 entry = shards.setdefault(slice_.table, ([], []))
                 entry[0].append(slice_)
                 entry[1].append(param)
+        replicas = {
+            name: param
+            for group in self._replica_groups
+            for name, param in zip(group.names, group.params)
+        }
         for config in self._configs:
-            if config.name in self._local_tables:
+            if config.name in replicas:
+                self.tables[config.name] = ReplicaTable(replicas[config.name])
+            elif config.name in self._local_tables:
                 assert self._local is not None
                 self.tables[config.name] = getattr(self._local, self._TABLES)[config.name]
             else:
@@ -234,6 +264,9 @@ class ShardedCollection(nn.Module):
         for shard_group in self._shard_groups:
             keys = [(self._shard_key(s), s.table) for s in shard_group.spec.shards]
             fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
+        for group in self._replica_groups:
+            keys = [(f"{self._TABLES}.{name}.weight", name) for name in group.names]
+            fused.extend(fused_tables(group.tables, keys, group.params))
         return FusedOptimizer(fused) if fused else None
 
     def _shard_key(self, shard: ShardSlice) -> str:
@@ -294,7 +327,7 @@ class ShardedCollection(nn.Module):
             with_weights=self._with_weights,
             device=self._device,
         )
-        return DistributedInput(features, pending)
+        return DistributedInput(features, pending, source)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT

@@ -26,6 +26,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
     """
 
     _TABLES = "embeddings"
+    _FUSED_REPLICAS = False
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return list(self._configs)  # type: ignore[arg-type]

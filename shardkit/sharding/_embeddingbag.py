@@ -15,6 +15,7 @@ from shardkit.sharding._assemble import Block, assemble
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
 from shardkit.sharding._layout import Route
 from shardkit.sharding._output_dist import distribute
+from shardkit.sharding._replicas import replica_lookup
 from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import KeyedTensor
 
@@ -59,25 +60,46 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             first_rows.update({unit: (len(sources), row) for unit, row in first.items()})
             sources.append(got)
         scales = [self._gradient_scale] * len(sources)
-        local_cols: dict[str, int] = {}
+        local_cols: dict[str, tuple[int, int]] = {}  # data-parallel feature: (source, column)
         if self._local is not None:
             local = self._local(self._local_features(dist_input.features))  # KeyedTensor
-            local_cols = dict(zip(local.keys(), local.offset_per_key()))
+            local_cols = {
+                k: (len(sources), c) for k, c in zip(local.keys(), local.offset_per_key())
+            }
             sources.append(local.values())  # [B, D_local]
             scales.append(1.0)
-        blocks = self._blocks(first_rows, local_cols, len(sources) - 1)
+        for group in self._replica_groups:  # See [Note: sparse data-parallel tables]
+            dim = group.tables.dim
+            for k, feature in enumerate(group.features):
+                local_cols[self._feature_names[feature]] = (len(sources), k * dim)
+            sources.append(self._replica_rows(group, dist_input, batch_size))  # [B, K * D]
+            scales.append(1.0 / self._env.world_size)  # DDP's average, as DENSE replicas
+        blocks = self._blocks(first_rows, local_cols)
         values = assemble(sources, scales, blocks, batch_size=batch_size, width=self._width)
         return KeyedTensor(self._feature_names, self._feature_dims, values)
 
-    def _blocks(self, first_rows, local_cols: dict[str, int], local_source: int) -> list[Block]:
+    def _replica_rows(self, group, dist_input: DistributedInput, batch_size: int) -> torch.Tensor:
+        source = dist_input.source
+        assert source is not None
+        weights = source.weights_per_feature
+        return replica_lookup(
+            group,
+            [source.lengths_per_feature[f] for f in group.features],
+            [source.values_per_feature[f] for f in group.features],
+            None if weights is None else [weights[f] for f in group.features],
+            batch_size=batch_size,
+            process_group=self._env.pg,
+        )
+
+    def _blocks(self, first_rows, local_cols: dict[str, tuple[int, int]]) -> list[Block]:
         """Where each unit's ``[B, cols]`` comes from and goes to (see [Note: one-pass assembly])."""
         out_cols = dict(zip(self._feature_names, self._feature_offsets))
         blocks = []
         for unit in self._layout.units:
             out_col = out_cols[unit.feature] + unit.col_start
             if unit.route == Route.LOCAL:
-                src_col = local_cols[unit.feature] + unit.col_start
-                blocks.append(Block(local_source, 0, src_col, unit.cols, out_col))
+                source, col = local_cols[unit.feature]
+                blocks.append(Block(source, 0, col + unit.col_start, unit.cols, out_col))
             else:
                 source, row = first_rows[unit.index]
                 blocks.append(Block(source, row, 0, unit.cols, out_col))

@@ -114,6 +114,11 @@ class Layout:
     def units_of(self, route: Route) -> list[Unit]:
         return [u for u in self.units if u.route == route]
 
+    def replicated_tables(self, *, fused: bool) -> list[int]:
+        """Indices of the data-parallel tables with (or without) the FUSED kernel."""
+        local = {u.table_index for u in self.units_of(Route.LOCAL)}
+        return [i for i in sorted(local) if self.fused[i] == fused]
+
     def local_shards(self, rank: int) -> list[ShardSlice]:
         """The distinct shards stored on ``rank`` (a table's shard once even if several of its
         features use it), in table order."""

@@ -127,13 +127,14 @@ class DistributedModelParallel(nn.Module):
         return module
 
     def sharded_parameter_names(self) -> list[str]:
-        """Names (in the wrapped module) of this rank's table shards."""
+        """Names (in the wrapped module) of this rank's table shards, and of its replicas of
+        data-parallel tables with the FUSED kernel (whose replicas keep themselves equal)."""
         module = self.module
         return [
             f"{path}.{name}" if path else name
             for path in self._sharded_paths
-            for name, _ in module.get_submodule(path).named_parameters()
-            if ".shards." in name
+            for name, param in module.get_submodule(path).named_parameters()
+            if ".shards." in name or getattr(param, "_shardkit_replica", False)
         ]
 
     def init_data_parallel(self) -> None:

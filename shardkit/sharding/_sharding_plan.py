@@ -74,12 +74,19 @@ def get_default_sharders() -> list[ModuleSharder]:
     ]
 
 
-def data_parallel() -> ParameterShardingGenerator:
-    """A full replica of the table on every rank (DENSE kernel)."""
+def data_parallel(compute_kernel: str | None = None) -> ParameterShardingGenerator:
+    """A full replica of the table on every rank.
+
+    ``compute_kernel``: ``"dense"`` (the default, as TorchRec: dense gradients all-reduced by
+    DDP and stepped by your optimizer) or ``"fused"`` (shardkit only: the sharder's fused
+    optimizer runs in backward and only the rows a batch touched are exchanged and updated;
+    see [Note: sparse data-parallel tables] in `shardkit.sharding._replicas`).
+    """
+    kernel = EmbeddingComputeKernel.parse(compute_kernel or EmbeddingComputeKernel.DENSE)
 
     def generate(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         ranks = list(range(world_size))
-        return ParameterSharding(ShardingType.DATA_PARALLEL, EmbeddingComputeKernel.DENSE, ranks)
+        return ParameterSharding(ShardingType.DATA_PARALLEL, kernel, ranks)
 
     return generate
 

@@ -121,13 +121,9 @@ def fused_state(collection: Any) -> dict[str, Any]:
     blocks are copies: always write back with `load_fused_state`.
     """
     out: dict[str, Any] = {}
-    for config, shard_group, position in _fused_shards(collection):
-        optimizer = shard_group.tables.optimizer
-        start, end = (
-            shard_group.tables.row_starts[position],
-            shard_group.tables.row_starts[position + 1],
-        )
-        slice_ = shard_group.spec.shards[position]
+    for config, tables, position, slice_ in _fused_shards(collection):
+        optimizer = tables.optimizer
+        start, end = tables.row_starts[position], tables.row_starts[position + 1]
         for name, state in optimizer.state.items():
             block = state[start:end]
             if block.dim() == 1:  # row-wise: [rows] -> [rows, cols]
@@ -135,9 +131,13 @@ def fused_state(collection: Any) -> dict[str, Any]:
             out.setdefault(f"{config.name}.{name}", []).append((slice_, block.contiguous()))
         out[f"{config.name}.step"] = torch.tensor(float(optimizer.step))
     shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in collection._configs}
+    replicated = _replicated(collection)
     for key, value in list(out.items()):
         if isinstance(value, list):
             table = key.rsplit(".", 1)[0]
+            if table in replicated:  # a data-parallel replica's state: the whole table
+                out[key] = value[0][1]
+                continue
             out[key] = sharded_tensor(
                 shapes[table],
                 collection.table_shards(table),
@@ -153,13 +153,9 @@ def load_fused_state(collection: Any, state: dict[str, Any]) -> None:
     the live optimizer. For row-wise Adagrad a shard takes its first column when all its
     columns agree (bit-exact on the same plan) and their mean otherwise (a checkpoint of column
     shards, each with its own accumulator, loaded into a table of wider shards)."""
-    for config, shard_group, position in _fused_shards(collection):
-        optimizer = shard_group.tables.optimizer
-        start, end = (
-            shard_group.tables.row_starts[position],
-            shard_group.tables.row_starts[position + 1],
-        )
-        slice_ = shard_group.spec.shards[position]
+    for config, tables, position, slice_ in _fused_shards(collection):
+        optimizer = tables.optimizer
+        start, end = tables.row_starts[position], tables.row_starts[position + 1]
         for name, live in optimizer.state.items():
             value = state[f"{config.name}.{name}"]
             block = block_of(value, slice_, f"{config.name}.{name}")
@@ -173,13 +169,24 @@ def load_fused_state(collection: Any, state: dict[str, Any]) -> None:
 
 
 def _fused_shards(collection: Any):
-    """(config, shard group, position in the group) of every fused local shard."""
+    """(config, stacked tables, position in the stack, block of the table) of every fused local
+    shard, and of every data-parallel replica with the FUSED kernel (the whole table)."""
     configs = {c.name: c for c in collection._configs}
     for shard_group in collection._shard_groups:
         if shard_group.tables.optimizer is None:
             continue
         for position, slice_ in enumerate(shard_group.spec.shards):
-            yield configs[slice_.table], shard_group, position
+            yield configs[slice_.table], shard_group.tables, position, slice_
+    rank = collection._env.rank
+    for group in getattr(collection, "_replica_groups", []):
+        for position, name in enumerate(group.names):
+            config = configs[name]
+            whole = ShardSlice(name, rank, 0, config.num_embeddings, 0, config.embedding_dim)
+            yield config, group.tables, position, whole
+
+
+def _replicated(collection: Any) -> set[str]:
+    return {name for group in getattr(collection, "_replica_groups", []) for name in group.names}
 
 
 @torch.no_grad()
@@ -192,12 +199,12 @@ def reset_rows(collection: Any, config: Any, rows: torch.Tensor) -> None:
         local = _rows_in(slice_, rows)
         if local.numel():
             param.data[local] = _initial_rows(config, local.numel(), slice_.cols, param)
-    for found, shard_group, position in _fused_shards(collection):
+    for found, tables, position, slice_ in _fused_shards(collection):
         if found.name != config.name:
             continue
-        local = _rows_in(shard_group.spec.shards[position], rows)
-        optimizer = shard_group.tables.optimizer
-        start = shard_group.tables.row_starts[position]
+        local = _rows_in(slice_, rows)
+        optimizer = tables.optimizer
+        start = tables.row_starts[position]
         initial = optimizer.config.initial_accumulator_value
         for name, state in optimizer.state.items():
             state[start + local] = initial if name == "momentum1" else 0.0

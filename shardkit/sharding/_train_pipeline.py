@@ -14,7 +14,8 @@ runs its input dist in its forward: correct, not overlapped.
 
 Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
 out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
-a collective the others never call.
+a collective the others never call ([Note: deferred agreement]: off the step's critical path
+where the pipeline runs synchronously).
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
 ``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
@@ -40,9 +41,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardkit import comm
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._data_agreement import DataExhaustedError, Fetched, start_agreement
 from shardkit.sharding._pipeline_schedule import (
     SideStreams,
     choose_overlap,
@@ -64,10 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class DataExhaustedError(RuntimeError):
-    """Some ranks ran out of batches while others had more."""
 
 
 @dataclass
@@ -151,22 +148,6 @@ def _to_device(batch: Any, device: torch.device | None) -> Any:
     return batch.to(device, non_blocking=True)
 
 
-def _agree_on_data(have: bool, count: int, group: dist.ProcessGroup | None) -> None:
-    """All ranks learn which ranks have a batch; raise on every rank if only some do. The
-    flags travel on the device the group carries (a GPU's for NCCL)."""
-    if not dist.is_initialized():
-        return
-    flags = comm.all_gather_sizes(int(have), group=group)
-    if all(flags) or not any(flags):
-        return
-    empty = [r for r, f in enumerate(flags) if not f]
-    raise DataExhaustedError(
-        f"rank(s) {empty} ran out of data after {count} batch(es) while the others have more; "
-        "every rank must see the same number of batches (drop the last partial batch, or "
-        "split the data evenly across ranks)"
-    )
-
-
 class _Pipeline(TrainPipeline):
     """What both pipelines share: fetching (with the ranks agreeing), the step itself."""
 
@@ -190,7 +171,8 @@ class _Pipeline(TrainPipeline):
         self._next: Any = None
         self._connected = False
 
-    def _fetch(self, dataloader_iter: Iterator[Any]) -> Any:
+    def _fetch(self, dataloader_iter: Iterator[Any]) -> Fetched:
+        """The next batch, its flags on their way (see [Note: deferred agreement] in `_data_agreement`)."""
         try:
             batch = next(dataloader_iter)
         except StopIteration:
@@ -200,12 +182,19 @@ class _Pipeline(TrainPipeline):
             if batch is not None:
                 batch = _to_device(batch, self._device)
         with streams.distributing() if streams else contextlib.nullcontext():
-            _agree_on_data(batch is not None, self._batch_count, self._group)
+            flags = start_agreement(batch is not None, self._group)
+            fetched = Fetched(batch, flags, self._batch_count)
+            if self._agree_at_fetch():
+                batch = fetched.take()
             if batch is None:
-                return None
+                return fetched
             self._batch_count += 1
             self._started(batch)
-        return batch
+        return fetched
+
+    def _agree_at_fetch(self) -> bool:
+        """Whether the ranks must agree before `_fetch` returns (see [Note: deferred agreement])."""
+        return False
 
     def _started(self, batch: Any) -> None:
         """What a pipeline starts for a fetched batch on the data-dist stream (nothing here)."""
@@ -258,7 +247,7 @@ class TrainPipelineBase(_Pipeline):
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         if not self._connected:
             self._next, self._connected = self._fetch(dataloader_iter), True
-        batch = self._next
+        batch = self._next.take() if self._next is not None else None
         if batch is None:
             raise StopIteration
         self._next = None
@@ -343,6 +332,9 @@ class TrainPipelineSparseDist(_Pipeline):
         )
         return overlap
 
+    def _agree_at_fetch(self) -> bool:
+        return self._overlap  # its input dist starts now (see [Note: deferred agreement])
+
     def _started(self, batch: Any) -> None:
         if self._overlap:
             prefetch_batch(self._model, batch)  # See [Note: pipelined input dist]
@@ -352,7 +344,7 @@ class TrainPipelineSparseDist(_Pipeline):
         """One training step on the next batch; raises StopIteration when every rank is done."""
         if not self._connected:
             self._next, self._connected = self._fetch(dataloader_iter), True
-        batch = self._next
+        batch = self._next.take() if self._next is not None else None
         if batch is None:
             raise StopIteration
         self._next = self._fetch(dataloader_iter)  # the next batch's ids start travelling

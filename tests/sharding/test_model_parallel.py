@@ -110,6 +110,7 @@ def _plan_of(model: DLRM, kind: str, world_size: int):
         "row_wise": lambda i: row_wise(),
         "column_wise": lambda i: column_wise(ranks=list(range(world_size))),
         "data_parallel": lambda i: data_parallel(),
+        "data_parallel_fused": lambda i: data_parallel(compute_kernel="fused"),
     }[kind]
     return construct_module_sharding_plan(
         ebc, {f"t{i}": gens(i) for i in range(4)}, world_size=world_size, device_type="cpu"
@@ -125,6 +126,7 @@ def _plan_of(model: DLRM, kind: str, world_size: int):
         (3, "table_wise", "adam"),
         (3, "column_wise", "sgd"),
         (2, "data_parallel", "sgd"),  # replicas' gradients averaged by DDP, as the dense ones
+        (3, "data_parallel_fused", "adam"),  # replicas exchange touched rows, beside DDP
     ],
 )
 def test_dlrm_under_dmp_matches_single_process(run_ranks, world_size, kind, optimizer, device):

@@ -16,6 +16,7 @@ from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
     ShardedEmbeddingBagCollection,
+    TrainPipelineBase,
     TrainPipelineSparseDist,
 )
 from shardkit.sharding._pipeline_schedule import choose_overlap
@@ -142,13 +143,16 @@ def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
     )
 
 
-def _uneven_data(rank: int, world_size: int):
+def _uneven_data(rank: int, world_size: int, overlap: bool | None, base: bool = False):
     torch.manual_seed(0)
     model = DistributedModelParallel(DLRMTrain(dlrm()))
     optimizer = torch.optim.SGD(
         [p for n, p in model.named_parameters() if ".shards." not in n], lr=0.1
     )
-    pipeline = TrainPipelineSparseDist(model, optimizer)
+    if base:
+        pipeline = TrainPipelineBase(model, optimizer)
+    else:
+        pipeline = TrainPipelineSparseDist(model, optimizer, overlap=overlap)
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
     steps = 0
     with pytest.raises(DataExhaustedError) as info:
@@ -158,7 +162,39 @@ def _uneven_data(rank: int, world_size: int):
     return steps, str(info.value)
 
 
-def test_a_rank_that_runs_out_of_data_first_stops_every_rank(run_ranks):
-    for steps, message in run_ranks(_uneven_data, 2):
-        assert steps == 2  # the third batch's successor is missing on rank 1
+@pytest.mark.parametrize(
+    ("overlap", "base", "expected_steps"),
+    [
+        (True, False, 2),  # the fourth batch's input dist would start with the third's step
+        (False, False, 3),  # agreed beside the third step: it runs, then every rank stops
+        (None, True, 3),
+    ],
+)
+def test_a_rank_that_runs_out_of_data_first_stops_every_rank(
+    run_ranks, overlap, base, expected_steps
+):
+    for steps, message in run_ranks(_uneven_data, 2, overlap, base):
+        assert steps == expected_steps
         assert "rank(s) [1] ran out of data after 3 batch(es) while the others have more" in message
+
+
+def _even_data(rank: int, world_size: int, overlap: bool):
+    """Every rank runs out at once: StopIteration on all, after every batch, and again after."""
+    model = DistributedModelParallel(DLRMTrain(dlrm()))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
+    )
+    batches = _batches(rank, world_size, 3)
+    steps = 0
+    with pytest.raises(StopIteration):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    with pytest.raises(StopIteration):
+        pipeline.progress(batches)
+    return steps
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_ranks_that_run_out_together_stop_together(run_ranks, overlap):
+    assert run_ranks(_even_data, 2, overlap) == [3, 3]
