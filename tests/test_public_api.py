@@ -693,6 +693,7 @@ PUBLIC = {
         "FeatureProcessedEmbeddingBagCollectionSharder",
         "ManagedCollisionEmbeddingBagCollectionSharder",
         "ManagedCollisionEmbeddingCollectionSharder",
+        "FullyShardDataParallelWrapper",
         "ParameterShardingGenerator",
         "PrefetchTrainPipelineSparseDist",
         "ShardedCollection",

@@ -27,6 +27,7 @@ from shardkit.sharding._dmp_utils import (
     sharded_model_copy,
 )
 from shardkit.sharding._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._fully_shard_wrapper import FullyShardDataParallelWrapper
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -150,6 +151,7 @@ __all__ = [
     "EmbeddingCollectionContext",
     "EmbeddingCollectionSharder",
     "EmbeddingShardingInfo",
+    "FullyShardDataParallelWrapper",
     "EvalPipelineSparseDist",
     "FeatureProcessedEmbeddingBagCollectionSharder",
     "FeatureShardingMixIn",
