@@ -27,7 +27,6 @@ from shardkit.sharding._dmp_utils import (
     sharded_model_copy,
 )
 from shardkit.sharding._embedding import ShardedEmbeddingCollection
-from shardkit.sharding._fully_shard_wrapper import FullyShardDataParallelWrapper
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -57,6 +56,7 @@ from shardkit.sharding._fp_embeddingbag import (
     FeatureProcessedEmbeddingBagCollectionSharder,
     ShardedFeatureProcessedEmbeddingBagCollection,
 )
+from shardkit.sharding._fully_shard_wrapper import FullyShardDataParallelWrapper
 from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_embedding import (
@@ -151,10 +151,10 @@ __all__ = [
     "EmbeddingCollectionContext",
     "EmbeddingCollectionSharder",
     "EmbeddingShardingInfo",
-    "FullyShardDataParallelWrapper",
     "EvalPipelineSparseDist",
     "FeatureProcessedEmbeddingBagCollectionSharder",
     "FeatureShardingMixIn",
+    "FullyShardDataParallelWrapper",
     "GradientAccumulationConfig",
     "GradientAccumulationWrapper",
     "GroupedEmbeddingConfig",
