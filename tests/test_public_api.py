@@ -273,6 +273,7 @@ PUBLIC = {
         "ID_MAPPINGS",
         "DataSource",
         "DenseOptimizer",
+        "DenseSharding",
         "ModelKind",
         "Prepared",
         "TrainConfig",
