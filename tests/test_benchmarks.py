@@ -280,3 +280,17 @@ def test_bench_mc_sharded_runs_at_toy_size(tmp_path):
     )  # fmt: skip
     report = out.read_text()
     assert "| id % rows |" in report and "| managed collision |" in report
+
+
+def test_bench_dmp_dense_runs_at_toy_size(tmp_path):
+    out = tmp_path / "dmp_dense.md"
+    _run(
+        "bench_dmp_dense.py", "--hidden", "64", "--layers", "1", "--rows", "50", "--batch", "4",
+        "--warmup", "1", "--steps", "1", "--rounds", "1", "--out", str(out),
+    )  # fmt: skip
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert list(rows) == ["ddp", "fsdp"]
+    for row in rows.values():
+        assert _positive(row["peak_rss_mb"], row["held_mb"], row["ms_per_step"])
+    # each of 2 ranks holds half of the dense state (rounded up per parameter)
+    assert rows["fsdp"]["held_mb"] == pytest.approx(rows["ddp"]["held_mb"] / 2, rel=0.05)
