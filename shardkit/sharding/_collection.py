@@ -31,6 +31,7 @@ from shardkit.sharding._input_dist import PendingInput, exchange_start
 from shardkit.sharding._inputs import source_batch
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._qcomm_dist import check_codecs
 from shardkit.sharding._shard_groups import (
     ShardGroup,
     build_shard_group,
@@ -90,6 +91,9 @@ class ShardedCollection(nn.Module):
         gradient_division: scale the tables' gradients by ``1 / world size`` so that they match
             data-parallel's averaged dense gradients (and unsharded training on the global
             batch with a mean loss), as TorchRec does by default.
+        qcomm_codecs_registry: codecs of the output dists by `CommOp` name, e.g.
+            ``get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16))``; see
+            [Note: compressed collectives].
     """
 
     _TABLES = ""
@@ -104,9 +108,12 @@ class ShardedCollection(nn.Module):
         fused_params: Mapping[str, Any] | None = None,
         local_world_size: int | None = None,
         gradient_division: bool = True,
+        qcomm_codecs_registry: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         tables = collection_tables(module)
+        check_codecs(qcomm_codecs_registry, [c.name for c in tables.configs])
+        self._qcomm_codecs_registry = dict(qcomm_codecs_registry or {})
         self._unsharded_module_type = type(module)
         self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
@@ -156,8 +163,9 @@ class ShardedCollection(nn.Module):
 
     @property
     def qcomm_codecs_registry(self) -> dict[str, Any]:
-        """Quantized comm codecs: none (shardkit's all-to-alls send float32)."""
-        return {}
+        """The codecs of the output dists by `CommOp` name (see [Note: compressed
+        collectives]); empty: float32."""
+        return self._qcomm_codecs_registry
 
     def feature_names(self) -> list[str]:
         """The features (KJT keys) this collection looks up, in table order."""

@@ -55,6 +55,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 group=self._env.pg,
                 hosts=self._hosts,
                 device=self._device,
+                codecs=self._qcomm_codecs_registry,
             )
             first_rows.update({unit: (len(sources), row) for unit, row in first.items()})
             sources.append(got)
