@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from shardkit import checkpoint
+from shardkit import EmbeddingBagCollection, checkpoint
 from shardkit.distributed import DistributedModelParallel
 from shardkit.fsdp import FSDPModule
 from shardkit.optim import EmbOptimType
@@ -19,9 +19,12 @@ from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, FullyShardDataParallelWrapper
 from tests.sharding.common import (
     assert_pairs_close,
+    configs,
     dlrm,
     dlrm_batch,
+    global_batch,
     local_part,
+    make_plan,
     table_pairs,
 )
 from tests.sharding.test_model_parallel import _plan_of, _with_fused
@@ -177,3 +180,26 @@ def _whole_state_pairs(saved, saved_optim, loaded, loaded_optim) -> list:
 
 def test_checkpoint_round_trip_keeps_the_whole_state(run_ranks, tmp_path):
     assert_pairs_close(run_ranks(_round_trip, 2, str(tmp_path / "ckpt")), atol=0)
+
+
+def _collection_only(rank: int, world_size: int):
+    """A model that is one sharded collection: nothing to fully shard; its data-parallel
+    table's gradient is still averaged over the ranks (as DDP does)."""
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=configs())
+    reference = copy.deepcopy(ebc)
+    plan = ShardingPlan({"": make_plan(ebc, "mixed", world_size, world_size)})
+    dmp = DistributedModelParallel(
+        ebc, plan=plan, data_parallel_wrapper=FullyShardDataParallelWrapper()
+    )
+    assert not isinstance(dmp.module, FSDPModule)
+    kjt = global_batch(1, 2 * world_size, False)
+    dmp(local_part(kjt, rank, world_size)).values().sum().backward()
+    reference(kjt).values().sum().div(world_size).backward()
+    replica = dict(dmp.named_parameters())["embedding_bags.t3.weight"]
+    return replica.grad.clone(), reference.embedding_bags["t3"].weight.grad.clone()
+
+
+def test_a_model_that_is_one_collection_averages_its_replicas(run_ranks):
+    for grad, expected in run_ranks(_collection_only, 2):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-6)
