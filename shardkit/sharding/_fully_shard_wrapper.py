@@ -64,8 +64,9 @@ class FullyShardDataParallelWrapper(DataParallelWrapper):
 
     def wrap(self, dmp: nn.Module, env: ShardingEnv, device: torch.device) -> None:
         module = dmp._dmp_wrapped_module
-        if isinstance(module, FSDPModule):
-            return
+        if isinstance(module, FSDPModule) or getattr(dmp, "_dense_fully_sharded", False):
+            return  # init_data_parallel() may be called again
+        dmp._dense_fully_sharded = True
         if env.pg is None:
             raise RuntimeError(
                 "fully sharding the dense part needs a ShardingEnv with a process group"

@@ -117,6 +117,7 @@ def _state_pairs(dmp, optim, reference, ref_optim, ref_ebc) -> list:
 def _train(rank: int, world_size: int, kind: str, optimizer: str):
     dmp, reference, ref_ebc = _build(world_size, kind, optimizer)
     assert isinstance(dmp.module.over_arch, FSDPModule) and isinstance(dmp.module, FSDPModule)
+    dmp.init_data_parallel()  # again: nothing changes
     dense = list(_dense(dmp.named_parameters()).values())
     # data-parallel tables step with the dense optimizer, as the reference's fused SGD does
     replicas = [
