@@ -22,6 +22,7 @@ from shardkit.modules import (
     TableDict,
     collection_tables,
     data_type_to_dtype,
+    expand_variable_batch,
     fused_tables,
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
@@ -97,6 +98,7 @@ class ShardedCollection(nn.Module):
     """
 
     _TABLES = ""
+    _ACCEPTS_VARIABLE_BATCH = False  # a batch size per key (VBE); bags only
 
     def __init__(
         self,
@@ -287,7 +289,7 @@ class ShardedCollection(nn.Module):
     def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
         source = source_batch(
-            features,
+            self._full_batch(features),
             self._configs,
             weighted=self._is_weighted,
             with_weights=self._with_weights,
@@ -303,6 +305,17 @@ class ShardedCollection(nn.Module):
             device=self._device,
         )
         return DistributedInput(features, pending)
+
+    def _full_batch(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """A bag collection's VBE input as the full batch's bags (see `expand_variable_batch`:
+        each repeated bag is sent as often as it is used, not once). Input it cannot expand is
+        left for `source_batch` to refuse in step with the other ranks."""
+        if not self._ACCEPTS_VARIABLE_BATCH:
+            return features
+        try:
+            return expand_variable_batch(features)
+        except ValueError:
+            return features
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT

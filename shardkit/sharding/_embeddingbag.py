@@ -28,6 +28,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     """
 
     _TABLES = "embedding_bags"
+    _ACCEPTS_VARIABLE_BATCH = True
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._configs)  # type: ignore[arg-type]
@@ -62,7 +63,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         scales = [self._gradient_scale] * len(sources)
         local_cols: dict[str, int] = {}
         if self._local is not None:
-            local = self._local(self._local_features(dist_input.features))  # KeyedTensor
+            local = self._local(self._local_features(self._full_batch(dist_input.features)))
             local_cols = dict(zip(local.keys(), local.offset_per_key()))
             sources.append(local.values())  # [B, D_local]
             scales.append(1.0)
