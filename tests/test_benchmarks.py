@@ -281,3 +281,33 @@ def test_bench_mc_sharded_runs_at_toy_size(tmp_path):
     )  # fmt: skip
     report = out.read_text()
     assert "| id % rows |" in report and "| managed collision |" in report
+
+
+def test_bench_dmp_dense_runs_at_toy_size(tmp_path):
+    out = tmp_path / "dmp_dense.md"
+    _run(
+        "bench_dmp_dense.py", "--hidden", "64", "--layers", "1", "--rows", "50", "--batch", "4",
+        "--warmup", "1", "--steps", "1", "--rounds", "1", "--out", str(out),
+    )  # fmt: skip
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert list(rows) == ["ddp", "fsdp"]
+    for row in rows.values():
+        assert _positive(row["peak_rss_mb"], row["held_mb"], row["ms_per_step"])
+    # each of 2 ranks holds half of the dense state (rounded up per parameter)
+    assert rows["fsdp"]["held_mb"] == pytest.approx(rows["ddp"]["held_mb"] / 2, rel=0.05)
+
+
+def test_bench_qcomm_runs_at_toy_size(tmp_path):
+    out = tmp_path / "qcomm.md"
+    _run(
+        "bench_qcomm.py", "--ranks", "2", "--tables", "2", "--rows", "50", "--dim", "32",
+        "--batch", "4", "--steps", "1", "--rounds", "2", "--out", str(out),
+    )  # fmt: skip
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]["2"]
+    assert list(rows) == ["fp32", "fp16", "bf16"]
+    for row in rows.values():
+        assert _positive(row["bytes_per_step"], row["ms_per_step"])
+        assert len(row["loss_curve"]) == 2 and row["max_loss_diff"] < 0.01
+    # the 16-bit pooled rows (and their gradients) are half of float32's; ids stay int64
+    assert rows["fp16"]["bytes_per_step"] == rows["bf16"]["bytes_per_step"]
+    assert rows["fp16"]["bytes_per_step"] < 0.9 * rows["fp32"]["bytes_per_step"]

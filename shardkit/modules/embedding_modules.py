@@ -31,6 +31,7 @@ from shardkit.modules._tables import (
     check_configs,
     fused_config,
 )
+from shardkit.modules._vbe import expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
     EmbeddingBagConfig,
@@ -205,7 +206,8 @@ class EmbeddingBagCollection(_Collection):
         """``features``: one key per feature, batch ``B``. Returns ``[B, sum(dims)]`` keyed by feature."""
         if self._is_weighted and features.weights_or_none() is None:
             raise ValueError("this EmbeddingBagCollection is weighted but the KJT has no weights")
-        kjt, plan = self._prepare(features)
+        # a batch size per key (VBE): pooled per example of the full batch, see `_vbe`
+        kjt, plan = self._prepare(expand_variable_batch(features))
         stride = kjt.stride()
         pooled: dict[str, torch.Tensor] = {}
         for group, spec in zip(self._stack.groups, plan.groups):

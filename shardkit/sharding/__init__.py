@@ -56,6 +56,7 @@ from shardkit.sharding._fp_embeddingbag import (
     FeatureProcessedEmbeddingBagCollectionSharder,
     ShardedFeatureProcessedEmbeddingBagCollection,
 )
+from shardkit.sharding._fully_shard_wrapper import FullyShardDataParallelWrapper
 from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_embedding import (
@@ -153,6 +154,7 @@ __all__ = [
     "EvalPipelineSparseDist",
     "FeatureProcessedEmbeddingBagCollectionSharder",
     "FeatureShardingMixIn",
+    "FullyShardDataParallelWrapper",
     "GradientAccumulationConfig",
     "GradientAccumulationWrapper",
     "GroupedEmbeddingConfig",

@@ -22,6 +22,7 @@ from shardkit.modules import (
     TableDict,
     collection_tables,
     data_type_to_dtype,
+    expand_variable_batch,
     fused_tables,
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
@@ -31,6 +32,7 @@ from shardkit.sharding._input_dist import PendingInput, SourceBatch, exchange_st
 from shardkit.sharding._inputs import source_batch
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
+from shardkit.sharding._qcomm_dist import check_codecs
 from shardkit.sharding._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
 from shardkit.sharding._shard_groups import (
     ShardGroup,
@@ -92,10 +94,14 @@ class ShardedCollection(nn.Module):
         gradient_division: scale the tables' gradients by ``1 / world size`` so that they match
             data-parallel's averaged dense gradients (and unsharded training on the global
             batch with a mean loss), as TorchRec does by default.
+        qcomm_codecs_registry: codecs of the output dists by `CommOp` name, e.g.
+            ``get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16))``; see
+            [Note: compressed collectives].
     """
 
     _TABLES = ""
     _FUSED_REPLICAS = True  # supports data-parallel tables with the FUSED kernel
+    _ACCEPTS_VARIABLE_BATCH = False  # a batch size per key (VBE); bags only
 
     def __init__(
         self,
@@ -107,9 +113,12 @@ class ShardedCollection(nn.Module):
         fused_params: Mapping[str, Any] | None = None,
         local_world_size: int | None = None,
         gradient_division: bool = True,
+        qcomm_codecs_registry: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         tables = collection_tables(module)
+        check_codecs(qcomm_codecs_registry, [c.name for c in tables.configs])
+        self._qcomm_codecs_registry = dict(qcomm_codecs_registry or {})
         self._unsharded_module_type = type(module)
         self._configs: list[BaseEmbeddingConfig] = list(tables.configs)
         self._is_weighted = getattr(module, "is_weighted", lambda: False)()
@@ -160,8 +169,9 @@ class ShardedCollection(nn.Module):
 
     @property
     def qcomm_codecs_registry(self) -> dict[str, Any]:
-        """Quantized comm codecs: none (shardkit's all-to-alls send float32)."""
-        return {}
+        """The codecs of the output dists by `CommOp` name (see [Note: compressed
+        collectives]); empty: float32."""
+        return self._qcomm_codecs_registry
 
     def feature_names(self) -> list[str]:
         """The features (KJT keys) this collection looks up, in table order."""
@@ -312,7 +322,7 @@ class ShardedCollection(nn.Module):
     def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
         source = source_batch(
-            features,
+            self._full_batch(features),
             self._configs,
             weighted=self._is_weighted,
             with_weights=self._with_weights,
@@ -328,6 +338,17 @@ class ShardedCollection(nn.Module):
             device=self._device,
         )
         return DistributedInput(features, pending, source)
+
+    def _full_batch(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """A bag collection's VBE input as the full batch's bags (see `expand_variable_batch`:
+        each repeated bag is sent as often as it is used, not once). Input it cannot expand is
+        left for `source_batch` to refuse in step with the other ranks."""
+        if not self._ACCEPTS_VARIABLE_BATCH:
+            return features
+        try:
+            return expand_variable_batch(features)
+        except ValueError:
+            return features
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT

@@ -53,6 +53,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
                     rank=self._env.rank,
                     group=self._env.pg,
                     device=self._device,
+                    codecs=self._qcomm_codecs_registry,
                 )
             )
         return self._assemble(blocks, dist_input)

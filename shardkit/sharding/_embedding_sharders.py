@@ -50,6 +50,7 @@ class _CollectionSharder(BaseEmbeddingSharder):
             fused_params=self.fused_params,
             local_world_size=local_world_size,
             gradient_division=gradient_division,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
         )
 
 
@@ -61,7 +62,8 @@ class EmbeddingBagCollectionSharder(_CollectionSharder):
             ``{"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}``; the
             planner counts that optimizer's state (default row-wise Adagrad). FBGEMM settings
             shardkit cannot honour (``cache_load_factor``...) are refused by name when sharding.
-        qcomm_codecs_registry: quantized comm codecs (None; see `ModuleSharder`).
+        qcomm_codecs_registry: codecs of the output dists (FP16/BF16 casts, forward and
+            backward; see [Note: compressed collectives]); None sends float32.
         sharded_module_order_overwrite: None (see `BaseEmbeddingSharder`).
         shardable_params: names of the tables to shard (default: all).
     """

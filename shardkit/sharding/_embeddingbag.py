@@ -29,6 +29,7 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
     """
 
     _TABLES = "embedding_bags"
+    _ACCEPTS_VARIABLE_BATCH = True
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._configs)  # type: ignore[arg-type]
@@ -56,13 +57,16 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 group=self._env.pg,
                 hosts=self._hosts,
                 device=self._device,
+                codecs=self._qcomm_codecs_registry,
             )
             first_rows.update({unit: (len(sources), row) for unit, row in first.items()})
             sources.append(got)
         scales = [self._gradient_scale] * len(sources)
         local_cols: dict[str, tuple[int, int]] = {}  # data-parallel feature: (source, column)
         if self._local is not None:
-            local = self._local(self._local_features(dist_input.features))  # KeyedTensor
+            local = self._local(
+                self._local_features(self._full_batch(dist_input.features))
+            )  # KeyedTensor
             local_cols = {
                 k: (len(sources), c) for k, c in zip(local.keys(), local.offset_per_key())
             }

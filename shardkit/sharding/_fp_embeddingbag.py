@@ -172,4 +172,5 @@ class FeatureProcessedEmbeddingBagCollectionSharder(BaseEmbeddingSharder):
             fused_params=self.fused_params,
             local_world_size=local_world_size,
             gradient_division=gradient_division,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
         )

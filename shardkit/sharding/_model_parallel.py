@@ -47,7 +47,8 @@ class DistributedModelParallel(nn.Module):
         init_parameters: materialise parameters still on the meta device and initialise them.
         data_parallel_wrapper: how to make the rest data-parallel (a `DataParallelWrapper`);
             default: torch's DistributedDataParallel with torch's default settings (pass
-            `DefaultDataParallelWrapper()` for TorchRec's: static graph, bucket views).
+            `DefaultDataParallelWrapper()` for TorchRec's: static graph, bucket views), or
+            `FullyShardDataParallelWrapper()` to shard the dense part with `fully_shard`.
         model_tracker_configs: TorchRec's tracking of updated ids; not in shardkit (None).
         local_world_size: ranks per host (default: what `shardkit.launch` knows, else all ranks
             on one host).

@@ -8,14 +8,16 @@ all-to-all is the reverse all-to-all, of a reduce-scatter an all-gather; see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from shardkit import comm
 from shardkit.sharding._layout import Route
+from shardkit.sharding._qcomm_dist import all_to_all, codecs_of, reduce_scatter
 from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
+from shardkit.types import CommOp
 
 __all__ = ["HostGroups", "distribute"]
 
@@ -51,6 +53,7 @@ def distribute(
     group: dist.ProcessGroup | None,
     hosts: HostGroups | None,
     device: torch.device,
+    codecs: Mapping[str, Any] | None = None,
 ) -> ClassRows:
     """Send one class's pooled rows home.
 
@@ -59,17 +62,20 @@ def distribute(
 
     ``rows``: this rank's kernel outputs of the class, one per group in class order, each
     ``[W * S_g * B, cols]`` ordered (source, slot, bag). ``device``: where a rank with no rows
-    in the class makes its empty contribution.
+    in the class makes its empty contribution. ``codecs``: the collection's
+    ``qcomm_codecs_registry`` (see [Note: compressed collectives]).
     """
     route, cols = output_class
     world = len(specs_per_rank)
     local = _differentiable(_by_source(rows, world, cols, device))  # [W, S * B, cols]
+    a2a = codecs_of(codecs, CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL)
+    summed = codecs_of(codecs, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER)
     if route == Route.PLACED:
-        return _placed(output_class, local, specs_per_rank, rank, batch_size, group)
+        return _placed(output_class, local, specs_per_rank, rank, batch_size, group, a2a)
     if route == Route.SUMMED:
-        return _summed(output_class, local, specs_per_rank[rank], batch_size, group)
+        return _summed(output_class, local, specs_per_rank[rank], batch_size, group, summed)
     assert hosts is not None
-    return _host_summed(output_class, local, specs_per_rank, rank, batch_size, hosts)
+    return _host_summed(output_class, local, specs_per_rank, rank, batch_size, hosts, (a2a, summed))
 
 
 def _differentiable(x: torch.Tensor) -> torch.Tensor:
@@ -93,11 +99,12 @@ def _by_source(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _placed(cls, local, specs_per_rank, rank, batch_size, group) -> ClassRows:
+def _placed(cls, local, specs_per_rank, rank, batch_size, group, codecs) -> ClassRows:
     world, per_source, cols = local.shape
     receive = [len(class_slots(specs, cls)) * batch_size for specs in specs_per_rank]
-    got = comm.all_to_all_single(
+    got = all_to_all(
         local.reshape(-1, cols),
+        codecs,
         input_split_sizes=[per_source] * world,
         output_split_sizes=receive,
         group=group,
@@ -110,14 +117,14 @@ def _placed(cls, local, specs_per_rank, rank, batch_size, group) -> ClassRows:
     return got, first
 
 
-def _summed(cls, local, my_specs, batch_size, group) -> ClassRows:
+def _summed(cls, local, my_specs, batch_size, group, codecs) -> ClassRows:
     cols = local.shape[2]
-    summed = comm.reduce_scatter_tensor(local.reshape(-1, cols), group=group)
+    summed = reduce_scatter(local.reshape(-1, cols), codecs, group=group)
     slots = class_slots(my_specs, cls)
     return summed, {slot.unit.index: k * batch_size for k, slot in enumerate(slots)}
 
 
-def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts) -> ClassRows:
+def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts, codecs) -> ClassRows:
     _, per_source, cols = local.shape
     num_local, num_hosts = hosts.local_world_size, hosts.num_hosts
     index = rank % num_local
@@ -125,14 +132,15 @@ def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts) -> ClassRo
     if mine:  # the same on every rank of this host: they all hold the host's shards
         # sources i = h * L + l; local rank l of the host gets the sums for sources (*, l)
         by_local = local.view(num_hosts, num_local, per_source, cols).transpose(0, 1)
-        stage = comm.reduce_scatter_tensor(by_local.reshape(-1, cols), group=hosts.intra)
+        stage = reduce_scatter(by_local.reshape(-1, cols), codecs[1], group=hosts.intra)
     else:
         stage = _differentiable(local.new_zeros((0, cols)))
     peers = [h * num_local + index for h in range(num_hosts)]
     if num_hosts > 1:
         receive = [len(class_slots(specs_per_rank[p], cls)) * batch_size for p in peers]
-        stage = comm.all_to_all_single(
+        stage = all_to_all(
             stage,
+            codecs[0],
             input_split_sizes=[len(mine) * batch_size] * num_hosts,
             output_split_sizes=receive,
             group=hosts.cross,

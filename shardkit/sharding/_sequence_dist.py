@@ -8,15 +8,17 @@ permutation (see `PendingInput.orders`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from shardkit import comm
 from shardkit.sharding._input_dist import PendingInput, Received
 from shardkit.sharding._layout import Layout, Route, Slot
+from shardkit.sharding._qcomm_dist import all_to_all, codecs_of
 from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
+from shardkit.types import CommOp
 
 __all__ = ["distribute_rows"]
 
@@ -32,13 +34,15 @@ def distribute_rows(
     rank: int,
     group: dist.ProcessGroup | None,
     device: torch.device,
+    codecs: Mapping[str, Any] | None = None,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """Send one class's looked-up rows home; returns ``{(unit index, shard index): rows}`` with
     the rows of this rank's ids sent to that shard, in the order they were sent.
 
     ``rows``: this rank's kernel outputs in the class, with their group, each ``[N_g, cols]``
     ordered (source, slot, id). ``device``: where a rank with no rows in the class makes its
-    empty contribution.
+    empty contribution. ``codecs``: the collection's ``qcomm_codecs_registry`` (see
+    [Note: compressed collectives]).
     """
     cols = output_class[1]
     world = len(specs_per_rank)
@@ -54,8 +58,9 @@ def distribute_rows(
     if send is None:
         send = torch.zeros((0, cols), device=device, requires_grad=torch.is_grad_enabled())
     expected = _expected(output_class, specs_per_rank, layout, pending)
-    got = comm.all_to_all_single(
+    got = all_to_all(
         send,
+        codecs_of(codecs, CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL),
         input_split_sizes=send_sizes,
         output_split_sizes=[sum(n for _, n in per_rank) for per_rank in expected],
         group=group,

@@ -6,6 +6,7 @@ from shardkit.train._config import (
     ID_MAPPINGS,
     DataSource,
     DenseOptimizer,
+    DenseSharding,
     ModelKind,
     TrainConfig,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "ID_MAPPINGS",
     "DataSource",
     "DenseOptimizer",
+    "DenseSharding",
     "ModelKind",
     "Prepared",
     "TrainConfig",

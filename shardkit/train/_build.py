@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shardkit.data import (
     CriteoConfig,
@@ -27,14 +28,25 @@ from shardkit.models import DLRM, DLRM_DCN, DLRMTrain
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from shardkit.optim import EmbOptimType
 from shardkit.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from shardkit.sharding import EmbeddingBagCollectionSharder
-from shardkit.train._config import DataSource, DenseOptimizer, ModelKind, TrainConfig
+from shardkit.sharding import (
+    DataParallelWrapper,
+    EmbeddingBagCollectionSharder,
+    FullyShardDataParallelWrapper,
+)
+from shardkit.train._config import (
+    DataSource,
+    DenseOptimizer,
+    DenseSharding,
+    ModelKind,
+    TrainConfig,
+)
 
 __all__ = [
     "Data",
     "build_data",
     "build_model",
     "dense_optimizer",
+    "dense_wrapper",
     "fitted_data",
     "planner_for",
     "sharders_for",
@@ -212,8 +224,21 @@ def planner_for(config: TrainConfig, model: DLRMTrain, world_size: int) -> Embed
 
 
 def dense_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The dense parameters' optimizer (sharded tables step inside backward)."""
+    """The dense parameters' optimizer (sharded tables step inside backward). Under
+    ``--dense-sharding fsdp`` the DTensor shards and the plain replicas (data-parallel tables)
+    are separate groups: one foreach step cannot mix the two kinds."""
     params = [p for n, p in model.named_parameters() if ".shards." not in n and p.requires_grad]
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    groups = [{"params": group} for group in (sharded, plain) if group]
     if config.dense_optimizer == DenseOptimizer.ADAGRAD:
-        return torch.optim.Adagrad(params, lr=config.lr)
-    return torch.optim.Adam(params, lr=config.lr)
+        return torch.optim.Adagrad(groups, lr=config.lr)
+    return torch.optim.Adam(groups, lr=config.lr)
+
+
+def dense_wrapper(config: TrainConfig) -> DataParallelWrapper | None:
+    """How `DistributedModelParallel` makes the dense part data-parallel: None (its default,
+    DDP) or `FullyShardDataParallelWrapper` for ``--dense-sharding fsdp``."""
+    if config.dense_sharding is DenseSharding.FSDP:
+        return FullyShardDataParallelWrapper()
+    return None

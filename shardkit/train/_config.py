@@ -21,6 +21,7 @@ __all__ = [
     "ID_MAPPINGS",
     "DataSource",
     "DenseOptimizer",
+    "DenseSharding",
     "ModelKind",
     "TrainConfig",
 ]
@@ -45,6 +46,11 @@ class ModelKind(enum.Enum):
 class DenseOptimizer(enum.Enum):
     ADAM = "adam"
     ADAGRAD = "adagrad"
+
+
+class DenseSharding(enum.Enum):
+    DDP = "ddp"  # every rank holds the whole dense part; gradients all-reduced
+    FSDP = "fsdp"  # the dense part fully sharded (`fully_shard`); tables model-parallel
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class TrainConfig:
         nproc: ranks to start (ignored under torchrun).
         local_world_size: ranks per (simulated) host, for table-row-wise.
         sharding_type: force one sharding type for every table.
+        dense_sharding: ddp (the dense MLPs replicated on every rank, gradients all-reduced)
+            or fsdp (fully sharded with fully_shard: each rank holds 1/nproc of them and of
+            their optimizer state).
         plan_only: print the sharding plan and its stats, then stop.
         checkpoint_dir: where checkpoints go (unset: runs/<data>).
         resume: continue from the latest checkpoint in --checkpoint-dir.
@@ -129,6 +138,7 @@ class TrainConfig:
     nproc: int = 2
     local_world_size: int | None = None
     sharding_type: ShardingType | None = None
+    dense_sharding: DenseSharding = DenseSharding.DDP
     plan_only: bool = False
     checkpoint_dir: Path = field(default=None, metadata={"default": "runs/<data>"})  # type: ignore[assignment]
     resume: bool = False

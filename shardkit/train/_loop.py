@@ -24,6 +24,7 @@ from shardkit.train._build import (
     build_data,
     build_model,
     dense_optimizer,
+    dense_wrapper,
     planner_for,
     sharders_for,
 )
@@ -65,7 +66,13 @@ def train_rank(
     say(f"sharding plan: {plan}")  # the stats table: per-rank memory and cost, each table
     if config.plan_only:
         return {"plan": str(plan)}
-    dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=device)
+    dmp = DistributedModelParallel(
+        model,
+        plan=plan,
+        sharders=sharders,
+        device=device,
+        data_parallel_wrapper=dense_wrapper(config),
+    )
     optimizer = dense_optimizer(config, dmp)
     start_epoch, step = _maybe_resume(config, prepared.resume_from, dmp, optimizer, data, say)
     history = []

@@ -3,9 +3,9 @@
 
 A codec encodes a tensor before a collective and decodes it after; a registry maps a `CommOp`
 name (``"POOLED_EMBEDDINGS_ALL_TO_ALL"``...) to the `QuantizedCommCodecs` of its forward and
-backward. shardkit's collectives do not run codecs yet: the sharders accept an empty registry
-(or None) and refuse one with codecs, by name. `get_qcomm_codecs` builds the FP32, FP16 and BF16
-casts; FP8, INT8 and MX4 are FBGEMM kernels and are refused.
+backward. The sharded collections run the FP16 and BF16 casts that `get_qcomm_codecs` builds on
+their output dists (``shardkit.sharding``'s [Note: compressed collectives]); FP8, INT8 and MX4
+are FBGEMM kernels and are refused.
 """
 
 from __future__ import annotations
@@ -159,8 +159,9 @@ _CASTS = (CommType.FP32, CommType.FP16, CommType.BF16)
 def _codec(precision: CommType, loss_scale: float | None, which: str) -> QuantizedCommCodec:
     if precision not in _CASTS:
         raise ValueError(
-            f"{which}_precision={precision.name}: FP8, INT8 and MX4 comms are FBGEMM kernels, not "
-            "in shardkit; use CommType.FP32 (or FP16/BF16, once shardkit's collectives run codecs)"
+            f"{which}_precision={precision.name}: FP8, INT8 and MX4 comms are FBGEMM kernels (a "
+            "row-wise scale per row, no sums in a reduce-scatter), not in shardkit; use "
+            "CommType.FP16 or CommType.BF16 (half the bytes of FP32), or FP32"
         )
     if precision == CommType.FP32 and not loss_scale:
         return NoOpQuantizedCommCodec()
@@ -183,21 +184,17 @@ def get_qcomm_codecs_registry(
     device: torch.device | None = None,
 ) -> dict[str, QuantizedCommCodecs] | None:
     """``{comm op name: codecs}`` for ``comm_ops`` (default: all three), or None when both
-    precisions are FP32. As in TorchRec, BF16 falls back to FP16 on CPU (gloo)."""
+    precisions are FP32. ``device`` is TorchRec's argument: TorchRec turns BF16 into FP16 for
+    the CPU (its gloo could not carry bfloat16); torch 2.13's gloo carries it, so shardkit sends
+    what was asked for on every device."""
     if (qcomms_config.forward_precision, qcomms_config.backward_precision) == (
         CommType.FP32,
         CommType.FP32,
     ):
         return None
-    device = torch.device("cuda") if device is None else torch.device(device)
     registry = {}
     for comm_op in comm_ops if comm_ops is not None else list(CommOp):
         config = copy.deepcopy(qcomms_config)
-        if device.type == "cpu":
-            for name in ("forward_precision", "backward_precision"):
-                if getattr(config, name) == CommType.BF16:
-                    logger.warning("%s BF16 is not supported on gloo: FP16 instead", name)
-                    setattr(config, name, CommType.FP16)
         registry[CommOp(comm_op).name] = get_qcomm_codecs(config)
     return registry
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
-from shardkit.types._qcomm import QuantizedCommCodecs, nonempty_codecs
+from shardkit.types._qcomm import QuantizedCommCodecs
 
 __all__ = [
     "BaseEmbeddingSharder",
@@ -59,25 +59,18 @@ class ModuleSharder(abc.ABC, Generic[M]):
     implement.
 
     Args:
-        qcomm_codecs_registry: quantized comm codecs by comm op name (TorchRec's argument).
-            shardkit's collectives run no codecs yet: None or a registry of no-op codecs only;
-            one with codecs is refused by name.
+        qcomm_codecs_registry: quantized comm codecs by comm op name (TorchRec's argument),
+            checked when a module is sharded with them (FP16/BF16 casts of the output dists).
     """
 
     def __init__(self, qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None):
-        codecs = nonempty_codecs(dict(qcomm_codecs_registry or {}))
-        if codecs:
-            raise ValueError(
-                f"qcomm_codecs_registry has codecs {codecs}: quantized comms are not in "
-                "shardkit yet (its all-to-alls send float32); pass qcomm_codecs_registry=None"
-            )
         self._qcomm_codecs_registry = (
             None if qcomm_codecs_registry is None else dict(qcomm_codecs_registry)
         )
 
     @property
     def qcomm_codecs_registry(self) -> dict[str, QuantizedCommCodecs] | None:
-        """The registry given (no-op codecs only)."""
+        """The registry given (None: float32 comms)."""
         return getattr(self, "_qcomm_codecs_registry", None)
 
     @property

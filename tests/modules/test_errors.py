@@ -62,12 +62,13 @@ def test_weighted_module_needs_weights():
         EmbeddingBagCollection(tables=TABLES, is_weighted=True)(_kjt([1, 2, 3, 4]))
 
 
-def test_variable_batch_size_is_refused():
+def test_variable_batch_size_without_inverse_indices_is_refused():
+    """A batch size per key is taken with inverse_indices (tests/modules/test_vbe.py)."""
     kjt = KeyedJaggedTensor(
         keys=["product", "user"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]),
         stride_per_key_per_rank=[[2], [1]],
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"needs one batch size for all keys"):
+    with pytest.raises(ValueError, match=r"batch size per key \(\[2, 1\]\) needs inverse_indices"):
         EmbeddingBagCollection(tables=TABLES)(kjt)
 
 

@@ -12,7 +12,9 @@ import torch
 from shardkit.checkpoint import export_checkpoint
 from shardkit.metrics import read_jsonl
 from shardkit.planner import ShardingType
+from shardkit.sharding import FullyShardDataParallelWrapper
 from shardkit.train import DataSource, ModelKind, TrainConfig, train_rank
+from shardkit.train._build import dense_wrapper
 from tests.devices import DEVICE_TIER
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "criteo"
@@ -58,6 +60,26 @@ def test_resume_continues_bit_identically(run_ranks, tmp_path):
     assert sorted(a) == sorted(b)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_dense_sharding_fsdp_trains_as_ddp_and_resumes(run_ranks, tmp_path):
+    """``--dense-sharding fsdp``: the dense MLPs fully sharded give DDP's losses and metrics,
+    and a run resumed from its checkpoint goes on as the straight run."""
+    steps = {"max_steps_per_epoch": 6, "log_every": 3}
+    ddp = _config(tmp_path / "ddp", epochs=2, **steps)
+    fsdp = _config(tmp_path / "fsdp", epochs=2, dense_sharding="fsdp", **steps)
+    assert isinstance(dense_wrapper(fsdp), FullyShardDataParallelWrapper)
+    assert dense_wrapper(ddp) is None  # DistributedModelParallel's default: DDP
+    expected = run_ranks(train_rank, 2, ddp)[0]["history"]
+    got = run_ranks(train_rank, 2, fsdp)[0]["history"]
+    for mine, theirs in zip(got, expected, strict=True):
+        for key in ("train_loss", "auc", "log_loss", "accuracy"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
+    first = _config(tmp_path / "part", epochs=1, dense_sharding="fsdp", **steps)
+    run_ranks(train_rank, 2, first)
+    resumed = run_ranks(train_rank, 2, dataclasses.replace(first, epochs=2, resume=True))
+    assert resumed[0]["history"][0]["auc"] == got[-1]["auc"]
+    assert read_jsonl(first.metrics_file)[-1]["log_loss"] == got[-1]["log_loss"]
 
 
 @pytest.mark.parametrize("device", DEVICE_TIER)

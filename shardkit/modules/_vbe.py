@@ -1,0 +1,62 @@
+"""Variable batch per feature (VBE) into an `EmbeddingBagCollection`: a KJT whose keys have
+their own batch sizes (``stride_per_key``), deduplicated, with ``inverse_indices`` mapping each
+example of the full batch to its bag.
+
+Worked example, batch of 3 examples, "user" deduplicated to one bag, "item" not::
+
+    keys        user      item
+    bags        [7 8]     [1] [2] []          lengths [2, 1, 1, 0], stride_per_key [1, 3]
+    inverse     [0 0 0]   [0 1 2]
+
+`expand_variable_batch` gives the plain KJT of the full batch: user ``[7 8] [7 8] [7 8]``,
+item ``[1] [2] []``. Pooling it equals pooling the deduplicated bags and expanding the pooled
+rows by ``inverse_indices`` (TorchRec's unsharded semantics), and so do the gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
+
+__all__ = ["expand_variable_batch"]
+
+
+def expand_variable_batch(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """``features`` for the full batch: each key's bags repeated by its ``inverse_indices``
+    row (``features`` itself when its keys share one batch size)."""
+    if not features.variable_stride_per_key():
+        return features
+    found = features.inverse_indices_or_none()
+    if found is None:
+        raise ValueError(
+            f"a KeyedJaggedTensor with a batch size per key ({features.stride_per_key()}) needs "
+            "inverse_indices (keys, [num_keys, B]) to say which bag each example uses; build it "
+            "with inverse_indices=, or give every key the same batch size"
+        )
+    keys, inverse = found
+    missing = [k for k in features.keys() if k not in keys]  # noqa: SIM118 (a KJT)
+    if missing:
+        raise ValueError(
+            f"inverse_indices lacks keys {missing} of the KeyedJaggedTensor (it has {list(keys)}); "
+            "give every key a row, torch.arange(B) for a key that is not deduplicated"
+        )
+    row = {key: i for i, key in enumerate(keys)}
+    return KeyedJaggedTensor.from_jt_dict(
+        {key: _expand(jt, inverse[row[key]].long()) for key, jt in features.to_dict().items()}
+    )
+
+
+def _expand(jt: JaggedTensor, index: torch.Tensor) -> JaggedTensor:
+    """The bags ``index`` ``[B]`` picks from ``jt``, in that order."""
+    lengths = jt.lengths()[index]  # [B]
+    starts = jt.offsets()[:-1][index]
+    new_starts = torch.cumsum(lengths, 0) - lengths
+    within = torch.arange(int(lengths.sum()), device=lengths.device)
+    positions = within + (starts - new_starts).repeat_interleave(lengths)
+    weights = jt.weights_or_none()
+    return JaggedTensor(
+        values=jt.values()[positions],
+        lengths=lengths,
+        weights=None if weights is None else weights[positions],
+    )
