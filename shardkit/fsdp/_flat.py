@@ -289,13 +289,17 @@ class FlatBucket:
             view = self.flat_full[start : start + param.shape.numel()].view(param.shape)
             param.unsharded = nn.Parameter(view, param.requires_grad)
 
-    def free(self) -> None:
-        """Free the gathered parameters (one buffer), dropping a prefetch that was not used."""
+    def free(self, *, keep_memory: bool = False) -> None:
+        """Free the gathered parameters (one buffer), dropping a prefetch that was not used;
+        ``keep_memory``: hand the memory to the pool. See [Note: unsharded memory pool]."""
         if self._gather is not None:  # issued on every rank already; let them finish
             self._wait_gathers(self._gather)
             self._gather = None
         if self.flat_full is not None:
-            UNSHARDED_POOL.release(self.flat_full)  # See [Note: unsharded memory pool]
+            if keep_memory:
+                UNSHARDED_POOL.release(self.flat_full)
+            else:
+                self.flat_full.untyped_storage().resize_(0)
         for param in self.params:
             param.is_unsharded = False
 

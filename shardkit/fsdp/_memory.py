@@ -21,17 +21,19 @@ maps them in 2 MiB pages where it can (about half the cost), and the reduction b
 backward are reused from unit to unit instead of being mapped anew.
 
 [Note: unsharded memory pool]
-The gathered parameters of a unit are freed after each use and gathered again into the same
-storage (see [Note: unsharded storage]); with plain ``resize_`` every gather maps fresh memory
-and faults in every page of it, two or three times per unit per step. Instead, freeing hands the
-storage's memory to `UNSHARDED_POOL` (its data pointer moves to a storage the pool owns, which no
-tensor views, so nothing live aliases it), and the next gather of a unit of the same size takes
-it back into its own storage: the buffers of the two or three units that are gathered at any
-time circulate, already mapped, step after step. The pool keeps at most
-``UNSHARDED_POOL_ENTRIES`` buffers (beyond that, freeing returns the memory as before), and is
-emptied when a backward ends, so that it adds nothing to the optimizer step's memory: the first
-gathers of the next forward map fresh memory, the rest of the iteration reuses it. CPU only (the CUDA caching allocator
-does this on a GPU), and only where torch can move a storage's memory (``_swap_data_ptr_``).
+The gathered parameters of a unit are freed after each use and gathered again into the same storage
+(see [Note: unsharded storage]); with plain ``resize_`` every gather maps fresh memory and faults
+in every page of it, twice per unit per step. Instead, freeing after forward hands the storage's
+memory to `UNSHARDED_POOL` (its data pointer moves to a storage the pool owns, which no tensor
+views, so nothing live aliases it), and the next gather of a unit of the same size takes it back
+into its own storage: forward's gathers, and backward's first ones, reuse the memory of the units
+forward freed. Backward frees as before (its prefetch allocates before the unit it follows frees,
+so a pooled buffer would sit idle through the next unit's gradients, when memory peaks). The pool
+keeps at most ``UNSHARDED_POOL_ENTRIES`` buffers (beyond that, freeing returns the memory as
+before), and is emptied when a backward ends, so that it adds nothing to the optimizer step's
+memory: the first gathers of the next forward map fresh memory, the rest of the iteration reuses
+it. CPU only (the CUDA caching allocator does this on a GPU), and only where torch can move a
+storage's memory (``_swap_data_ptr_``).
 """
 
 from __future__ import annotations

@@ -143,14 +143,15 @@ class ParamGroup:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, param.unsharded)
 
-    def reshard(self) -> None:
-        """Point the modules back at the shards and free the gathered parameters."""
+    def reshard(self, *, keep_memory: bool = False) -> None:
+        """Point the modules back at the shards and free the gathered parameters (``keep_memory``:
+        into the pool, for the next gather; see [Note: unsharded memory pool])."""
         for param in self.params:
             if not param.aliased:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, param.sharded)
         for bucket in self.buckets:
-            bucket.free()
+            bucket.free(keep_memory=keep_memory)
         for param in self.whole:
             param.free_whole()
 

@@ -316,7 +316,7 @@ class FSDPState:
                 if tensor.requires_grad:
                     tensor.register_hook(self._pre_backward_hook)
         if (not grad_enabled or self._reshards_after_forward()) and not ctx.in_backward:
-            self.group.reshard()
+            self.group.reshard(keep_memory=True)  # See [Note: unsharded memory pool]
         if ctx.active_root is self:
             ctx.end_forward()
         return output
