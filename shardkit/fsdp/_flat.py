@@ -22,15 +22,13 @@ Rank-major is not parameter-major, so the one all-gather above costs a copy of t
 into freshly mapped memory, and the reduction another copy the other way. A parameter whose rows
 split equally over the ranks needs neither: gathering its rows from every rank in rank order *is*
 the parameter, and reduce-scattering its gradient leaves exactly this rank's rows. So such a
-parameter, when it is large (``DIRECT_MIN_NUMEL``; a collective has a fixed cost), sits after the
+parameter, when it is large (`_layout`'s ``DIRECT_MIN_NUMEL``; a collective has a fixed cost), sits after the
 others in the flat shard, at the same offset on every rank, and has collectives of its own: the
 all-gather writes straight into its place in the unsharded buffer and the reduce-scatter takes
 its gradient as it is and writes into its place in the shard's gradient buffer, whose views
 become the shards' ``.grad`` (see `shardkit.comm`'s [Note: out buffers]). The other parameters
 (small or uneven: biases, norms) go together through the packed region at the start, as above.
 Which parameters are direct depends only on shapes, so every rank issues the same collectives.
-For the 12-block FFN benchmark on 2 ranks this gathers a 32 MiB block with three collectives
-and no copy of its weights.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.fsdp._layout import is_direct, shard_offsets
 from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, advise_huge_pages
 from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam
@@ -47,40 +46,6 @@ from shardkit.fsdp._param import ShardedParam
 __all__ = ["FlatBucket"]
 
 AVG = dist.ReduceOp.AVG
-
-
-# A parameter at least this large (elements of this rank's rows) with equal rows on every rank is
-# gathered and reduced on its own, in place. See [Note: direct parameters].
-DIRECT_MIN_NUMEL = 1 << 16
-
-
-def _is_direct(param: ShardedParam, num_ranks: int) -> bool:
-    rows = param.rows_per_rank
-    return len(set(rows)) == 1 and rows[0] * param.row_numel * num_ranks >= DIRECT_MIN_NUMEL
-
-
-def _shard_offsets(
-    params: list[ShardedParam], direct: list[bool], num_ranks: int
-) -> tuple[list[list[int]], int, int]:
-    """``offsets[k][i]``: where parameter i's rows start in rank k's flat shard; the packed
-    region's size (the largest rank's, the others end in padding); and the flat shard's size.
-    See [Note: direct parameters]."""
-    offsets, totals = [], []
-    for rank in range(num_ranks):
-        offset, starts = 0, []
-        for param, alone in zip(params, direct):
-            starts.append(offset)
-            offset += 0 if alone else param.rows_per_rank[rank] * param.row_numel
-        offsets.append(starts)
-        totals.append(offset)
-    packed = max(totals)
-    offset = packed
-    for index, (param, alone) in enumerate(zip(params, direct)):
-        if alone:
-            for starts in offsets:
-                starts[index] = offset
-            offset += param.rows_per_rank[0] * param.row_numel
-    return offsets, packed, offset
 
 
 class FlatBucket:
@@ -110,8 +75,8 @@ class FlatBucket:
         self.dtype = params[0].dtype
         self.param_dtype = params[0].param_dtype
         num_ranks = mesh_info.shard_size
-        self.direct = [_is_direct(p, num_ranks) for p in params]
-        self.offsets, self.packed_numel, self.shard_numel = _shard_offsets(
+        self.direct = [is_direct(p, num_ranks) for p in params]
+        self.offsets, self.packed_numel, self.shard_numel = shard_offsets(
             params, self.direct, num_ranks
         )
         # parameters whose rows sit at the same place in every rank's shard move in one copy

@@ -39,14 +39,14 @@ def _model() -> EvenNet:
 @contextlib.contextmanager
 def _direct_from(numel: int):
     """Gather and reduce in place every evenly split parameter of at least ``numel`` elements."""
-    from shardkit.fsdp import _flat
+    from shardkit.fsdp import _layout
 
-    saved = _flat.DIRECT_MIN_NUMEL
-    _flat.DIRECT_MIN_NUMEL = numel
+    saved = _layout.DIRECT_MIN_NUMEL
+    _layout.DIRECT_MIN_NUMEL = numel
     try:
         yield
     finally:
-        _flat.DIRECT_MIN_NUMEL = saved
+        _layout.DIRECT_MIN_NUMEL = saved
 
 
 def _shard(face: str, strategy: str) -> nn.Module:
