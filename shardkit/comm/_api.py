@@ -86,6 +86,7 @@ def all_gather_into_tensor(
     output_split_sizes: Sizes | None = None,
     group: Group = None,
     async_op: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | Handle:
     """Concatenate every rank's ``input`` in rank order; sizes may differ by rank.
 
@@ -95,9 +96,11 @@ def all_gather_into_tensor(
             Use `all_gather_sizes` to learn them when unknown.
         group: the process group (default: the world).
         async_op: return a `Handle` instead of waiting.
+        out: ``[W * N, *]``, contiguous, ``input``'s dtype and device: gather into it instead
+            of a new tensor (equal sizes only, not differentiable; see [Note: out buffers]).
 
     Returns:
-        ``[sum(N_r), *]``. Backward is a SUM reduce-scatter.
+        ``[sum(N_r), *]`` (``out`` itself when given). Backward is a SUM reduce-scatter.
     """
     name = "all_gather_into_tensor"
     _check_tensor(name, input, min_dim=1)
@@ -112,7 +115,9 @@ def all_gather_into_tensor(
                 f"{name}: output_split_sizes[{rank}] is {sizes[rank]} but this rank's input has "
                 f"{input.size(0)} rows; entry r must be the row count of rank r's input"
             )
-    return _run(AllGather(group, sizes), input, async_op)
+    if out is not None:
+        _check_out(name, out, input, sizes, (sum(sizes), *input.shape[1:]))
+    return _run(AllGather(group, sizes), input, async_op, out)
 
 
 def reduce_scatter_tensor(
@@ -123,6 +128,7 @@ def reduce_scatter_tensor(
     group: Group = None,
     async_op: bool = False,
     via_all_to_all: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | Handle:
     """Reduce ``input`` over ranks and give rank ``r`` the ``r``-th chunk of rows.
 
@@ -136,9 +142,13 @@ def reduce_scatter_tensor(
             (gloo) an all-to-all and a local reduction, which receives a buffer as large as
             ``input``. False asks for the backend's own operation where it has one (less memory
             on gloo, about an all-reduce's time); True for the all-to-all.
+        out: ``[N / W, *]``, contiguous, ``input``'s dtype and device: write this rank's chunk
+            into it instead of a new tensor (equal sizes only, not differentiable; see
+            [Note: out buffers]).
 
     Returns:
-        ``[input_split_sizes[r], *]`` on rank ``r``. Backward is an all-gather.
+        ``[input_split_sizes[r], *]`` on rank ``r`` (``out`` itself when given). Backward is an
+        all-gather.
     """
     name = "reduce_scatter_tensor"
     _check_tensor(name, input, min_dim=1)
@@ -149,7 +159,10 @@ def reduce_scatter_tensor(
         sizes = _check_sizes(name, "input_split_sizes", input_split_sizes, num_ranks)
         _check_sum(name, "input_split_sizes", sizes, input.size(0))
     base_op, scale = _reduce_op(name, op, input, num_ranks)
-    return _run(ReduceScatter(group, base_op, sizes, scale, via_all_to_all), input, async_op)
+    if out is not None:
+        _check_out(name, out, input, sizes, (sizes[0], *input.shape[1:]))
+    op_ = ReduceScatter(group, base_op, sizes, scale, via_all_to_all)
+    return _run(op_, input, async_op, out)
 
 
 def all_reduce(
@@ -215,10 +228,12 @@ def barrier(*, group: Group = None) -> None:
             raise collective_error("barrier", group, exc) from exc
 
 
-def _run(op: Any, x: torch.Tensor, async_op: bool) -> torch.Tensor | Handle:
+def _run(
+    op: Any, x: torch.Tensor, async_op: bool, out: torch.Tensor | None = None
+) -> torch.Tensor | Handle:
     if _debug.enabled():
         _debug.check(op, x)
-    return run(op, x, async_op=async_op)
+    return run(op, x, async_op=async_op, out=out)
 
 
 def _exchange_counts(in_splits: tuple[int, ...], group: Group) -> tuple[int, ...]:
@@ -271,6 +286,31 @@ def _check_inplace(name: str, x: torch.Tensor) -> None:
         )
     if not x.is_contiguous():
         raise ValueError(f"{name}: inplace=True needs a contiguous tensor; call .contiguous()")
+
+
+def _check_out(
+    name: str, out: Any, x: torch.Tensor, sizes: tuple[int, ...], shape: tuple[int, ...]
+) -> None:
+    """``out`` must be what the collective would have allocated. See [Note: out buffers]."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: out must be a torch.Tensor, got {type(out).__name__}")
+    if len(set(sizes)) > 1:
+        raise ValueError(
+            f"{name}: out= needs equal sizes on every rank, got {list(sizes)}; pad the inputs "
+            "to equal sizes, or leave out unset"
+        )
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            f"{name}: out= on a tensor that requires grad cannot be differentiated; leave out "
+            "unset, or run it under torch.no_grad()"
+        )
+    if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(
+            f"{name}: out is {tuple(out.shape)} {out.dtype} on {out.device}, but the output is "
+            f"{shape} {x.dtype} on {x.device}; give out that shape, dtype and device"
+        )
+    if not out.is_contiguous():
+        raise ValueError(f"{name}: out must be contiguous; pass a contiguous tensor")
 
 
 def _check_sizes(name: str, what: str, sizes: Sizes, num_ranks: int) -> tuple[int, ...]:

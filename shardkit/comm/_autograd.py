@@ -57,16 +57,20 @@ class Handle:
         return f"Handle({self._launched.name}, {state})"
 
 
-def run(op: Any, x: torch.Tensor, *, async_op: bool) -> torch.Tensor | Handle:
-    """Launch ``op`` on ``x``; return its output, or a `Handle` when ``async_op``."""
+def run(
+    op: Any, x: torch.Tensor, *, async_op: bool, out: torch.Tensor | None = None
+) -> torch.Tensor | Handle:
+    """Launch ``op`` on ``x``; return its output, or a `Handle` when ``async_op``. ``out``
+    (not differentiable): the tensor to write the output into."""
     if torch.is_grad_enabled() and x.requires_grad:
+        assert out is None, "out= is refused for differentiable calls before this"
         request = _Request(op)
         buffer = _Start.apply(request, x)
         assert request.forward is not None
         handle = Handle(request.forward, lambda: _Wait.apply(request, buffer))
     else:
         # A blocking call lets the backend skip the hand-off to its worker thread.
-        launched = op.launch(x, async_op)
+        launched = op.launch(x, async_op) if out is None else op.launch(x, async_op, out=out)
         handle = Handle(launched, launched.finish)
     return handle if async_op else handle.wait()
 

@@ -12,6 +12,13 @@ Backends want equal chunks for all-gather and reduce-scatter. Uneven chunks are 
 largest one, moved with the native op, and trimmed: extra bytes are ``(max - min) * world size``
 rows at most, and one native call beats ``world_size`` smaller ones. A backend without a native
 reduce-scatter gets the same result from an all-to-all followed by a local reduction.
+
+[Note: out buffers]
+All-gather and reduce-scatter take an ``out`` tensor to write into instead of allocating one
+(FSDP reuses its gather and gradient buffers step after step: no freshly mapped memory to fault
+in, no copy afterwards). Only with equal chunks on every rank, where the backend writes straight
+into it; uneven chunks would need a padded buffer and a copy, which is what ``out`` avoids. The
+caller checks ``out`` (`shardkit.comm`'s functions do) and must not read it before the wait.
 """
 
 from __future__ import annotations
@@ -123,12 +130,16 @@ class AllGather:
     scale: float = 1.0
     name: ClassVar[str] = "all_gather_into_tensor"
 
-    def launch(self, x: torch.Tensor, async_op: bool = True) -> Launched:
+    def launch(
+        self, x: torch.Tensor, async_op: bool = True, out: torch.Tensor | None = None
+    ) -> Launched:
+        """``out``: where to gather (equal sizes only; see [Note: out buffers])."""
         sizes = self.output_split_sizes
         chunk = max(sizes)
         if x.size(0) < chunk:  # See [Note: uneven sizes]
             x = torch.cat([x, x.new_zeros((chunk - x.size(0), *x.shape[1:]))])
-        out = x.new_empty((len(sizes) * chunk, *x.shape[1:]))
+        if out is None:
+            out = x.new_empty((len(sizes) * chunk, *x.shape[1:]))
         src = x.contiguous()
         work = _launch(
             self.name,
@@ -157,7 +168,10 @@ class ReduceScatter:
     via_all_to_all: bool | None = None  # None: by backend (_NATIVE_REDUCE_SCATTER)
     name: ClassVar[str] = "reduce_scatter_tensor"
 
-    def launch(self, x: torch.Tensor, async_op: bool = True) -> Launched:
+    def launch(
+        self, x: torch.Tensor, async_op: bool = True, out: torch.Tensor | None = None
+    ) -> Launched:
+        """``out``: where this rank's chunk goes (equal sizes only; see [Note: out buffers])."""
         backend = _backend_for(self.group, x.device)
         via = self.via_all_to_all
         if via is None:
@@ -165,7 +179,7 @@ class ReduceScatter:
         elif not via and backend not in _HAS_REDUCE_SCATTER:
             via = True  # the backend has none of its own
         if via:
-            return self._launch_via_all_to_all(x, async_op)
+            return self._launch_via_all_to_all(x, async_op, out)
         sizes = self.input_split_sizes
         chunk = max(sizes)
         tail = x.shape[1:]
@@ -174,7 +188,8 @@ class ReduceScatter:
             for r, piece in enumerate(torch.split(x, list(sizes))):
                 padded[r, : piece.size(0)] = piece
             x = padded.view(len(sizes) * chunk, *tail)
-        out = x.new_empty((chunk, *tail))
+        if out is None:
+            out = x.new_empty((chunk, *tail))
         src = x.contiguous()
         work = _launch(
             self.name,
@@ -191,7 +206,9 @@ class ReduceScatter:
             post = _compose(lambda t: t[:mine], post)
         return Launched(self.name, self.group, work, out, post)
 
-    def _launch_via_all_to_all(self, x: torch.Tensor, async_op: bool) -> Launched:
+    def _launch_via_all_to_all(
+        self, x: torch.Tensor, async_op: bool, out: torch.Tensor | None
+    ) -> Launched:
         sizes = self.input_split_sizes
         num_ranks = len(sizes)
         mine = sizes[dist.get_rank(self.group)]
@@ -200,8 +217,10 @@ class ReduceScatter:
         scale = self.scale
 
         def post(received: torch.Tensor) -> torch.Tensor:
-            out = reduce(received.view(num_ranks, mine, *received.shape[1:]))
-            return out.mul_(scale) if scale != 1.0 else out
+            result = reduce(received.view(num_ranks, mine, *received.shape[1:]))
+            if out is not None:
+                result = out.copy_(result)
+            return result.mul_(scale) if scale != 1.0 else result
 
         return Launched(self.name, self.group, exchange.work, exchange.buffer, post)
 

@@ -16,6 +16,19 @@ heap (glibc cannot reuse a freed block for an aligned allocation of the same siz
 
 Example: parameters ``a`` [5, 2] and ``b`` [3] over 2 ranks: rows 3+2 and 2+1, so rank 0 holds
 a[0:3], b[0:2] (8 elements) and rank 1 a[3:5], b[2:3] (5 elements, padded to ``S = 8``).
+
+[Note: direct parameters]
+Rank-major is not parameter-major, so the one all-gather above costs a copy of the whole unit
+into freshly mapped memory, and the reduction another copy the other way. A parameter whose rows
+split equally over the ranks needs neither: gathering its rows from every rank in rank order *is*
+the parameter, and reduce-scattering its gradient leaves exactly this rank's rows. So such a
+parameter, when it is large (`_layout`'s ``DIRECT_MIN_NUMEL``; a collective has a fixed cost), sits after the
+others in the flat shard, at the same offset on every rank, and has collectives of its own: the
+all-gather writes straight into its place in the unsharded buffer and the reduce-scatter takes
+its gradient as it is and writes into its place in the shard's gradient buffer, whose views
+become the shards' ``.grad`` (see `shardkit.comm`'s [Note: out buffers]). The other parameters
+(small or uneven: biases, norms) go together through the packed region at the start, as above.
+Which parameters are direct depends only on shapes, so every rank issues the same collectives.
 """
 
 from __future__ import annotations
@@ -25,27 +38,14 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
-from shardkit.fsdp._memory import BufferPool, advise_huge_pages
+from shardkit.fsdp._layout import is_direct, shard_offsets
+from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, advise_huge_pages
 from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam
 
 __all__ = ["FlatBucket"]
 
 AVG = dist.ReduceOp.AVG
-
-
-def _shard_offsets(params: list[ShardedParam], num_ranks: int) -> tuple[list[list[int]], int]:
-    """``offsets[k][i]``: where parameter i's rows start in rank k's flat shard; and the largest
-    rank's shard size (every rank's buffer has that size, the others end in padding)."""
-    offsets, totals = [], []
-    for rank in range(num_ranks):
-        offset, starts = 0, []
-        for param in params:
-            starts.append(offset)
-            offset += param.rows_per_rank[rank] * param.row_numel
-        offsets.append(starts)
-        totals.append(offset)
-    return offsets, max(totals)
 
 
 class FlatBucket:
@@ -74,7 +74,11 @@ class FlatBucket:
         self.storage_device = storage_device
         self.dtype = params[0].dtype
         self.param_dtype = params[0].param_dtype
-        self.offsets, self.shard_numel = _shard_offsets(params, mesh_info.shard_size)
+        num_ranks = mesh_info.shard_size
+        self.direct = [is_direct(p, num_ranks) for p in params]
+        self.offsets, self.packed_numel, self.shard_numel = shard_offsets(
+            params, self.direct, num_ranks
+        )
         # parameters whose rows sit at the same place in every rank's shard move in one copy
         self.uniform = [
             len({p.rows_per_rank[k] for k in range(mesh_info.shard_size)}) == 1
@@ -87,10 +91,13 @@ class FlatBucket:
         device = torch.device("meta") if meta else storage_device
         self.flat_shard = self._new_shard(device)
         self.flat_full: torch.Tensor | None = None
-        self._gather: comm.Handle | None = None
+        self._gather: list[comm.Handle] | None = None  # the packed region's first, if any
         self._gathered_version = -1
-        self._reduce: comm.Handle | None = None
-        self._reduce_buffer: torch.Tensor | None = None
+        self._full_version = 0  # of flat_full, when its gathers were launched
+        self._reduce: list[comm.Handle] | None = None
+        self._reduce_buffer: torch.Tensor | None = None  # the packed region's, rank-major
+        self._reduce_inputs: list[torch.Tensor] = []  # kept alive until the reduction is done
+        self._reduce_out: torch.Tensor | None = None
         self._reduced: list[bool] = []
 
     def _new_shard(self, device: torch.device) -> torch.Tensor:
@@ -148,39 +155,75 @@ class FlatBucket:
             self._gathered_version = -2
 
     def start_unshard(self) -> None:
-        """Launch the all-gather of the flat shard (asynchronous; no-op if gathered or pending)."""
+        """Launch the all-gathers of the flat shard (asynchronous; no-op if gathered or pending):
+        the packed region's, and each direct parameter's straight into the unsharded buffer."""
         if self._gather is not None or self.is_unsharded:
             return
         self._gathered_version = self.flat_shard._version
         local = self.flat_shard.to(self.mesh_info.device, non_blocking=True).to(self.param_dtype)
-        handle = comm.all_gather_into_tensor(local, group=self.mesh_info.shard_group, async_op=True)
-        assert isinstance(handle, comm.Handle)
-        self._gather = handle
+        first = self._alloc_full()
+        assert self.flat_full is not None
+        self._full_version = self.flat_full._version
+        group, handles = self.mesh_info.shard_group, []
+        if not all(self.direct):
+            packed = local[: self.packed_numel]
+            handles.append(comm.all_gather_into_tensor(packed, group=group, async_op=True))
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.flat_full):
+            for index in (i for i, alone in enumerate(self.direct) if alone):
+                start, numel = self.offsets[0][index], self._local_numel(index)
+                full = self.full_offsets[index]
+                out = self.flat_full[full : full + numel * self.mesh_info.shard_size]
+                src = local[start : start + numel]
+                handles.append(
+                    comm.all_gather_into_tensor(src, group=group, async_op=True, out=out)
+                )
+        self._gather = handles  # type: ignore[assignment]  # Handles: async_op=True
+        if first:
+            self._make_unsharded_params()
 
-    def finish_unshard(self) -> None:
-        """Wait for the gather and copy each parameter's rows into its unsharded parameter."""
-        if self._gather is None and self.is_unsharded:
-            return
-        self.start_unshard()
-        assert self._gather is not None
-        gathered = self._gather.wait().view(self.mesh_info.shard_size, self.shard_numel)
-        self._gather = None
+    def _wait_gathers(self, handles: list[comm.Handle]) -> None:
+        """Wait for the gathers. gloo gathers into a buffer of its own and copies the result
+        into ``out`` on its worker thread, which bumps the version counter autograd checks:
+        put it back (see [Note: unsharded storage])."""
+        for handle in handles:
+            handle.wait()
+        assert self.flat_full is not None
+        torch._C._autograd._unsafe_set_version_counter((self.flat_full,), (self._full_version,))
+
+    def _alloc_full(self) -> bool:
+        """Give the unsharded buffer its memory (the same storage every time, see
+        [Note: unsharded storage]); True the first time."""
         first = self.flat_full is None
         if first:
             self.flat_full = torch.empty(
                 self.full_numel, dtype=self.param_dtype, device=self.mesh_info.device
             )
-        else:  # the same storage again: tensors saved for backward refer to it
+            advise_huge_pages(self.flat_full)  # See [Note: returning memory]
+        else:  # See [Note: unsharded memory pool]
             assert self.flat_full is not None
-            self.flat_full.untyped_storage().resize_(
-                self.full_numel * self.flat_full.element_size()
-            )
-        advise_huge_pages(self.flat_full)  # See [Note: returning memory]
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.flat_full):
-            for index in range(len(self.params)):
-                self._copy_rows_out(index, gathered)
-        if first:
-            self._make_unsharded_params()
+            nbytes = self.full_numel * self.flat_full.element_size()
+            if not UNSHARDED_POOL.acquire(self.flat_full, nbytes):
+                advise_huge_pages(self.flat_full)
+        return first
+
+    def _local_numel(self, index: int) -> int:
+        return self.params[index].local_shape[0] * self.params[index].row_numel
+
+    def finish_unshard(self) -> None:
+        """Wait for the gathers and copy each packed parameter's rows into its place."""
+        if self._gather is None and self.is_unsharded:
+            return
+        self.start_unshard()
+        handles = self._gather
+        assert handles is not None
+        self._gather = None
+        self._wait_gathers(handles)
+        if not all(self.direct):
+            gathered = handles[0].wait().view(self.mesh_info.shard_size, self.packed_numel)
+            assert self.flat_full is not None
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.flat_full):
+                for index in (i for i, alone in enumerate(self.direct) if not alone):
+                    self._copy_rows_out(index, gathered)
         for param in self.params:
             param.sync_requires_grad()
             param.is_unsharded = True
@@ -211,13 +254,17 @@ class FlatBucket:
             view = self.flat_full[start : start + param.shape.numel()].view(param.shape)
             param.unsharded = nn.Parameter(view, param.requires_grad)
 
-    def free(self) -> None:
-        """Free the gathered parameters (one buffer), dropping a prefetch that was not used."""
-        if self._gather is not None:
-            self._gather.wait()  # issued on every rank already; let it finish
+    def free(self, *, keep_memory: bool = False) -> None:
+        """Free the gathered parameters (one buffer), dropping a prefetch that was not used;
+        ``keep_memory``: hand the memory to the pool. See [Note: unsharded memory pool]."""
+        if self._gather is not None:  # issued on every rank already; let them finish
+            self._wait_gathers(self._gather)
             self._gather = None
         if self.flat_full is not None:
-            self.flat_full.untyped_storage().resize_(0)
+            if keep_memory:
+                UNSHARDED_POOL.release(self.flat_full)
+            else:
+                self.flat_full.untyped_storage().resize_(0)
         for param in self.params:
             param.is_unsharded = False
 
@@ -227,32 +274,63 @@ class FlatBucket:
         return any(p.has_new_grad() for p in self.params)
 
     def start_reduce(self, reduce_dtype: torch.dtype | None, pool: BufferPool) -> None:
-        """Copy the gradients into rank-major order and launch one AVG reduce-scatter."""
+        """Launch the AVG reduce-scatters into one new ``[S]`` gradient buffer: the packed
+        gradients copied into rank-major order first, each direct one as it is.
+        See [Note: direct parameters]."""
         self._reduced = [p.has_new_grad() for p in self.params]
         if not any(self._reduced):
             return
-        shape = (self.mesh_info.shard_size, self.shard_numel)
-        buffer = pool.take(shape, reduce_dtype or self.param_dtype, self.mesh_info.device)
-        self._reduce_buffer = buffer
-        if not all(self._reduced) or self._has_padding():
-            buffer.zero_()
-        for index, param in enumerate(self.params):
-            grad = param.take_grad() if self._reduced[index] else None
-            if grad is not None:
-                self._copy_rows_in(index, grad, buffer)
+        dtype, device = reduce_dtype or self.param_dtype, self.mesh_info.device
+        out = torch.empty(self.shard_numel, dtype=dtype, device=device)
+        advise_huge_pages(out)
+        handles = []
+        if not all(self.direct):
+            handles.append(self._reduce_packed(out, dtype, pool))
+        for index in (i for i, alone in enumerate(self.direct) if alone):
+            grad = self.params[index].take_grad() if self._reduced[index] else None
+            if grad is None and not self.params[index].requires_grad:
+                continue  # frozen on every rank: no collective
+            numel = self._local_numel(index)
+            if grad is None:  # used on another rank only: take part with zeros
+                grad = torch.zeros(numel * self.mesh_info.shard_size, device=device)
+            flat = grad.reshape(-1).to(dtype).contiguous()
+            self._reduce_inputs.append(flat)  # the backend reads it until the wait
+            start = self.offsets[0][index]
+            handles.append(self._reduce_scatter(flat, out[start : start + numel]))
+        self._reduce = handles  # type: ignore[assignment]
+        self._reduce_out = out
+
+    def _reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> comm.Handle:
         handle = comm.reduce_scatter_tensor(
-            buffer.view(-1),
+            flat,
             op=AVG,
             group=self.mesh_info.shard_group,
             async_op=True,
             via_all_to_all=False,  # memory first: no receive buffer of the unit's size on gloo
+            out=out,
         )
         assert isinstance(handle, comm.Handle)
-        self._reduce = handle
+        return handle
+
+    def _reduce_packed(
+        self, out: torch.Tensor, dtype: torch.dtype, pool: BufferPool
+    ) -> comm.Handle:
+        shape = (self.mesh_info.shard_size, self.packed_numel)
+        buffer = pool.take(shape, dtype, self.mesh_info.device)
+        self._reduce_buffer = buffer
+        packed = [i for i, alone in enumerate(self.direct) if not alone]
+        if not all(self._reduced[i] for i in packed) or self._has_padding():
+            buffer.zero_()
+        for index in packed:
+            grad = self.params[index].take_grad() if self._reduced[index] else None
+            if grad is not None:
+                self._copy_rows_in(index, grad, buffer)
+        return self._reduce_scatter(buffer.view(-1), out[: self.packed_numel])
 
     def _has_padding(self) -> bool:
         return any(
-            sum(p.rows_per_rank[k] * p.row_numel for p in self.params) != self.shard_numel
+            sum(p.rows_per_rank[k] * p.row_numel for p, d in zip(self.params, self.direct) if not d)
+            != self.packed_numel
             for k in range(self.mesh_info.shard_size)
         )
 
@@ -271,15 +349,21 @@ class FlatBucket:
             buffer[rank, begin : begin + count * width].copy_(flat[start : start + count * width])
             start += count * width
 
-    def finish_reduce(self, pool: BufferPool) -> None:
-        """Wait for the reduction (and the replicas' all-reduce) and add the shards' gradients."""
+    def finish_reduce(self, pool: BufferPool) -> int:
+        """Wait for the reductions (and the replicas' all-reduce) and add the shards' gradients.
+        Returns the bytes of the direct parameters' gradients this releases."""
         if self._reduce is None:
-            return
-        reduced = self._reduce.wait()
+            return 0
+        for handle in self._reduce:
+            handle.wait()
         self._reduce = None
-        assert self._reduce_buffer is not None
-        pool.give_back(self._reduce_buffer)
-        self._reduce_buffer = None
+        released = sum(t.numel() * t.element_size() for t in self._reduce_inputs)
+        self._reduce_inputs = []
+        reduced, self._reduce_out = self._reduce_out, None
+        assert reduced is not None
+        if self._reduce_buffer is not None:
+            pool.give_back(self._reduce_buffer)
+            self._reduce_buffer = None
         if self.mesh_info.replicate_group is not None:
             comm.all_reduce(reduced, op=AVG, group=self.mesh_info.replicate_group, inplace=True)
         reduced = reduced.to(device=self.storage_device, dtype=self.dtype)
@@ -287,5 +371,5 @@ class FlatBucket:
         for index, param in enumerate(self.params):
             if self._reduced[index]:
                 start = self.offsets[rank][index]
-                numel = param.local_shape[0] * param.row_numel
-                param.add_grad(reduced[start : start + numel])
+                param.add_grad(reduced[start : start + self._local_numel(index)])
+        return released

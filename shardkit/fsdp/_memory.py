@@ -19,6 +19,21 @@ copy itself for a 32 MiB buffer here. The buffers shardkit fills itself (gathere
 gradients in reduction order) are marked ``MADV_HUGEPAGE`` before the first write, so the kernel
 maps them in 2 MiB pages where it can (about half the cost), and the reduction buffers of one
 backward are reused from unit to unit instead of being mapped anew.
+
+[Note: unsharded memory pool]
+The gathered parameters of a unit are freed after each use and gathered again into the same storage
+(see [Note: unsharded storage]); with plain ``resize_`` every gather maps fresh memory and faults
+in every page of it, twice per unit per step. Instead, freeing after forward hands the storage's
+memory to `UNSHARDED_POOL` (its data pointer moves to a storage the pool owns, which no tensor
+views, so nothing live aliases it), and the next gather of a unit of the same size takes it back
+into its own storage: forward's gathers, and backward's first ones, reuse the memory of the units
+forward freed. Backward frees as before (its prefetch allocates before the unit it follows frees,
+so a pooled buffer would sit idle through the next unit's gradients, when memory peaks). The pool
+keeps at most ``UNSHARDED_POOL_ENTRIES`` buffers (beyond that, freeing returns the memory as
+before), and is emptied when a backward ends, so that it adds nothing to the optimizer step's
+memory: the first gathers of the next forward map fresh memory, the rest of the iteration reuses
+it. CPU only (the CUDA caching allocator does this on a GPU), and only where torch can move a
+storage's memory (``_swap_data_ptr_``).
 """
 
 from __future__ import annotations
@@ -31,8 +46,11 @@ import torch
 
 __all__ = [
     "TRIM_BUDGET_BYTES",
+    "UNSHARDED_POOL",
+    "UNSHARDED_POOL_ENTRIES",
     "BufferPool",
     "FreedMemory",
+    "StoragePool",
     "advise_huge_pages",
     "release_free_memory",
 ]
@@ -118,3 +136,46 @@ class FreedMemory:
         if self._freed:
             release_free_memory()
             self._freed = 0
+
+
+UNSHARDED_POOL_ENTRIES = 3
+_CAN_MOVE_STORAGE = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+
+
+class StoragePool:
+    """Memory of freed unsharded buffers, handed to the next gather of the same size.
+    See [Note: unsharded memory pool]."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._free: list[torch.UntypedStorage] = []
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Free ``tensor``'s storage (it keeps its identity, with no memory), keeping the memory
+        for reuse where it can."""
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0:
+            return
+        if tensor.device.type == "cpu" and _CAN_MOVE_STORAGE and len(self._free) < self.max_entries:
+            holder = torch.UntypedStorage(0, device=tensor.device)
+            storage._swap_data_ptr_(holder)  # holder now owns the memory; storage has none
+            self._free.append(holder)
+            return
+        storage.resize_(0)
+
+    def acquire(self, tensor: torch.Tensor, nbytes: int) -> bool:
+        """Give ``tensor``'s empty storage ``nbytes`` of memory: a pooled buffer of that size
+        if there is one (True), else fresh memory (False)."""
+        storage = tensor.untyped_storage()
+        for index, holder in enumerate(self._free):
+            if holder.nbytes() == nbytes and holder.device == tensor.device:
+                storage._swap_data_ptr_(self._free.pop(index))
+                return True
+        storage.resize_(nbytes)
+        return False
+
+    def clear(self) -> None:
+        self._free.clear()
+
+
+UNSHARDED_POOL = StoragePool(UNSHARDED_POOL_ENTRIES)

@@ -143,14 +143,15 @@ class ParamGroup:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, param.unsharded)
 
-    def reshard(self) -> None:
-        """Point the modules back at the shards and free the gathered parameters."""
+    def reshard(self, *, keep_memory: bool = False) -> None:
+        """Point the modules back at the shards and free the gathered parameters (``keep_memory``:
+        into the pool, for the next gather; see [Note: unsharded memory pool])."""
         for param in self.params:
             if not param.aliased:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, param.sharded)
         for bucket in self.buckets:
-            bucket.free()
+            bucket.free(keep_memory=keep_memory)
         for param in self.whole:
             param.free_whole()
 
@@ -166,7 +167,12 @@ class ParamGroup:
             p.unsharded.grad.numel() * p.unsharded.grad.element_size()
             for p in self.params
             if not p.aliased and p.unsharded is not None and p.unsharded.grad is not None
-        )
+            and not self._is_direct(p)  # freed when its reduction is done: finish_reduce
+        )  # fmt: skip
+
+    def _is_direct(self, param: ShardedParam) -> bool:
+        place = self._place.get(id(param))
+        return place is not None and place[0].direct[place[1]]
 
     def mark_stale(self) -> None:
         """The shards may have changed (an optimizer step): what is gathered now is gathered
@@ -187,8 +193,9 @@ class ParamGroup:
         for param in self.whole:
             param.start_reduce_whole(self.reduce_dtype)
 
-    def finish_reduce(self, pool: BufferPool) -> None:
-        for bucket in self.buckets:
-            bucket.finish_reduce(pool)
+    def finish_reduce(self, pool: BufferPool) -> int:
+        """Finish the reductions; the bytes of gathered gradients this releases."""
+        released = sum(bucket.finish_reduce(pool) for bucket in self.buckets)
         for param in self.whole:
             param.finish_reduce_whole()
+        return released

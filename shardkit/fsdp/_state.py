@@ -39,7 +39,7 @@ from torch.optim.optimizer import (
 )
 
 from shardkit.fsdp._config import Precision, Prefetch
-from shardkit.fsdp._memory import BufferPool, FreedMemory
+from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, FreedMemory
 from shardkit.fsdp._nested import cast_floats, tensors_in
 from shardkit.fsdp._param_group import ParamGroup
 from shardkit.fsdp.api import (
@@ -179,7 +179,10 @@ class TreeContext:
 
     def finish_pending_reduce(self) -> None:
         while self._pending_reduce:
-            self._pending_reduce.pop(0).group.finish_reduce(self.reduce_buffers)
+            group = self._pending_reduce.pop(0).group
+            released = group.finish_reduce(self.reduce_buffers)
+            if group.on_cpu:
+                self.freed.add(released)  # See [Note: returning memory]
         _LINGERING.discard(self)
         if not self.in_backward:
             self.reduce_buffers.clear()  # hold reduction buffers only while reducing
@@ -202,6 +205,7 @@ class TreeContext:
         self.in_backward = False
         if not self._pending_reduce:
             self.reduce_buffers.clear()
+        UNSHARDED_POOL.clear()  # See [Note: unsharded memory pool]
         self.freed.flush()
 
     def reset(self) -> None:
@@ -312,7 +316,7 @@ class FSDPState:
                 if tensor.requires_grad:
                     tensor.register_hook(self._pre_backward_hook)
         if (not grad_enabled or self._reshards_after_forward()) and not ctx.in_backward:
-            self.group.reshard()
+            self.group.reshard(keep_memory=True)  # See [Note: unsharded memory pool]
         if ctx.active_root is self:
             ctx.end_forward()
         return output
