@@ -203,3 +203,27 @@ def assert_pairs_close(results, *, atol: float) -> None:
                 atol=atol,
                 msg=lambda m, w=what, r=rank: f"rank {r}, {w}: {m}",
             )
+
+
+def with_fused(reference: DLRM, fused) -> EmbeddingBagCollection:
+    """Give the reference's tables the same fused optimizer the sharder gives the DMP's."""
+    old = reference.sparse_arch.embedding_bag_collection
+    new = EmbeddingBagCollection(tables=old.embedding_bag_configs(), fused_params=fused)
+    new.load_state_dict(old.state_dict())
+    reference.sparse_arch.embedding_bag_collection = new
+    return new
+
+
+def dlrm_plan(model: DLRM, kind: str, world_size: int):
+    """A plan for `dlrm`'s four tables, all of one ``kind``."""
+    ebc = model.sparse_arch.embedding_bag_collection
+    gens = {
+        "table_wise": lambda i: table_wise(rank=i % world_size),
+        "row_wise": lambda i: row_wise(),
+        "column_wise": lambda i: column_wise(ranks=list(range(world_size))),
+        "data_parallel": lambda i: data_parallel(),
+        "data_parallel_fused": lambda i: data_parallel(compute_kernel="fused"),
+    }[kind]
+    return construct_module_sharding_plan(
+        ebc, {f"t{i}": gens(i) for i in range(4)}, world_size=world_size, device_type="cpu"
+    )

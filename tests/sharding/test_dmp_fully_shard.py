@@ -22,12 +22,13 @@ from tests.sharding.common import (
     configs,
     dlrm,
     dlrm_batch,
+    dlrm_plan,
     global_batch,
     local_part,
     make_plan,
     table_pairs,
+    with_fused,
 )
-from tests.sharding.test_model_parallel import _plan_of, _with_fused
 
 LOCAL_BATCH = 3
 STEPS = 6
@@ -45,14 +46,16 @@ def _build(world_size: int, kind: str, optimizer: str):
     model = dlrm()
     reference = copy.deepcopy(model)
     fused = {"optimizer": TABLE_OPTIMIZER[optimizer], "learning_rate": 0.05}
-    plan = ShardingPlan({"sparse_arch.embedding_bag_collection": _plan_of(model, kind, world_size)})
+    plan = ShardingPlan(
+        {"sparse_arch.embedding_bag_collection": dlrm_plan(model, kind, world_size)}
+    )
     dmp = DistributedModelParallel(
         model,
         plan=plan,
         sharders=[EmbeddingBagCollectionSharder(fused_params=fused)],
         data_parallel_wrapper=FullyShardDataParallelWrapper(),
     )
-    ref_ebc = _with_fused(reference, fused)
+    ref_ebc = with_fused(reference, fused)
     return dmp, reference, ref_ebc
 
 

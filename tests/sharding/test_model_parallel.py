@@ -10,7 +10,6 @@ import torch
 
 from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
 from shardkit.distributed import DistributedModelParallel
-from shardkit.models import DLRM
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, InputError
@@ -20,10 +19,12 @@ from tests.sharding.common import (
     configs,
     dlrm,
     dlrm_batch,
+    dlrm_plan,
     global_batch,
     local_part,
     make_plan,
     table_pairs,
+    with_fused,
 )
 
 LOCAL_BATCH = 4
@@ -46,7 +47,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, optimizer: str, *,
     plan = None
     if kind is not None:
         plan = ShardingPlan(
-            {"sparse_arch.embedding_bag_collection": _plan_of(model, kind, world_size)}
+            {"sparse_arch.embedding_bag_collection": dlrm_plan(model, kind, world_size)}
         )
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     dense_optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[optimizer]
@@ -55,7 +56,7 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, optimizer: str, *,
     tables = [(n, p) for n, p in dmp.named_parameters() if "embedding_bags" in n]
     replicas = [p for n, p in tables if ".shards." not in n]
     optim = dense_optimizer([{"params": dense_params}, {"params": replicas, "lr": 0.05}], lr=lr)
-    ref_ebc = _with_fused(reference, fused)
+    ref_ebc = with_fused(reference, fused)
     ref_optimizer = dense_optimizer(
         [p for n, p in reference.named_parameters() if "embedding_bags" not in n], lr=lr
     )
@@ -84,37 +85,6 @@ def _train_dlrm(rank: int, world_size: int, kind: str | None, optimizer: str, *,
     sharded = dmp.module.sparse_arch.embedding_bag_collection
     pairs += table_pairs(sharded, ref_ebc, "embedding_bags")
     return pairs, sum(losses[:5]), sum(losses[-5:])
-
-
-def _with_fused(reference: DLRM, fused) -> EmbeddingBagCollection:
-    """Give the reference's tables the same fused optimizer the sharder gives the DMP's."""
-    old = reference.sparse_arch.embedding_bag_collection
-    new = EmbeddingBagCollection(tables=old.embedding_bag_configs(), fused_params=fused)
-    new.load_state_dict(old.state_dict())
-    reference.sparse_arch.embedding_bag_collection = new
-    return new
-
-
-def _plan_of(model: DLRM, kind: str, world_size: int):
-    ebc = model.sparse_arch.embedding_bag_collection
-    from shardkit.sharding import (
-        column_wise,
-        construct_module_sharding_plan,
-        data_parallel,
-        row_wise,
-        table_wise,
-    )
-
-    gens = {
-        "table_wise": lambda i: table_wise(rank=i % world_size),
-        "row_wise": lambda i: row_wise(),
-        "column_wise": lambda i: column_wise(ranks=list(range(world_size))),
-        "data_parallel": lambda i: data_parallel(),
-        "data_parallel_fused": lambda i: data_parallel(compute_kernel="fused"),
-    }[kind]
-    return construct_module_sharding_plan(
-        ebc, {f"t{i}": gens(i) for i in range(4)}, world_size=world_size, device_type="cpu"
-    )
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
