@@ -107,7 +107,9 @@ class _ServesRemapped:
 
     _managed_collision_collection: nn.Module
 
-    def _keep_remapper(self, managed_collision_collection: nn.Module | None, configs) -> None:
+    def _keep_remapper(
+        self, managed_collision_collection: nn.Module | None, configs, return_remapped: bool
+    ) -> None:
         if managed_collision_collection is None:
             raise ValueError(f"{type(self).__name__} needs managed_collision_collection")
         theirs = [c.name for c in managed_collision_collection.embedding_configs()]
@@ -118,6 +120,12 @@ class _ServesRemapped:
                 f"are not the collection's {ours}; give both the same configs"
             )
         self._managed_collision_collection = managed_collision_collection.eval()
+        self._return_remapped_features = return_remapped
+
+    def forward(self, features: KeyedJaggedTensor) -> Any:
+        """The remapped features through the quantized tables; returns both (TorchRec's)."""
+        remapped = self._managed_collision_collection(features)
+        return super().forward(remapped), remapped  # type: ignore[misc]
 
     def train(self, mode: bool = True) -> Any:
         super().train(mode)  # type: ignore[misc]
@@ -155,12 +163,7 @@ class QuantManagedCollisionEmbeddingBagCollection(_ServesRemapped, EmbeddingBagC
             register_tbes, quant_state_dict_split_scale_bias, row_alignment,
             cache_features_order, validate_ids=validate_ids,
         )  # fmt: skip
-        self._keep_remapper(managed_collision_collection, tables)
-        self._return_remapped_features = return_remapped_features
-
-    def forward(self, features: KeyedJaggedTensor) -> Any:  # type: ignore[override]
-        remapped = self._managed_collision_collection(features)
-        return super().forward(remapped), remapped
+        self._keep_remapper(managed_collision_collection, tables, return_remapped_features)
 
     @classmethod
     def from_float(  # type: ignore[override]
@@ -200,12 +203,7 @@ class QuantManagedCollisionEmbeddingCollection(_ServesRemapped, EmbeddingCollect
             register_tbes, quant_state_dict_split_scale_bias, row_alignment,
             cache_features_order, validate_ids=validate_ids,
         )  # fmt: skip
-        self._keep_remapper(managed_collision_collection, tables)
-        self._return_remapped_features = return_remapped_features
-
-    def forward(self, features: KeyedJaggedTensor) -> Any:  # type: ignore[override]
-        remapped = self._managed_collision_collection(features)
-        return super().forward(remapped), remapped
+        self._keep_remapper(managed_collision_collection, tables, return_remapped_features)
 
     @classmethod
     def from_float(  # type: ignore[override]
