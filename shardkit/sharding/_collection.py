@@ -62,6 +62,7 @@ class DistributedInput:
     features: KeyedJaggedTensor
     pending: PendingInput
     source: SourceBatch | None = None  # this rank's checked batch, per feature
+    full: KeyedJaggedTensor | None = None  # ``features`` for the full batch (VBE expanded)
 
 
 class ShardedTable(nn.Module):
@@ -321,8 +322,9 @@ class ShardedCollection(nn.Module):
 
     def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
+        full = self._full_batch(features)
         source = source_batch(
-            self._full_batch(features),
+            full,
             self._configs,
             weighted=self._is_weighted,
             with_weights=self._with_weights,
@@ -337,7 +339,7 @@ class ShardedCollection(nn.Module):
             with_weights=self._with_weights,
             device=self._device,
         )
-        return DistributedInput(features, pending, source)
+        return DistributedInput(features, pending, source, full)
 
     def _full_batch(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """A bag collection's VBE input as the full batch's bags (see `expand_variable_batch`:

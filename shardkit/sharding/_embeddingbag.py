@@ -64,9 +64,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         scales = [self._gradient_scale] * len(sources)
         local_cols: dict[str, tuple[int, int]] = {}  # data-parallel feature: (source, column)
         if self._local is not None:
-            local = self._local(
-                self._local_features(self._full_batch(dist_input.features))
-            )  # KeyedTensor
+            full = dist_input.features if dist_input.full is None else dist_input.full
+            local = self._local(self._local_features(full))  # KeyedTensor
             local_cols = {
                 k: (len(sources), c) for k, c in zip(local.keys(), local.offset_per_key())
             }
