@@ -309,3 +309,8 @@ def test_bench_qcomm_runs_at_toy_size(tmp_path):
     # the 16-bit pooled rows (and their gradients) are half of float32's; ids stay int64
     assert rows["fp16"]["bytes_per_step"] == rows["bf16"]["bytes_per_step"]
     assert rows["fp16"]["bytes_per_step"] < 0.9 * rows["fp32"]["bytes_per_step"]
+
+
+def test_bench_row_buckets_runs_at_toy_size():
+    text = _run("bench_row_buckets.py", "--bags", "8", "--shards", "2", "9", "--reps", "1")
+    assert "partition/sort" in text and len(text.strip().splitlines()) == 4
