@@ -200,7 +200,8 @@ void parallel_ranges(int64_t n, int num_threads, Split split, Fn fn) {
 
 // ---- forward --------------------------------------------------------------------------------
 
-// kDim > 0: the row length known at compile time, so the sum stays in registers.
+// kDim > 0: the row length known at compile time, so the sum stays in registers (16-256: at
+// dim 256 that is 0.78x the forward's time and 0.87x row-wise Adagrad's update of a runtime dim).
 template <typename W, typename Id, bool kWeighted, int kDim>
 void forward_bags(const Table& t, const Batch& b, W* out, int64_t bag_lo, int64_t bag_hi) {
   const int64_t dim = kDim > 0 ? kDim : t.dim, row_bytes = dim * int64_t(sizeof(W));
@@ -240,6 +241,7 @@ void forward_dim(const Table& t, const Batch& b, W* out, int64_t lo, int64_t hi)
     case 32: return forward_bags<W, Id, kWeighted, 32>(t, b, out, lo, hi);
     case 64: return forward_bags<W, Id, kWeighted, 64>(t, b, out, lo, hi);
     case 128: return forward_bags<W, Id, kWeighted, 128>(t, b, out, lo, hi);
+    case 256: return forward_bags<W, Id, kWeighted, 256>(t, b, out, lo, hi);
     default: return forward_bags<W, Id, kWeighted, 0>(t, b, out, lo, hi);
   }
 }
@@ -519,6 +521,7 @@ void update_dim(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi
     case 32: return update_rows<W, kRule, kWeighted, 32>(c, sorted, lo, hi);
     case 64: return update_rows<W, kRule, kWeighted, 64>(c, sorted, lo, hi);
     case 128: return update_rows<W, kRule, kWeighted, 128>(c, sorted, lo, hi);
+    case 256: return update_rows<W, kRule, kWeighted, 256>(c, sorted, lo, hi);
     default: return update_rows<W, kRule, kWeighted, 0>(c, sorted, lo, hi);
   }
 }
@@ -615,6 +618,7 @@ void sgd_without_sort(const Table& t, const Batch& b, const float* grad_out, flo
     case 32: return sgd_scatter<Id, 32>(t, b, grad_out, lr, grad_weights);
     case 64: return sgd_scatter<Id, 64>(t, b, grad_out, lr, grad_weights);
     case 128: return sgd_scatter<Id, 128>(t, b, grad_out, lr, grad_weights);
+    case 256: return sgd_scatter<Id, 256>(t, b, grad_out, lr, grad_weights);
     default: return sgd_scatter<Id, 0>(t, b, grad_out, lr, grad_weights);
   }
 }
