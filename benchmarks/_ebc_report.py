@@ -39,13 +39,20 @@ def render(report: dict[str, Any]) -> str:
         f"Machine: {json.dumps(report['machine'])}",
         "",
         "ms: median step time (25th-75th percentile over all timed steps). x FBGEMM: median / "
-        "FBGEMM's median (< 1 is faster). floor: the bandwidth floor's share of the step "
-        "(bytes a step must move / copy bandwidth, over the median).",
+        "FBGEMM's median (< 1 is faster). floor: the copy floor's share of the step (bytes a "
+        "step must move / copy bandwidth, over the median): the ids read in forward and "
+        "backward (8 B each), the unique rows read in forward and read and written in "
+        "backward, their row-wise state (4 B) read and written, the pooled rows written and "
+        "their gradient read. gather: the gather floor's share (this step's random row reads "
+        "timed with torch's F.embedding_bag on one thread, a row per id in forward and a "
+        "gradient row per id in backward, plus the unique rows' update at copy bandwidth; "
+        "see benchmarks/_ebc_floors.py).",
         "",
         "| point | ids / unique | "
         + " | ".join(f"{SHORT[n]} ms" for n in names)
-        + " | compiled x FBGEMM | eager x FBGEMM | floor: compiled | floor: FBGEMM |",
-        "|---|---:|" + "---:|" * (len(names) + 4),
+        + " | compiled x FBGEMM | eager x FBGEMM | floor: compiled | floor: FBGEMM"
+        + " | gather: compiled | gather: FBGEMM |",
+        "|---|---:|" + "---:|" * (len(names) + 6),
     ]
     lines += [_row(entry, names) for entry in report["points"]]
     lines += ["", _summary(report)]
@@ -67,9 +74,10 @@ def _row(entry: dict[str, Any], names: list[str]) -> str:
     for name in ("shardkit compiled", "shardkit eager"):
         ratio = results.get(name, {}).get("ratio_to_fbgemm")
         cells.append("-" if ratio is None else f"**{ratio:.2f}**" if ratio > 1 else f"{ratio:.2f}")
-    for name in ("shardkit compiled", "torchrec (FBGEMM)"):
-        fraction = results.get(name, {}).get("floor_fraction")
-        cells.append("-" if fraction is None else f"{fraction:.0%}")
+    for key in ("floor_fraction", "gather_fraction"):
+        for name in ("shardkit compiled", "torchrec (FBGEMM)"):
+            fraction = results.get(name, {}).get(key)
+            cells.append("-" if fraction is None else f"{fraction:.0%}")
     return "| " + " | ".join(cells) + " |"
 
 

@@ -17,11 +17,14 @@ turns in rounds (so a slow spell of a shared machine hits all alike):
 Row-wise Adagrad's naive version uses shardkit.optim.RowWiseAdagrad (torch has none).
 
 Reported per point: median ms per step and the spread (25th-75th percentile over all timed
-steps), the ratio to FBGEMM, and the fraction of the memory-bandwidth floor reached = (bytes a
-step must move / single-thread copy bandwidth measured here) / step time. Bytes a step must move:
-the ids (read in forward and backward), the unique rows (read in forward; read and written in
-backward), their optimizer state (read and written), the pooled output (written) and its
-gradient (read). Caches can make a step beat this floor only when the tables fit in them.
+steps), the ratio to FBGEMM, and the fractions of two floors reached (floor ms / step ms; see
+[Note: the EBC step's floors] in _ebc_floors.py): the copy floor (bytes a step must move /
+single-thread copy bandwidth measured here: the ids read in forward and backward, the unique
+rows read in forward and read and written in backward, their row-wise state read and written,
+the pooled output written and its gradient read) and the gather floor (the same step's random
+row reads timed with torch's F.embedding_bag, plus the unique rows' update at copy bandwidth).
+
+Worst points alone, e.g. ``--sweep --match batch=16384`` or ``--sweep --match dim=256``.
 
 ``--device cuda`` runs every contender on the current GPU (TorchRec with FBGEMM's CUDA kernels,
 shardkit's compiled contender on its CUDA kernel where nvcc built it, else eager), with batches
@@ -40,8 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-import numpy
 import torch
+from _ebc_floors import copy_bandwidth, floor_bytes, gather_floor_ms
 from _ebc_report import render
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -226,44 +229,6 @@ def batch_stats(point: Point, batches: list[KeyedJaggedTensor]) -> tuple[float, 
     return ids, statistics.mean(unique)
 
 
-def floor_bytes(point: Point, num_ids: float, unique: float) -> float:
-    """Bytes a step must move (see the module docstring); fp32 rows, int64 ids."""
-    row = 4 * point.dim
-    state = 4 if point.optimizer == "rowwise_adagrad" else 0
-    bags = point.tables * point.batch
-    return 2 * 8 * num_ids + 3 * unique * row + 2 * unique * state + 2 * bags * row
-
-
-def copy_bandwidth(device: str = "cpu") -> float:
-    """Single-thread copy bandwidth in GB/s (bytes read + written): the median of 5 memcpy's
-    (NumPy's copy) of 256 MB, far beyond any cache; on a GPU, 5 device-to-device copies."""
-    if device == "cuda":
-        return _gpu_copy_bandwidth()
-    src = numpy.ones(64 << 20, dtype=numpy.float32)
-    dst = numpy.empty_like(src)
-    numpy.copyto(dst, src)
-    seconds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        numpy.copyto(dst, src)
-        seconds.append(time.perf_counter() - start)
-    return 2 * src.nbytes / statistics.median(seconds) / 1e9
-
-
-def _gpu_copy_bandwidth() -> float:
-    src = torch.ones(256 << 20, dtype=torch.float32, device="cuda")  # 1 GiB
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    seconds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
-    return 2 * src.numel() * 4 / statistics.median(seconds) / 1e9
-
-
 def summarize(times: list[list[float]]) -> dict:
     flat = sorted(t for round_times in times for t in round_times)
     quartiles = statistics.quantiles(flat, n=4) if len(flat) > 1 else [flat[0]] * 3
@@ -282,6 +247,9 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
         point.batch, point.tables * point.dim, generator=torch.Generator().manual_seed(1)
     )
     num_ids, unique = batch_stats(point, batches)
+    gather_ms = None  # measured before the contenders' tables exist (memory), CPU only
+    if args.device == "cpu":
+        gather_ms = gather_floor_ms(point, batches[0], unique, bandwidth)
     batches = [kjt.to(torch.device(args.device)) for kjt in batches]
     weights = weights.to(args.device)
     contenders = build(point, args)
@@ -293,6 +261,8 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
         results[name] = summarize(times[name]) if callable(step) else {"skipped": step}
         if callable(step):
             results[name]["floor_fraction"] = floor_ms / results[name]["ms"]
+            if gather_ms is not None:
+                results[name]["gather_fraction"] = gather_ms / results[name]["ms"]
     reference = results.get("torchrec (FBGEMM)", {}).get("ms")
     for result in results.values():
         if reference and "ms" in result:
@@ -302,7 +272,7 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
     line = "  ".join(f"{n}: {r['ms']:.2f} ms" for n, r in results.items() if "ms" in r)
     print(f"{point}: {line}", flush=True)
     return {"point": asdict(point), "num_ids": num_ids, "unique_rows": unique,
-            "floor_ms": floor_ms, "results": results}  # fmt: skip
+            "floor_ms": floor_ms, "gather_floor_ms": gather_ms, "results": results}  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:

@@ -12,8 +12,10 @@ implementations that compute the same thing:
   cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR`` moves it), keyed by the
   sources, torch, Python and the CPU, so later processes load it in milliseconds.
 
-Backward, compiled: one radix sort of the batch's ids (32-bit keys, as few 11-bit passes as the
-number of rows needs) groups their occurrences by row; then ONE pass over the unique rows in
+Backward, compiled: one counting sort of the batch's ids on the row itself where the table has
+at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as the number of
+rows needs), groups their occurrences by row (see [Note: grouping by counting] in
+``csrc/kernels.cpp``); then ONE pass over the unique rows in
 ascending order sums each row's gradient from the output-gradient rows of its bags (per-sample
 weights, which carry MEAN, applied on the way) into a register-sized buffer and applies the
 optimizer rule to the row and its state in place. No ``[unique rows, D]`` gradient is written;

@@ -177,6 +177,15 @@ def test_sgd_on_one_thread_per_id_matches_eager(one_thread):
     _per_id_both(EmbOptimType.EXACT_SGD, torch.float32, "cpu")
 
 
+@pytest.mark.parametrize("dim", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+def test_row_lengths_compiled_in_match_eager(one_thread, monkeypatch, kind, dim):
+    """The dims whose loops are specialized at compile time (forward, grouped update, SGD without
+    a sort); weighted, so that every specialized loop runs."""
+    monkeypatch.setattr(f"{__name__}.DIM", dim)
+    _train_both(kind, torch.float32, batch_size=5, weighted=True, mean=False, id_dtype=torch.int64)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", COMPILED_RULES, ids=lambda k: k.value)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
