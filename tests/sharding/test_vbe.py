@@ -1,7 +1,9 @@
 """The sharded EmbeddingBagCollection takes a batch size per feature (VBE, with
-``inverse_indices``) for every sharding type: its output, and the tables and fused optimizer
-state after a step, equal the unsharded module's on the plain global batch. (Repeated bags are
-expanded at the source and sent once per use: no saving yet.)"""
+``inverse_indices``) for every sharding type. Its outputs, and the tables and fused optimizer
+state after a few steps, equal the unsharded module's on the plain global batch. The
+deduplicated bags travel as they are (see [Note: variable batch on the wire]): the receiver
+gets each feature's most bags of any rank, not the full batch's, and ranks may deduplicate
+differently (a key with one bag, another with several, a plain batch beside a VBE one)."""
 
 from __future__ import annotations
 
@@ -15,65 +17,92 @@ from shardkit import EmbeddingBagCollection
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import InputError, ShardedEmbeddingBagCollection
-from tests.sharding.common import assert_pairs_close, configs, make_plan, table_pairs
+from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
 from tests.sharding.vbe import kjt_of, vbe_batch
 
 LOCAL_BATCH = 3
+STEPS = 2
 
 
-def _step(rank, world_size, kind, local_size):
+def _unique(rank: int) -> dict[str, int] | None:
+    """Rank r's deduplicated features: "a" to 1 + r bags, "c" to one; the last rank of three
+    sends a plain batch (every key B bags, identity inverse indices)."""
+    return {} if rank == 2 else {"a": 1 + rank, "c": 1}
+
+
+def _step(rank, world_size, kind, local_size, optimizer):
     torch.manual_seed(0)
-    fused = {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1}  # shard-invariant
+    fused = {"optimizer": optimizer, "learning_rate": 0.1}
     ebc = EmbeddingBagCollection(tables=configs(), fused_params=fused)
     reference = copy.deepcopy(ebc)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     plan = make_plan(ebc, kind, world_size, local_size)
     sharded = ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=local_size)
-    batches = [vbe_batch(10 + r, LOCAL_BATCH) for r in range(world_size)]
-    plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in batches[0][1]})
-    out = sharded(batches[rank][0]).values()
-    grad = torch.randn(
-        LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(1)
-    )
-    mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-    (out * grad[mine]).sum().backward()
-    expected = reference(plain).values()  # the global batch, every rank's examples in turn
-    (expected * grad).sum().div(world_size).backward()
-    pairs = [("output", out.detach(), expected[mine].detach())]
+    pairs = []
+    # DENSE replicas are stepped by DDP and a dense optimizer, outside the collection: 1 step
+    for step in range(1 if kind in ("data_parallel", "mixed") else STEPS):
+        batches = [
+            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
+        ]
+        plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+        dist_input = sharded.input_dist(batches[rank][0])
+        out = sharded.compute_and_output_dist(dist_input).values()
+        rows = dist_input.pending.wait().feature_rows
+        grad = torch.randn(
+            LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(step)
+        )
+        mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+        (out * grad[mine]).sum().backward()
+        expected = reference(plain).values()  # the global batch, every rank's examples in turn
+        (expected * grad).sum().div(world_size).backward()
+        pairs.append((f"step {step} output", out.detach(), expected[mine].detach()))
+        if kind not in ("data_parallel", "mixed"):  # mixed: "a" is row-wise, "c" data-parallel
+            most = {k: max(len(b[0].to_dict()[k].lengths()) for b in batches) for k in FEATURES}
+            pairs.append((f"step {step} bags received", torch.tensor(rows), torch.tensor(
+                [most[k] for k in FEATURES])))  # fmt: skip
     pairs += [p for p in table_pairs(sharded, reference, "embedding_bags") if "replica" not in p[0]]
     return pairs
 
 
+SGD, ADAGRAD = EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD  # both shard-invariant
+
+
 @pytest.mark.parametrize(
-    ("world_size", "kind", "local_size"),
+    ("world_size", "kind", "local_size", "optimizer"),
     [
-        (1, "table_wise", 1),
-        (2, "table_wise", 2),
-        (2, "row_wise", 2),
-        (3, "row_wise", 3),
-        (3, "column_wise", 3),
-        (2, "table_column_wise", 2),
-        (4, "table_row_wise", 2),
-        (4, "grid_shard", 2),
-        (2, "data_parallel", 2),
-        (3, "mixed", 3),
+        (1, "table_wise", 1, SGD),
+        (2, "table_wise", 2, SGD),
+        (2, "row_wise", 2, SGD),
+        (3, "row_wise", 3, ADAGRAD),
+        (3, "column_wise", 3, SGD),
+        (2, "table_column_wise", 2, SGD),
+        (4, "table_row_wise", 2, SGD),
+        (4, "grid_shard", 2, SGD),
+        (2, "data_parallel", 2, SGD),
+        (3, "mixed", 3, ADAGRAD),
     ],
 )
-def test_vbe_input_equals_the_unsharded_module(run_ranks, world_size, kind, local_size):
-    results = run_ranks(_step, world_size, kind, local_size, local_world_size=local_size)
+def test_vbe_input_equals_the_unsharded_module(run_ranks, world_size, kind, local_size, optimizer):
+    results = run_ranks(_step, world_size, kind, local_size, optimizer, local_world_size=local_size)
     assert_pairs_close(results, atol=1e-5)
 
 
-def _without_inverse(rank, world_size):
+def _bad_inverse(rank, world_size, how):
     ebc = EmbeddingBagCollection(tables=configs())
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     sharded = ShardedEmbeddingBagCollection(
         ebc, make_plan(ebc, "row_wise", world_size, world_size), env
     )
     vbe, bags = vbe_batch(1, LOCAL_BATCH)
-    if rank == 1:  # one rank's VBE batch lacks inverse_indices: both ranks fail, neither hangs
-        vbe = kjt_of({k: bags[k] if k not in ("a", "c") else bags[k][:1] for k in bags},
-                     strides=[[1 if k in ("a", "c") else LOCAL_BATCH] for k in bags])  # fmt: skip
+    strides = [[len(bags[k]) if k not in ("a", "c") else 1] for k in FEATURES]
+    dedup = {k: bags[k] if k not in ("a", "c") else bags[k][:1] for k in bags}
+    if rank == 1 and how == "missing":  # a VBE batch without inverse_indices
+        vbe = kjt_of(dedup, strides=strides)
+    if rank == 1 and how == "out of range":  # "a" has 1 bag; index 1 points past it
+        index = torch.zeros(len(FEATURES), LOCAL_BATCH, dtype=torch.int64)
+        index[1] = index[3] = index[4] = torch.arange(LOCAL_BATCH)
+        index[0, 2] = 1
+        vbe = kjt_of(dedup, strides=strides, inverse_indices=(FEATURES, index))
     try:
         sharded(vbe)
     except InputError as error:
@@ -81,7 +110,16 @@ def _without_inverse(rank, world_size):
     return None
 
 
-def test_vbe_without_inverse_indices_on_one_rank_fails_every_rank(run_ranks):
-    mine, other = run_ranks(_without_inverse, 2)
-    assert other is not None and "one batch size for all keys" in other
-    assert mine is not None
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("missing", r"one batch size for all keys, or inverse_indices saying which bag"),
+        ("out of range", r"must pick a bag of their own key \(0 <= index < bags \[1, 3, 1, 3, 3\]\)"
+         r"; got indices from \[0, 0, 0, 0, 0\] to \[1, 2, 0, 2, 2\]"),
+    ],
+)  # fmt: skip
+def test_a_bad_vbe_batch_on_one_rank_fails_every_rank(run_ranks, how, message):
+    other, mine = run_ranks(_bad_inverse, 2, how)
+    with pytest.raises(InputError, match=message):
+        raise InputError(mine)
+    assert other is not None and "refused their input" in other
