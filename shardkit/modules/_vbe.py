@@ -21,7 +21,7 @@ import torch
 
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["expand_variable_batch"]
+__all__ = ["expand_bags", "expand_variable_batch"]
 
 
 def expand_variable_batch(
@@ -52,12 +52,14 @@ def expand_variable_batch(
     row = {key: i for i, key in enumerate(keys)}
     by_key = features.to_dict()
     return KeyedJaggedTensor.from_jt_dict(
-        {key: _expand(by_key[key], inverse[row[key]].long()) for key in chosen}
+        {key: expand_bags(by_key[key], inverse[row[key]].long()) for key in chosen}
     )
 
 
-def _expand(jt: JaggedTensor, index: torch.Tensor) -> JaggedTensor:
-    """The bags ``index`` ``[B]`` picks from ``jt``, in that order."""
+def expand_bags(jt: JaggedTensor, index: torch.Tensor) -> JaggedTensor:
+    """The bags ``index`` ``[B]`` picks from ``jt``, in that order. ``jt``'s values may be
+    ids ``[n]`` or rows ``[n, D]`` (a sequence collection's output; the gather's gradient adds
+    the rows' gradients back into the bags they came from)."""
     lengths = jt.lengths()[index]  # [B]
     starts = jt.offsets()[:-1][index]
     new_starts = torch.cumsum(lengths, 0) - lengths

@@ -13,10 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardkit import EmbeddingBagCollection
+from shardkit import EmbeddingBagCollection, EmbeddingCollection, EmbeddingConfig
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
-from shardkit.sharding import InputError, ShardedEmbeddingBagCollection
+from shardkit.sharding import (
+    InputError,
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingCollection,
+)
 from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
 from tests.sharding.vbe import kjt_of, vbe_batch
 
@@ -123,3 +127,60 @@ def test_a_bad_vbe_batch_on_one_rank_fails_every_rank(run_ranks, how, message):
     with pytest.raises(InputError, match=message):
         raise InputError(mine)
     assert other is not None and "refused their input" in other
+
+
+def _ec_configs() -> list[EmbeddingConfig]:
+    return [
+        EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=11, feature_names=["a", "b"]),
+        EmbeddingConfig(name="t1", embedding_dim=6, num_embeddings=7, feature_names=["c"]),
+        EmbeddingConfig(name="t2", embedding_dim=4, num_embeddings=5, feature_names=["d"]),
+        EmbeddingConfig(name="t3", embedding_dim=5, num_embeddings=9, feature_names=["e"]),
+    ]
+
+
+def _ec_steps(rank, world_size, kind, local_size):
+    """The sequence collection: every feature's JaggedTensor for this rank's examples (the
+    full batch's bags, as TorchRec's sharded EmbeddingCollection gives) against the unsharded
+    module's on the plain global batch, then the tables after SGD steps."""
+    torch.manual_seed(0)
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    ec = EmbeddingCollection(tables=_ec_configs(), fused_params=fused)
+    reference = copy.deepcopy(ec)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    plan = make_plan(ec, kind, world_size, local_size)
+    sharded = ShardedEmbeddingCollection(ec, plan, env, local_world_size=local_size)
+    pairs, mine = [], slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    for step in range(1 if kind == "mixed" else STEPS):  # DENSE replicas: see _step
+        batches = [
+            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
+        ]
+        plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+        out, expected = sharded(batches[rank][0]), reference(plain)
+        loss, ref_loss = 0.0, 0.0
+        for feature in FEATURES:
+            full = expected[feature]
+            lo, hi = full.offsets()[rank * LOCAL_BATCH], full.offsets()[mine.stop]
+            coef = torch.rand(full.values().shape, generator=torch.Generator().manual_seed(step))
+            pairs.append(
+                (f"step {step} {feature} lengths", out[feature].lengths(), full.lengths()[mine])
+            )
+            pairs.append((f"step {step} {feature} rows", out[feature].values().detach(),
+                          full.values()[lo:hi].detach()))  # fmt: skip
+            loss = loss + (out[feature].values() * coef[lo:hi]).sum()
+            ref_loss = ref_loss + (full.values() * coef).sum() / world_size
+        loss.backward()
+        ref_loss.backward()
+    pairs += [p for p in table_pairs(sharded, reference, "embeddings") if "replica" not in p[0]]
+    return pairs
+
+
+@pytest.mark.parametrize(
+    ("world_size", "kind", "local_size"),
+    [(1, "table_wise", 1), (2, "row_wise", 2), (3, "column_wise", 3), (4, "table_row_wise", 2),
+     (3, "mixed", 3)],
+)  # fmt: skip
+def test_vbe_into_the_sequence_collection_equals_the_unsharded_module(
+    run_ranks, world_size, kind, local_size
+):
+    results = run_ranks(_ec_steps, world_size, kind, local_size, local_world_size=local_size)
+    assert_pairs_close(results, atol=1e-5)
