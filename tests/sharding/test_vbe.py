@@ -20,6 +20,8 @@ from shardkit.sharding import (
     InputError,
     ShardedEmbeddingBagCollection,
     ShardedEmbeddingCollection,
+    construct_module_sharding_plan,
+    data_parallel,
 )
 from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
 from tests.sharding.vbe import kjt_of, vbe_batch
@@ -40,7 +42,11 @@ def _step(rank, world_size, kind, local_size, optimizer):
     ebc = EmbeddingBagCollection(tables=configs(), fused_params=fused)
     reference = copy.deepcopy(ebc)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    plan = make_plan(ebc, kind, world_size, local_size)
+    if kind == "fused_replicas":  # data-parallel, stepped in backward: no DDP needed
+        gens = {f"t{i}": data_parallel(compute_kernel="fused") for i in range(4)}
+        plan = construct_module_sharding_plan(ebc, gens, world_size=world_size)
+    else:
+        plan = make_plan(ebc, kind, world_size, local_size)
     sharded = ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=local_size)
     pairs = []
     # DENSE replicas are stepped by DDP and a dense optimizer, outside the collection: 1 step
@@ -60,11 +66,16 @@ def _step(rank, world_size, kind, local_size, optimizer):
         expected = reference(plain).values()  # the global batch, every rank's examples in turn
         (expected * grad).sum().div(world_size).backward()
         pairs.append((f"step {step} output", out.detach(), expected[mine].detach()))
-        if kind not in ("data_parallel", "mixed"):  # mixed: "a" is row-wise, "c" data-parallel
+        if kind not in ("data_parallel", "fused_replicas", "mixed"):  # mixed: "c" is DP
             most = {k: max(len(b[0].to_dict()[k].lengths()) for b in batches) for k in FEATURES}
             pairs.append((f"step {step} bags received", torch.tensor(rows), torch.tensor(
                 [most[k] for k in FEATURES])))  # fmt: skip
-    pairs += [p for p in table_pairs(sharded, reference, "embedding_bags") if "replica" not in p[0]]
+    dense_replicas = kind in ("data_parallel", "mixed")
+    pairs += [
+        p
+        for p in table_pairs(sharded, reference, "embedding_bags")
+        if not (dense_replicas and "replica" in p[0])
+    ]
     return pairs
 
 
@@ -83,6 +94,7 @@ SGD, ADAGRAD = EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD  # both shard-
         (4, "table_row_wise", 2, SGD),
         (4, "grid_shard", 2, SGD),
         (2, "data_parallel", 2, SGD),
+        (2, "fused_replicas", 2, ADAGRAD),
         (3, "mixed", 3, ADAGRAD),
     ],
 )
