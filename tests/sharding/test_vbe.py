@@ -13,7 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardkit import EmbeddingBagCollection, EmbeddingCollection, EmbeddingConfig
+from shardkit import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+)
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
@@ -23,6 +29,7 @@ from shardkit.sharding import (
     construct_module_sharding_plan,
     data_parallel,
 )
+from tests.compat.peers import run_in_torchrec
 from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
 from tests.sharding.vbe import kjt_of, vbe_batch
 
@@ -196,3 +203,68 @@ def test_vbe_into_the_sequence_collection_equals_the_unsharded_module(
 ):
     results = run_ranks(_ec_steps, world_size, kind, local_size, local_world_size=local_size)
     assert_pairs_close(results, atol=1e-5)
+
+
+_TORCHREC = """
+import torch.distributed as dist
+from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
+                      EmbeddingConfig, KeyedJaggedTensor)
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+dist.init_process_group("gloo", init_method=inputs["init"], rank=0, world_size=1)
+keys, cpu = inputs["keys"], torch.device("cpu")
+kjt = KeyedJaggedTensor(keys=keys, values=inputs["values"], lengths=inputs["lengths"],
+                        stride_per_key_per_rank=inputs["strides"],
+                        inverse_indices=(keys, inputs["inverse"]))
+for name, module, sharder in [
+    ("ebc", EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t_{k}", embedding_dim=4,
+        num_embeddings=11, feature_names=[k]) for k in keys], device=cpu),
+     EmbeddingBagCollectionSharder()),
+    ("ec", EmbeddingCollection(tables=[EmbeddingConfig(name=f"t_{k}", embedding_dim=4,
+        num_embeddings=11, feature_names=[k]) for k in keys], device=cpu),
+     EmbeddingCollectionSharder()),
+]:
+    module.load_state_dict(inputs[name])
+    constraints = {f"t_{k}": ParameterConstraints(sharding_types=["table_wise"]) for k in keys}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=1, compute_device="cpu"), constraints=constraints)
+    plan = planner.collective_plan(module, [sharder], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module, device=cpu, plan=plan, sharders=[sharder])
+    for key, value in dmp.state_dict().items():  # DMP initialises its shards anew
+        value.local_shards()[0].tensor.copy_(inputs[name][key.split("module.")[-1]])
+    out = dmp(kjt)
+    out = out.wait() if hasattr(out, "wait") else out
+    if name == "ebc":
+        outputs[name] = out.values().detach()
+    else:
+        outputs[name] = {k: (jt.lengths(), jt.values().detach()) for k, jt in out.items()}
+"""
+
+
+def test_vbe_outputs_equal_torchrecs_sharded_collections(tmp_path):
+    """TorchRec's sharded EBC and EC (table-wise, one CPU rank) on a VBE batch give what
+    shardkit's give: the bag collection's pooled rows expanded, the sequence collection's
+    every key's full batch of bags."""
+    keys = ["a", "b"]
+    tables = [EmbeddingBagConfig(name=f"t_{k}", embedding_dim=4, num_embeddings=11,
+                                 feature_names=[k]) for k in keys]  # fmt: skip
+    ebc = EmbeddingBagCollection(tables=tables)
+    ec = EmbeddingCollection(tables=[EmbeddingConfig(name=f"t_{k}", embedding_dim=4,
+                                     num_embeddings=11, feature_names=[k]) for k in keys])  # fmt: skip
+    batch = {"lengths": torch.tensor([2, 3, 1, 0, 2, 1, 1]),  # "a": 2 bags, "b": 5
+             "values": torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 1]),
+             "inverse": torch.tensor([[0, 1, 1, 0, 1], [0, 1, 2, 3, 4]]),
+             "strides": [[2], [5]], "keys": keys}  # fmt: skip
+    sent = {**batch, "ebc": ebc.state_dict(), "ec": ec.state_dict()}
+    got = run_in_torchrec(_TORCHREC, {**sent, "init": f"file://{tmp_path / 'pg'}"}, tmp_path)
+    kjt = KeyedJaggedTensor(keys=keys, values=batch["values"], lengths=batch["lengths"],
+                            stride_per_key_per_rank=batch["strides"],
+                            inverse_indices=(keys, batch["inverse"]))  # fmt: skip
+    torch.testing.assert_close(ebc(kjt).values().detach(), got["ebc"], rtol=0, atol=1e-6)
+    for key, jt in ec(kjt).items():
+        lengths, values = got["ec"][key]
+        torch.testing.assert_close(jt.lengths(), lengths.to(jt.lengths().dtype), rtol=0, atol=0)
+        torch.testing.assert_close(jt.values().detach(), values, rtol=0, atol=1e-6)
