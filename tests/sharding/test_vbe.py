@@ -19,6 +19,7 @@ from shardkit import (
     EmbeddingCollection,
     EmbeddingConfig,
     KeyedJaggedTensor,
+    PoolingType,
 )
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
@@ -43,10 +44,10 @@ def _unique(rank: int) -> dict[str, int] | None:
     return {} if rank == 2 else {"a": 1 + rank, "c": 1}
 
 
-def _step(rank, world_size, kind, local_size, optimizer):
+def _step(rank, world_size, kind, local_size, optimizer, pooling):
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
-    ebc = EmbeddingBagCollection(tables=configs(), fused_params=fused)
+    ebc = EmbeddingBagCollection(tables=configs(pooling), fused_params=fused)
     reference = copy.deepcopy(ebc)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     if kind == "fused_replicas":  # data-parallel, stepped in backward: no DDP needed
@@ -87,26 +88,31 @@ def _step(rank, world_size, kind, local_size, optimizer):
 
 
 SGD, ADAGRAD = EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD  # both shard-invariant
+SUM, MEAN = PoolingType.SUM, PoolingType.MEAN  # MEAN: 1/len folded into weights at the source
 
 
 @pytest.mark.parametrize(
-    ("world_size", "kind", "local_size", "optimizer"),
+    ("world_size", "kind", "local_size", "optimizer", "pooling"),
     [
-        (1, "table_wise", 1, SGD),
-        (2, "table_wise", 2, SGD),
-        (2, "row_wise", 2, SGD),
-        (3, "row_wise", 3, ADAGRAD),
-        (3, "column_wise", 3, SGD),
-        (2, "table_column_wise", 2, SGD),
-        (4, "table_row_wise", 2, SGD),
-        (4, "grid_shard", 2, SGD),
-        (2, "data_parallel", 2, SGD),
-        (2, "fused_replicas", 2, ADAGRAD),
-        (3, "mixed", 3, ADAGRAD),
+        (1, "table_wise", 1, SGD, SUM),
+        (2, "table_wise", 2, SGD, SUM),
+        (2, "row_wise", 2, SGD, SUM),
+        (3, "row_wise", 3, ADAGRAD, SUM),
+        (3, "column_wise", 3, SGD, MEAN),
+        (2, "table_column_wise", 2, SGD, SUM),
+        (4, "table_row_wise", 2, SGD, MEAN),
+        (4, "grid_shard", 2, SGD, SUM),
+        (2, "data_parallel", 2, SGD, SUM),
+        (2, "fused_replicas", 2, ADAGRAD, SUM),
+        (3, "mixed", 3, ADAGRAD, SUM),
     ],
 )
-def test_vbe_input_equals_the_unsharded_module(run_ranks, world_size, kind, local_size, optimizer):
-    results = run_ranks(_step, world_size, kind, local_size, optimizer, local_world_size=local_size)
+def test_vbe_input_equals_the_unsharded_module(
+    run_ranks, world_size, kind, local_size, optimizer, pooling
+):
+    results = run_ranks(
+        _step, world_size, kind, local_size, optimizer, pooling, local_world_size=local_size
+    )
     assert_pairs_close(results, atol=1e-5)
 
 
