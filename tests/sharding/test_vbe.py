@@ -21,12 +21,15 @@ from shardkit import (
     KeyedJaggedTensor,
     PoolingType,
 )
+from shardkit.modules.feature_processor_ import PositionWeightedModuleCollection
+from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.optim import EmbOptimType
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     InputError,
     ShardedEmbeddingBagCollection,
     ShardedEmbeddingCollection,
+    ShardedFeatureProcessedEmbeddingBagCollection,
     construct_module_sharding_plan,
     data_parallel,
 )
@@ -274,3 +277,35 @@ def test_vbe_outputs_equal_torchrecs_sharded_collections(tmp_path):
         lengths, values = got["ec"][key]
         torch.testing.assert_close(jt.lengths(), lengths.to(jt.lengths().dtype), rtol=0, atol=0)
         torch.testing.assert_close(jt.values().detach(), values, rtol=0, atol=1e-6)
+
+
+def _position_weighted(rank, world_size):
+    """Position weights (a feature processor) before a sharded bag collection: the processed
+    deduplicated bags travel as any VBE batch's."""
+    torch.manual_seed(0)
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    ebc = EmbeddingBagCollection(tables=configs(), is_weighted=True, fused_params=fused)
+    processors = PositionWeightedModuleCollection({"a": 3, "c": 3, "d": 4})
+    module = FeatureProcessedEmbeddingBagCollection(ebc, processors)
+    reference = copy.deepcopy(module)
+    plan = make_plan(ebc, "row_wise", world_size, world_size)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = ShardedFeatureProcessedEmbeddingBagCollection(module, plan, env)
+    batches = [vbe_batch(r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)]
+    plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+    out = sharded(batches[rank][0]).values()
+    grad = torch.randn(
+        LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(1)
+    )
+    mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    (out * grad[mine]).sum().backward()
+    expected = reference(plain).values()
+    (expected * grad).sum().div(world_size).backward()
+    pairs = [("output", out.detach(), expected[mine].detach())]
+    inner = sharded._embedding_bag_collection
+    pairs += table_pairs(inner, reference._embedding_bag_collection, "embedding_bags")
+    return pairs
+
+
+def test_vbe_with_position_weights_equals_the_unsharded_module(run_ranks):
+    assert_pairs_close(run_ranks(_position_weighted, 2), atol=1e-5)
