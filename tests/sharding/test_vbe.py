@@ -30,11 +30,19 @@ from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     ShardedEmbeddingCollection,
     ShardedFeatureProcessedEmbeddingBagCollection,
+    ShardedManagedCollisionEmbeddingBagCollection,
     construct_module_sharding_plan,
     data_parallel,
 )
 from tests.compat.peers import run_in_torchrec
 from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
+from tests.sharding.mc import BIG as MC_BIG
+from tests.sharding.mc import FEATURES as MC_FEATURES
+from tests.sharding.mc import LOCAL_BATCH as MC_BATCH
+from tests.sharding.mc import compare_state, mc_module
+from tests.sharding.mc import env as mc_env
+from tests.sharding.mc import loss as mc_loss
+from tests.sharding.mc import plan_for as mc_plan
 from tests.sharding.vbe import kjt_of, vbe_batch
 
 LOCAL_BATCH = 3
@@ -309,3 +317,50 @@ def _position_weighted(rank, world_size):
 
 def test_vbe_with_position_weights_equals_the_unsharded_module(run_ranks):
     assert_pairs_close(run_ranks(_position_weighted, 2), atol=1e-5)
+
+
+def _mc_batch(step: int, rank: int) -> tuple[KeyedJaggedTensor, list]:
+    """Raw ids for managed collision: user "u" deduplicated to one bag per rank, "v" and "i"
+    a bag per example. ``(this rank's VBE batch, its bags per key)``."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    bags = []
+    for count in (1, MC_BATCH, MC_BATCH):
+        lengths = torch.randint(1, 4, (count,), generator=g).tolist()
+        bags.append([MC_BIG + 7919 * torch.randint(0, 30, (n,), generator=g) for n in lengths])
+    return _mc_kjt(bags, [0] * MC_BATCH), bags
+
+
+def _mc_kjt(bags: list, user_inverse: list[int]) -> KeyedJaggedTensor:
+    size = len(user_inverse)
+    inverse = torch.tensor([user_inverse, list(range(size)), list(range(size))])
+    return KeyedJaggedTensor(
+        keys=MC_FEATURES,
+        values=torch.cat([b for per_key in bags for b in per_key]),
+        lengths=torch.tensor([len(b) for per_key in bags for b in per_key]),
+        stride_per_key_per_rank=[[len(per_key)] for per_key in bags],
+        inverse_indices=(MC_FEATURES, inverse),
+    )
+
+
+def _managed_collision(rank, world_size):
+    """Managed-collision ids before a sharded bag collection: the remapper sees each rank's
+    deduplicated ids, as the unsharded module does on the global VBE batch."""
+    reference = mc_module(True)
+    sharded = ShardedManagedCollisionEmbeddingBagCollection(
+        copy.deepcopy(reference), mc_plan(reference, "row_wise", world_size), mc_env()
+    )
+    for step in range(2):
+        per_rank = [_mc_batch(step, r) for r in range(world_size)]
+        merged = [[b for _, bags in per_rank for b in bags[k]] for k in range(3)]
+        user = [r for r in range(world_size) for _ in range(MC_BATCH)]  # rank r's: its bag
+        out, _ = sharded(per_rank[rank][0])
+        ref_out, _ = reference(_mc_kjt(merged, user))
+        mine = slice(rank * MC_BATCH, (rank + 1) * MC_BATCH)
+        torch.testing.assert_close(out.values(), ref_out.values()[mine])
+        mc_loss(out, rank, step, world_size, True, local=True).backward()
+        mc_loss(ref_out, rank, step, world_size, True, local=False).backward()
+    compare_state(sharded, reference)
+
+
+def test_vbe_with_managed_collision_equals_the_unsharded_module(run_ranks):
+    run_ranks(_managed_collision, 2)
