@@ -3,7 +3,10 @@
 state after a few steps, equal the unsharded module's on the plain global batch. The
 deduplicated bags travel as they are (see [Note: variable batch on the wire]): the receiver
 gets each feature's most bags of any rank, not the full batch's, and ranks may deduplicate
-differently (a key with one bag, another with several, a plain batch beside a VBE one)."""
+differently (a key with one bag, another with several, a plain batch beside a VBE one).
+Also: the sequence collection (every key's full batch of bags), TorchRec's own sharded
+collections on the same batch, position weights and managed collision in front, and bad
+inverse indices on one rank failing every rank."""
 
 from __future__ import annotations
 
