@@ -84,14 +84,42 @@ def save(
     mine = sorted(n for n in os.listdir(temporary) if n.startswith(f"__{rank}_"))
     digests = comm.all_gather_object(file_digests(temporary, mine), group=group)
     if rank == 0:
-        files = {k: v for d in digests for k, v in d.items()}
-        files.update(file_digests(temporary, [".metadata"]))
-        info = {"step": step, "world_size": dist.get_world_size(group)}
-        write_manifest(temporary, files, info)
-        commit(temporary, final, keep=keep)
-        logger.info("checkpoint of step %d written to %s", step, final)
-    comm.barrier(group=group)
+        try:
+            files = {k: v for d in digests for k, v in d.items()}
+            files.update(file_digests(temporary, [".metadata"]))
+            info = {"step": step, "world_size": dist.get_world_size(group)}
+            write_manifest(temporary, files, info)
+            commit(temporary, final, keep=keep)
+            logger.info("checkpoint of step %d written to %s", step, final)
+        except Exception as exc:  # every rank must hear of it: see [Note: one commit outcome]
+            _raise_commit_failure(f"{type(exc).__name__}: {exc}", step, temporary, group, exc)
+    outcome = comm.broadcast_object(None, src=_global(0, group), group=group)
+    _raise_commit_failure(outcome, step, temporary, group)
     return final
+
+
+# [Note: one commit outcome]
+# Rank 0 alone writes the manifest and renames the checkpoint into place. If that fails (disk
+# full, permissions), the other ranks must not wait in a barrier until the collective timeout:
+# rank 0 broadcasts the outcome (None or the error) in place of the final barrier, and every
+# rank raises the same `CheckpointError` at once. The previous checkpoint and ``latest`` are
+# untouched; the unfinished directory is left aside for inspection.
+def _raise_commit_failure(
+    failure: str | None,
+    step: int,
+    temporary: Path,
+    group: Group,
+    cause: BaseException | None = None,
+) -> None:
+    if failure is None:
+        return
+    if cause is not None:  # rank 0 tells the others before raising itself
+        comm.broadcast_object(failure, src=_global(0, group), group=group)
+    raise CheckpointError(
+        f"checkpoint of step {step} was not committed: rank 0 failed with {failure}. The "
+        f"previous checkpoint and 'latest' are unchanged; the unfinished files are in "
+        f"{temporary}. Fix the cause (e.g. free disk space) and save again."
+    ) from cause
 
 
 def load(

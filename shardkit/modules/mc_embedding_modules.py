@@ -186,6 +186,8 @@ def _reset_optimizer_rows(
     """The fused optimizer's state of ``rows`` back to its initial values."""
     group = next(g for g in fused.param_groups if any(p is weight for p in g["params"]))
     for name, state in fused.state[weight].items():
+        if name == "step":  # the buffer's step counter, not per row
+            continue
         initial = group.get("initial_accumulator_value", 0.0) if name == "momentum1" else 0.0
         state[rows] = initial
 

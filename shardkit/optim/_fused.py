@@ -33,11 +33,22 @@ class RowOptimizer:
         self.kind = config.optimizer
         self.param_group: dict[str, Any] = config.hyperparameters()
         self.state = new_state(self.kind, rows, dim, device, config.initial_accumulator_value)
-        self.step = 0
+        # the step counter is a live CPU tensor so that optimizer views (`FusedOptimizer`,
+        # TorchRec-style ``dmp.fused_optimizer``) save and load it with the rest of the state
+        self.step_count = torch.zeros((), dtype=torch.int64)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (Adam's and LAMB's bias correction count them)."""
+        return int(self.step_count)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.step_count.fill_(int(value))
 
     def begin_step(self) -> None:
         """Count one optimizer step (once per backward of the buffer)."""
-        self.step += 1
+        self.step_count += 1
 
     def update(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """Apply the rule to ``weight[rows]`` with summed gradients ``grads`` ``[len(rows), D]``."""
@@ -64,12 +75,24 @@ class FusedTable:
     row_end: int
 
 
+def _state_view(table: FusedTable) -> dict[str, torch.Tensor]:
+    """The table's rows of the state buffers, and the buffer's live step counter (0-d int64;
+    shared by the tables stacked in one buffer)."""
+    return {
+        **table.optimizer.state_rows(table.row_start, table.row_end),
+        "step": table.optimizer.step_count,
+    }
+
+
 class FusedOptimizer(KeyedOptimizer):
     """The optimizer of embedding tables whose update runs fused into backward.
 
     One param group per distinct `RowOptimizer`; change ``param_groups[i]["lr"]`` (or attach an
     LR scheduler) to change the learning rate. ``state_dict()`` is keyed by parameter name:
-    ``{"state": {name: {"<table>.momentum1": tensor, ...}}, "param_groups": [...]}``.
+    ``{"state": {name: {"<table>.momentum1": tensor, ..., "<table>.step": tensor}},
+    "param_groups": [...]}``. ``state[param]`` holds the table's rows of each state buffer and
+    ``"step"``, the live step counter, so wrappers that read ``state`` (`CombinedOptimizer`,
+    ``dmp.fused_optimizer``) save and restore the step count too.
     """
 
     def __init__(self, tables: Sequence[FusedTable]) -> None:
@@ -85,7 +108,7 @@ class FusedOptimizer(KeyedOptimizer):
             groups = [{"params": [], "lr": 0.0}]
         super().__init__(
             {t.name: t.param for t in tables},
-            {t.param: t.optimizer.state_rows(t.row_start, t.row_end) for t in tables},
+            {t.param: _state_view(t) for t in tables},
             groups,
         )
 
@@ -100,9 +123,7 @@ class FusedOptimizer(KeyedOptimizer):
     def state_dict(self) -> dict[str, Any]:
         state = {}
         for name, table in self._tables.items():
-            entry = {f"{table.table}.{k}": v for k, v in self.state[table.param].items()}
-            entry[f"{table.table}.step"] = torch.tensor(float(table.optimizer.step))
-            state[name] = entry
+            state[name] = {f"{table.table}.{k}": v for k, v in self.state[table.param].items()}
         groups = []
         for group in self.param_groups:
             names = [
@@ -124,8 +145,5 @@ class FusedOptimizer(KeyedOptimizer):
                 if full_key not in saved:
                     raise ValueError(f"fused optimizer state of {name!r} lacks {full_key!r}")
                 live.copy_(saved[full_key])
-            step_key = f"{table.table}.step"
-            if step_key in saved:
-                table.optimizer.step = int(saved[step_key])
         for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved_group.items() if k != "params"})

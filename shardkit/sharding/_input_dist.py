@@ -37,6 +37,7 @@ import torch.distributed as dist
 from shardkit import comm
 from shardkit.comm import Handle, label
 from shardkit.sharding._layout import Layout, Route, Slot, Unit
+from shardkit.sharding._row_buckets import bucket_rows
 
 __all__ = ["InputError", "Received", "SourceBatch", "exchange_start"]
 
@@ -287,23 +288,8 @@ def _split_unit(
     Device work only: the host reads the sizes later, for all units at once."""
     if unit.route == Route.PLACED:
         return _SplitUnit(lengths.unsqueeze(0), values, weights, None)
-    batch = lengths.numel()
-    device = values.device
-    starts = torch.tensor([s.row_start for s in unit.shards], dtype=torch.int64)
-    starts = starts.to(device, non_blocking=True)  # See [Note: host-side sizes]
-    bucket = torch.bucketize(values, starts[1:], right=True)  # [n]: shard of each id
-    bag = torch.repeat_interleave(
-        torch.arange(batch, device=device), lengths, output_size=values.numel()
-    )
-    num_shards = len(unit.shards)
-    # ids per (shard, bag); scatter_add, not bincount, which reads its input's max on a GPU
-    key = bucket * batch + bag
-    shard_lengths = torch.zeros(num_shards * batch, dtype=torch.int64, device=device)
-    shard_lengths.scatter_add_(0, key, torch.ones_like(key))
-    order = torch.argsort(bucket, stable=True)  # by shard; within a shard still bag by bag
-    rebased = values[order] - starts[bucket[order]]
-    sorted_weights = None if weights is None else weights[order]
-    return _SplitUnit(shard_lengths.view(num_shards, batch), rebased, sorted_weights, order)
+    row_starts = [shard.row_start for shard in unit.shards]
+    return _SplitUnit(*bucket_rows(values, lengths=lengths, weights=weights, row_starts=row_starts))
 
 
 def _check_headers(headers: list[list[int]], batch: SourceBatch, rank: int) -> None:

@@ -3,6 +3,8 @@ rewrite (under torchrun), and unchanged under ``shardkit run``."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -47,3 +49,30 @@ def results(output: str) -> dict[str, str]:
     """``RESULT <name> <rest>`` lines as ``{name: rest}``."""
     found = re.findall(r"^RESULT (\S+) (.*)$", output, flags=re.MULTILINE)
     return dict(found)
+
+
+def unresolved_imports(source: str) -> list[str]:
+    """The imports of ``source`` (rewritten) that name a shardkit module or name that does not
+    exist: what running the rewritten program would fail on first."""
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for module, name in modules:
+            if module.split(".")[0] != "shardkit":
+                continue
+            try:
+                found = importlib.import_module(module)
+            except ImportError:
+                missing.append(module)
+                continue
+            if name is not None and not hasattr(found, name):
+                try:
+                    importlib.import_module(f"{module}.{name}")
+                except ImportError:
+                    missing.append(f"{module}.{name}")
+    return missing

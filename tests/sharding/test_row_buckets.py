@@ -1,0 +1,51 @@
+"""The row bucketing of the input dist: the counting partition equals the sort and the spec."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardkit.sharding import _row_buckets
+from shardkit.sharding._row_buckets import bucket_rows
+
+
+def _spec(lengths, values, row_starts):
+    """Bag by bag, id by id: each shard's ids in input order, rebased; lengths per shard."""
+    bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths).tolist()
+    bounds = [*row_starts[1:], float("inf")]
+    shard_of = [next(k for k, end in enumerate(bounds) if v < end) for v in values.tolist()]
+    shard_lengths = torch.zeros(len(row_starts), lengths.numel(), dtype=torch.int64)
+    order = []
+    for k in range(len(row_starts)):
+        for i, (bag, shard) in enumerate(zip(bags, shard_of)):
+            if shard == k:
+                shard_lengths[k, bag] += 1
+                order.append(i)
+    order = torch.tensor(order, dtype=torch.int64)
+    rebased = (
+        values[order] - torch.tensor(row_starts)[torch.tensor(shard_of, dtype=torch.long)[order]]
+    )
+    return shard_lengths, rebased, order
+
+
+@pytest.mark.parametrize("partition", [True, False], ids=["partition", "sort"])
+@pytest.mark.parametrize(
+    "row_starts,num_ids",
+    [([0], 7), ([0, 4], 9), ([0, 4, 7], 13), ([0, 2, 3, 5, 8], 11), ([0, 5], 0)],
+)
+def test_bucket_rows_matches_the_spec(monkeypatch, partition, row_starts, num_ids):
+    monkeypatch.setattr(_row_buckets, "PARTITION_MAX_SHARDS", 64 if partition else 0)
+    g = torch.Generator().manual_seed(len(row_starts) + num_ids)
+    lengths = torch.zeros(4, dtype=torch.int64)
+    if num_ids:
+        lengths = torch.tensor([num_ids - 3, 0, 2, 1])  # an empty bag too
+    values = torch.randint(0, 10, (num_ids,), generator=g)
+    weights = torch.rand(num_ids, generator=g)
+    shard_lengths, rebased, sorted_weights, order = bucket_rows(
+        values, lengths=lengths, weights=weights, row_starts=row_starts
+    )
+    want_lengths, want_rebased, want_order = _spec(lengths, values, row_starts)
+    torch.testing.assert_close(shard_lengths, want_lengths)
+    torch.testing.assert_close(rebased, want_rebased)
+    torch.testing.assert_close(order, want_order)
+    torch.testing.assert_close(sorted_weights, weights[want_order])
