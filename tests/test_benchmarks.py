@@ -314,3 +314,18 @@ def test_bench_qcomm_runs_at_toy_size(tmp_path):
 def test_bench_row_buckets_runs_at_toy_size():
     text = _run("bench_row_buckets.py", "--bags", "8", "--shards", "2", "9", "--reps", "1")
     assert "partition/sort" in text and len(text.strip().splitlines()) == 4
+
+
+def test_bench_vbe_runs_at_toy_size(tmp_path):
+    out = tmp_path / "vbe.md"
+    _run(
+        "bench_vbe.py", "--sharding", "table_wise", "--batch", "8", "--repeat", "4", "--rows",
+        "50", "--dim", "8", "--steps", "1", "--rounds", "1", "--out", str(out),
+    )  # fmt: skip
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]["table_wise"]
+    assert list(rows) == ["vbe", "expanded"]
+    for row in rows.values():
+        assert _positive(row["input"], row["output"], row["backward"], row["ms_per_step"])
+    # 4 user + 4 item features of dim 8, 8 examples: users send 2 rows each, not 8
+    assert rows["expanded"]["output"] == rows["expanded"]["backward"] > rows["vbe"]["output"]
+    assert rows["vbe"]["input"] < rows["expanded"]["input"]

@@ -93,6 +93,7 @@ PUBLIC = {
         "TableDict",
         "collection_tables",
         "data_type_to_dtype",
+        "expand_bags",
         "expand_variable_batch",
         "fused_tables",
         "get_embedding_names_by_table",

@@ -26,7 +26,7 @@ from shardkit.modules._tables import (
     fused_tables,
     stack_tables,
 )
-from shardkit.modules._vbe import expand_variable_batch
+from shardkit.modules._vbe import expand_bags, expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
     DataType,
@@ -58,6 +58,7 @@ __all__ = [
     "TableDict",
     "collection_tables",
     "data_type_to_dtype",
+    "expand_bags",
     "expand_variable_batch",
     "fused_tables",
     "get_embedding_names_by_table",

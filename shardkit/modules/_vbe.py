@@ -15,18 +15,25 @@ rows by ``inverse_indices`` (TorchRec's unsharded semantics), and so do the grad
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["expand_variable_batch"]
+__all__ = ["expand_bags", "expand_variable_batch"]
 
 
-def expand_variable_batch(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+def expand_variable_batch(
+    features: KeyedJaggedTensor, *, keys: Sequence[str] | None = None
+) -> KeyedJaggedTensor:
     """``features`` for the full batch: each key's bags repeated by its ``inverse_indices``
-    row (``features`` itself when its keys share one batch size)."""
+    row (``features`` itself when its keys share one batch size). ``keys``: expand only these
+    (the result has only them)."""
     if not features.variable_stride_per_key():
-        return features
+        return (
+            features if keys is None else features.permute([features.keys().index(k) for k in keys])
+        )
     found = features.inverse_indices_or_none()
     if found is None:
         raise ValueError(
@@ -34,21 +41,25 @@ def expand_variable_batch(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
             "inverse_indices (keys, [num_keys, B]) to say which bag each example uses; build it "
             "with inverse_indices=, or give every key the same batch size"
         )
-    keys, inverse = found
-    missing = [k for k in features.keys() if k not in keys]  # noqa: SIM118 (a KJT)
+    only, (keys, inverse) = keys, found
+    chosen = features.keys() if only is None else only
+    missing = [k for k in chosen if k not in keys]
     if missing:
         raise ValueError(
             f"inverse_indices lacks keys {missing} of the KeyedJaggedTensor (it has {list(keys)}); "
             "give every key a row, torch.arange(B) for a key that is not deduplicated"
         )
     row = {key: i for i, key in enumerate(keys)}
+    by_key = features.to_dict()
     return KeyedJaggedTensor.from_jt_dict(
-        {key: _expand(jt, inverse[row[key]].long()) for key, jt in features.to_dict().items()}
+        {key: expand_bags(by_key[key], inverse[row[key]].long()) for key in chosen}
     )
 
 
-def _expand(jt: JaggedTensor, index: torch.Tensor) -> JaggedTensor:
-    """The bags ``index`` ``[B]`` picks from ``jt``, in that order."""
+def expand_bags(jt: JaggedTensor, index: torch.Tensor) -> JaggedTensor:
+    """The bags ``index`` ``[B]`` picks from ``jt``, in that order. ``jt``'s values may be
+    ids ``[n]`` or rows ``[n, D]`` (a sequence collection's output; the gather's gradient adds
+    the rows' gradients back into the bags they came from)."""
     lengths = jt.lengths()[index]  # [B]
     starts = jt.offsets()[:-1][index]
     new_starts = torch.cumsum(lengths, 0) - lengths

@@ -281,8 +281,10 @@ class EmbeddingCollection(_Collection):
         return [list(t.feature_names) for t in self._stack.configs]
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        """Returns ``{feature: JaggedTensor(values=[n_f, dim], lengths=[B])}``."""
-        kjt, plan = self._prepare(features)
+        """Returns ``{feature: JaggedTensor(values=[n_f, dim], lengths=[B])}``. A batch size
+        per key (VBE) gives every key the full batch's ``B`` bags (see `_vbe`), as TorchRec's
+        sharded EmbeddingCollection does (its unsharded one returns the deduplicated bags)."""
+        kjt, plan = self._prepare(expand_variable_batch(features))
         out: dict[str, JaggedTensor] = {}
         for group, spec in zip(self._stack.groups, plan.groups):
             inputs = group_input(kjt, spec)

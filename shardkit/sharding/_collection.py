@@ -22,14 +22,13 @@ from shardkit.modules import (
     TableDict,
     collection_tables,
     data_type_to_dtype,
-    expand_variable_batch,
     fused_tables,
 )
 from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._device import resolve_device
 from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._input_dist import PendingInput, SourceBatch, exchange_start
-from shardkit.sharding._inputs import source_batch
+from shardkit.sharding._inputs import expanded_features, source_batch, variable_batch_inverse
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
 from shardkit.sharding._qcomm_dist import check_codecs
@@ -62,7 +61,8 @@ class DistributedInput:
     features: KeyedJaggedTensor
     pending: PendingInput
     source: SourceBatch | None = None  # this rank's checked batch, per feature
-    full: KeyedJaggedTensor | None = None  # ``features`` for the full batch (VBE expanded)
+    full: KeyedJaggedTensor | None = None  # VBE: the data-parallel features, expanded
+    inverse: torch.Tensor | None = None  # VBE: [F, B] each feature's bag of each example
 
 
 class ShardedTable(nn.Module):
@@ -149,6 +149,12 @@ class ShardedCollection(nn.Module):
         self._prefetched: list[DistributedInput] = []
         self._register_state_dict_hook(_state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
+        if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
+            logger.info(
+                "variable-batch (VBE) input: data-parallel tables %s look up the expanded "
+                "batch; the sharded tables' deduplicated bags are sent and looked up once",
+                self._local_or_replicated(),
+            )
         logger.info(
             "rank %d: %d local shard group(s), %d output class(es), %d data-parallel table(s)",
             env.rank,
@@ -225,6 +231,9 @@ class ShardedCollection(nn.Module):
         return build_replica_groups(
             self._configs, keys, replicated, dense, self._device, weights, self._env.pg
         )
+
+    def _local_or_replicated(self) -> list[str]:
+        return self._replicated(fused=True) + self._replicated(fused=False)
 
     def _replicated(self, *, fused: bool) -> list[str]:
         return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]
@@ -322,14 +331,20 @@ class ShardedCollection(nn.Module):
 
     def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
-        full = self._full_batch(features)
+        inverse = None
+        if self._ACCEPTS_VARIABLE_BATCH:
+            inverse = variable_batch_inverse(features, self.feature_names())
+        local = [u.feature for u in self._layout.units_of(Route.LOCAL)]
+        full = expanded_features(features, inverse, local)
         source = source_batch(
-            full,
+            features,
             self._configs,
             weighted=self._is_weighted,
             with_weights=self._with_weights,
             validate_ids=self._validate_ids,
             device=self._device,
+            inverse=inverse,
+            expanded=full,
         )
         pending = exchange_start(
             source,
@@ -339,18 +354,8 @@ class ShardedCollection(nn.Module):
             with_weights=self._with_weights,
             device=self._device,
         )
-        return DistributedInput(features, pending, source, full)
-
-    def _full_batch(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """A bag collection's VBE input as the full batch's bags (see `expand_variable_batch`:
-        each repeated bag is sent as often as it is used, not once). Input it cannot expand is
-        left for `source_batch` to refuse in step with the other ranks."""
-        if not self._ACCEPTS_VARIABLE_BATCH:
-            return features
-        try:
-            return expand_variable_batch(features)
-        except ValueError:
-            return features
+        vbe = inverse if isinstance(inverse, torch.Tensor) else None
+        return DistributedInput(features, pending, source, full, vbe)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.modules import EmbeddingConfig, lookup
+from shardkit.modules import EmbeddingConfig, expand_bags, lookup
 from shardkit.sharding._collection import DistributedInput, ShardedCollection
 from shardkit.sharding._layout import Unit
 from shardkit.sharding._sequence_dist import distribute_rows
@@ -27,6 +27,7 @@ class ShardedEmbeddingCollection(ShardedCollection):
 
     _TABLES = "embeddings"
     _FUSED_REPLICAS = False
+    _ACCEPTS_VARIABLE_BATCH = True
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
         return list(self._configs)  # type: ignore[arg-type]
@@ -72,13 +73,24 @@ class ShardedEmbeddingCollection(ShardedCollection):
         return rows
 
     def _assemble(self, blocks, dist_input: DistributedInput) -> dict[str, JaggedTensor]:
+        """Each feature's rows as a JaggedTensor. A variable batch's sharded features came back
+        as their deduplicated bags' rows and are expanded here by the inverse indices; its
+        data-parallel ones were looked up from the expanded batch (see [Note: variable batch
+        on the wire])."""
         pending = dist_input.pending
+        full = dist_input.full
         rows = self._feature_rows(
-            dist_input.features, lambda unit: self._unit_rows(unit, blocks, pending)
+            dist_input.features if full is None else full,
+            lambda unit: self._unit_rows(unit, blocks, pending),
         )
         by_key = dist_input.features.to_dict()
-        return {
-            feature: JaggedTensor(values=rows[feature], lengths=by_key[feature].lengths())
-            for config in self._configs
-            for feature in config.feature_names
-        }
+        expanded = {} if full is None else full.to_dict()
+        inverse = dist_input.inverse
+        out = {}
+        for index, feature in enumerate(self.feature_names()):
+            if feature in expanded:
+                out[feature] = JaggedTensor(rows[feature], lengths=expanded[feature].lengths())
+                continue
+            jt = JaggedTensor(rows[feature], lengths=by_key[feature].lengths())
+            out[feature] = jt if inverse is None else expand_bags(jt, inverse[index])
+        return out

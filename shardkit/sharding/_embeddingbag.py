@@ -58,12 +58,15 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
                 hosts=self._hosts,
                 device=self._device,
                 codecs=self._qcomm_codecs_registry,
+                feature_rows=received.feature_rows,
             )
+            if received.feature_rows is not None or dist_input.inverse is not None:
+                got, first = self._expanded(got, first, dist_input.inverse, batch_size)
             first_rows.update({unit: (len(sources), row) for unit, row in first.items()})
             sources.append(got)
         scales = [self._gradient_scale] * len(sources)
         local_cols: dict[str, tuple[int, int]] = {}  # data-parallel feature: (source, column)
-        if self._local is not None:
+        if self._local is not None:  # a variable batch's features expanded: see _collection
             full = dist_input.features if dist_input.full is None else dist_input.full
             local = self._local(self._local_features(full))  # KeyedTensor
             local_cols = {
@@ -80,6 +83,26 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
         blocks = self._blocks(first_rows, local_cols)
         values = assemble(sources, scales, blocks, batch_size=batch_size, width=self._width)
         return KeyedTensor(self._feature_names, self._feature_dims, values)
+
+    def _expanded(
+        self, got: torch.Tensor, first: dict[int, int], inverse: torch.Tensor | None, size: int
+    ) -> tuple[torch.Tensor, dict[int, int]]:
+        """A variable batch's pooled rows ``got`` (unit ``u``'s deduplicated bags from row
+        ``first[u]``) expanded to ``[B]`` rows per unit by the inverse indices (``[F, B]``;
+        None: each example its own bag). One gather per output class; its gradient sums the
+        rows' gradients into their bag (index_add). See [Note: variable batch on the wire]."""
+        if not first:
+            return got, first
+        units = sorted(first, key=first.__getitem__)
+        own = torch.arange(size, device=got.device)
+        index = torch.cat(
+            [
+                first[u]
+                + (own if inverse is None else inverse[self._layout.units[u].feature_index])
+                for u in units
+            ]
+        )
+        return got.index_select(0, index), {u: k * size for k, u in enumerate(units)}
 
     def _replica_rows(self, group, dist_input: DistributedInput, batch_size: int) -> torch.Tensor:
         source = dist_input.source

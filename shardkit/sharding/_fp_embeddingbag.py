@@ -107,12 +107,15 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
             torch.tensor(features.length_per_key(), device=weights.device),
         )  # [N]
         weights = weights + (weights - weights.detach()) * (scale - 1)  # same value, grad * scale
+        variable = features.variable_stride_per_key()  # a VBE batch stays one
         return KeyedJaggedTensor(
             keys=features.keys(),
             values=features.values(),
             weights=weights,
             lengths=features.lengths(),
-            stride=features.stride(),
+            stride=None if variable else features.stride(),
+            stride_per_key_per_rank=features.stride_per_key_per_rank() if variable else None,
+            inverse_indices=features.inverse_indices_or_none(),
             length_per_key=features.length_per_key(),
         )
 

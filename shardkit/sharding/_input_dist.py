@@ -2,7 +2,9 @@
 
 [Note: input exchange]
 Three all-to-alls per batch, all ranks in step:
-1. a header per destination: ``[batch size, status, ids of each slot bound for it]`` int64.
+1. a header per destination: ``[batch size, status, ids of each slot bound for it, bags of
+   each feature]`` int64 (the bags: ``B`` each, except in a variable batch, see
+   [Note: variable batch on the wire]).
    Every rank learns every other rank's batch size and whether its input was valid, so a bad
    input or a mismatch makes all ranks raise the same error instead of leaving some waiting;
    and how many ids it receives per (source, slot), on the host (see [Note: host-side sizes]).
@@ -60,6 +62,8 @@ class SourceBatch:
     ``lengths_per_feature[f]`` ``[B]``, ``values_per_feature[f]`` ``[n_f]`` int64 table ids,
     ``weights_per_feature[f]`` ``[n_f]`` float32 or None. ``error`` is this rank's validation
     error, if any: it still takes part in the header exchange, then every rank raises.
+    ``strides[f]``: the bags of feature ``f`` (a variable batch, [Note: variable batch on the
+    wire]); None: ``batch_size`` for every feature.
     """
 
     batch_size: int
@@ -67,6 +71,7 @@ class SourceBatch:
     values_per_feature: list[torch.Tensor]
     weights_per_feature: list[torch.Tensor] | None
     error: str | None = None
+    strides: list[int] | None = None
 
 
 @dataclass
@@ -79,6 +84,15 @@ class Received:
     weights: torch.Tensor | None  # [N] float32
     batch_size: int
     counts: list[list[int]]  # [W][S] ids per (source, slot), on the host
+    # A variable batch ([Note: variable batch on the wire]): bags per feature, the most any
+    # rank sent, and ``lengths`` is [W, sum of its slots' bags], padded with empty bags.
+    feature_rows: list[int] | None = None
+
+    def slot_rows(self) -> list[int]:
+        """Bags per slot from each source (``batch_size`` each unless a variable batch)."""
+        if self.feature_rows is None:
+            return [self.batch_size] * len(self.slots)
+        return [self.feature_rows[s.unit.feature_index] for s in self.slots]
 
 
 class PendingInput:
@@ -139,10 +153,12 @@ def exchange_start(
     _check_headers(header, batch, rank)
     size = header[0][0]
     slots = layout.slots_to(rank)
-    counts = [row[2:] for row in header]  # [W][S]
+    counts = [row[2 : 2 + len(slots)] for row in header]  # [W][S]
+    strides = [row[2 + len(slots) :] for row in header]  # [W][F] bags per feature
     received_ids = [sum(per_slot) for per_slot in counts]
     sent_ids = [sum(per_slot) for per_slot in sent_counts]
-    ints_out = [len(slots) * size + n for n in received_ids]
+    bags = [[per_rank[s.unit.feature_index] for s in slots] for per_rank in strides]  # [W][S]
+    ints_out = [sum(per_slot) + n for per_slot, n in zip(bags, received_ids)]
     assert payload is not None
     ints = torch.cat([torch.cat([p.lengths, p.ids]) for p in payload])
     ints_in = [p.lengths.numel() + p.ids.numel() for p in payload]
@@ -160,7 +176,11 @@ def exchange_start(
             async_op=True,
         )
 
+    variable = any(n != size for per_rank in strides for n in per_rank)
+
     def finish() -> Received:
+        if variable:
+            return _unpack_variable(ints_handle, weights_handle, slots, counts, size, strides)
         return _unpack(ints_handle, weights_handle, slots, counts, world, size)
 
     return PendingInput(finish, sent_counts, orders)
@@ -174,12 +194,16 @@ def _exchange_headers(
     group: dist.ProcessGroup | None,
     device: torch.device,
 ) -> list[list[int]]:
-    """Every source's header to this rank, read on the host: ``[W][2 + S]`` (see
+    """Every source's header to this rank, read on the host: ``[W][2 + S + F]`` (see
     [Note: input exchange]); the one device-to-host read of the receiver."""
     status = _OK if batch.error is None else _BAD_INPUT
-    rows = [[batch.batch_size, status, *per_slot] for per_slot in sent_counts]
+    num_features = 1 + max((u.feature_index for u in layout.units), default=-1)
+    strides = batch.strides or [batch.batch_size] * num_features
+    if batch.error is not None:
+        strides = [0] * num_features
+    rows = [[batch.batch_size, status, *per_slot, *strides] for per_slot in sent_counts]
     flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64)
-    width = 2 + len(layout.slots_to(rank))
+    width = 2 + len(layout.slots_to(rank)) + num_features
     got = comm.all_to_all_single(
         flat.to(device, non_blocking=True),  # See [Note: host-side sizes]
         input_split_sizes=[len(row) for row in rows],
@@ -309,3 +333,40 @@ def _unpack(
         batch_size=size,
         counts=counts,
     )
+
+
+# [Note: variable batch on the wire]
+# A variable batch (VBE) sends each feature's own, deduplicated bags: source ``w`` sends
+# ``strides[w][f]`` bag lengths for each slot of feature ``f`` (the header carries every
+# rank's strides, so every rank knows them all). The receiver pads each slot to the most bags
+# any source sent for its feature (``feature_rows[f]``), with empty bags, so that the lookup
+# and the output dist see the same number of rows per slot from every source (an even
+# reduce-scatter, one offset per unit); the bags' home rank expands its rows by
+# ``inverse_indices`` after the output dist. The padding costs one empty bag (a zero row on
+# the way back) per bag another rank has more of: nothing when the ranks deduplicate alike.
+
+
+def _unpack_variable(ints_handle, weights_handle, slots, counts, size, strides) -> Received:
+    """`_unpack` for a variable batch: ``strides[w][f]`` lengths from source ``w`` for each
+    slot of feature ``f``, padded to ``[W, sum(feature_rows of the slots)]``."""
+    ints = ints_handle.wait()
+    feature_rows = [max(column) for column in zip(*strides)]
+    bags = [[per_rank[s.unit.feature_index] for s in slots] for per_rank in strides]  # [W][S]
+    widest = [feature_rows[s.unit.feature_index] for s in slots]
+    pieces = torch.split(ints, [sum(b) + sum(c) for b, c in zip(bags, counts)])
+    total = sum(widest)
+    where: list[int] = []  # each received length's position in the padded [W * total]
+    for source, per_slot in enumerate(bags):
+        start = source * total
+        for n, width in zip(per_slot, widest):
+            where.extend(range(start, start + n))
+            start += width
+    device = ints.device
+    got = torch.cat([p[: sum(b)] for p, b in zip(pieces, bags)])
+    lengths = torch.zeros(len(bags) * total, dtype=torch.int64, device=device)
+    index = torch.tensor(where, dtype=torch.int64).to(device, non_blocking=True)
+    lengths.index_copy_(0, index, got)
+    values = torch.cat([p[sum(b) :] for p, b in zip(pieces, bags)])
+    weights = weights_handle.wait() if weights_handle is not None else None
+    lengths = lengths.view(len(bags), total)
+    return Received(list(slots), lengths, values, weights, size, counts, feature_rows)

@@ -6,11 +6,16 @@ from collections.abc import Sequence
 
 import torch
 
-from shardkit.modules import BaseEmbeddingConfig, PoolingType, mean_as_weights
+from shardkit.modules import (
+    BaseEmbeddingConfig,
+    PoolingType,
+    expand_variable_batch,
+    mean_as_weights,
+)
 from shardkit.sharding._input_dist import SourceBatch
 from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["source_batch"]
+__all__ = ["expanded_features", "source_batch", "variable_batch_inverse"]
 
 
 def source_batch(
@@ -21,13 +26,21 @@ def source_batch(
     with_weights: bool,
     validate_ids: bool,
     device: torch.device,
+    inverse: torch.Tensor | str | None = None,
+    expanded: KeyedJaggedTensor | None = None,
 ) -> SourceBatch:
     """Per feature (module order): lengths, int64 ids and float weights (MEAN folded in).
 
     Problems are returned in ``error`` rather than raised, so that this rank still takes part in
     the header exchange and all ranks raise together (see [Note: input exchange]).
+
+    A variable batch (VBE) needs ``inverse``, from `variable_batch_inverse`: its features are
+    sent deduplicated, with their own ``strides``, except those in ``expanded`` (the
+    data-parallel ones, looked up locally, already expanded to the full batch).
     """
-    error = _check(features, configs, weighted, device)
+    if isinstance(inverse, str):  # the inverse indices were refused
+        return SourceBatch(features.stride() if features.keys() else 0, [], [], None, inverse)
+    error = _check(features, configs, weighted, device, variable=inverse is not None)
     if error is None and validate_ids:
         try:
             features.validate()
@@ -36,6 +49,8 @@ def source_batch(
     if error is not None:
         return SourceBatch(features.stride() if features.keys() else 0, [], [], None, error)
     by_key = features.to_dict()
+    if inverse is not None and expanded is not None:
+        by_key.update(expanded.to_dict())
     lengths, values, weights = [], [], []
     for config in configs:
         for feature in config.feature_names:
@@ -44,11 +59,44 @@ def source_batch(
             values.append(jt.values().long())
             if with_weights:
                 weights.append(_weights(jt, config))
+    size = features.stride() if inverse is None else inverse.shape[1]
     if validate_ids:
         problem = _check_ids(values, configs)
         if problem is not None:
-            return SourceBatch(features.stride(), [], [], None, problem)
-    return SourceBatch(features.stride(), lengths, values, weights if with_weights else None)
+            return SourceBatch(size, [], [], None, problem)
+    strides = None if inverse is None else [n.numel() for n in lengths]
+    return SourceBatch(size, lengths, values, weights if with_weights else None, strides=strides)
+
+
+def variable_batch_inverse(
+    features: KeyedJaggedTensor, feature_names: Sequence[str]
+) -> torch.Tensor | str | None:
+    """``[F, B]`` int64: for each of ``feature_names`` the bag of each example of a variable
+    batch (VBE); None for a plain batch (or one without inverse indices, which `source_batch`
+    refuses); a message where the inverse indices are refused. Reads the device once."""
+    found = features.inverse_indices_or_none()
+    if not features.variable_stride_per_key() or found is None:
+        return None
+    keys, index = found
+    missing = [f for f in feature_names if f not in keys]
+    if missing or index.dim() != 2 or index.shape[0] != len(keys):
+        return (
+            f"inverse_indices must be (keys, [len(keys), B]) with a row for every feature the "
+            f"collection looks up; got keys {list(keys)}, shape {list(index.shape)}, missing "
+            f"{missing}"
+        )
+    rows = index[[list(keys).index(f) for f in feature_names]].long()  # [F, B]
+    strides = dict(zip(features.keys(), features.stride_per_key()))
+    limits = [strides.get(f, 0) for f in feature_names]
+    if not rows.numel():
+        return rows
+    low, high = torch.stack([rows.amin(1), rows.amax(1)]).tolist()  # one read of the device
+    if min(low) < 0 or any(h >= n for h, n in zip(high, limits)):
+        return (
+            f"inverse_indices of features {list(feature_names)} must pick a bag of their own "
+            f"key (0 <= index < bags {limits}); got indices from {low} to {high} per feature"
+        )
+    return rows
 
 
 def _check(
@@ -56,6 +104,8 @@ def _check(
     configs: Sequence[BaseEmbeddingConfig],
     weighted: bool,
     device: torch.device,
+    *,
+    variable: bool = False,
 ) -> str | None:
     expected = [f for c in configs for f in c.feature_names]
     keys = features.keys()
@@ -65,8 +115,11 @@ def _check(
             f"the KeyedJaggedTensor lacks the module's features {missing} (it has {keys}). "
             f"The module looks up {expected}"
         )
-    if features.variable_stride_per_key():
-        return f"a sharded collection needs one batch size for all keys, got {features.stride_per_key()}"
+    if features.variable_stride_per_key() and not variable:
+        return (
+            "a sharded collection needs one batch size for all keys, or inverse_indices "
+            f"saying which bag each example uses; got {features.stride_per_key()}"
+        )
     if weighted and features.weights_or_none() is None:
         return "this collection is weighted but the KJT has no weights"
     where = features.values().device
@@ -110,3 +163,16 @@ def _weights(jt, config: BaseEmbeddingConfig) -> torch.Tensor:
     if weights is None:
         return torch.ones(num_ids, device=jt.values().device)
     return weights
+
+
+def expanded_features(
+    features: KeyedJaggedTensor, inverse: torch.Tensor | str | None, names: Sequence[str]
+) -> KeyedJaggedTensor | None:
+    """A variable batch's features ``names`` (the data-parallel ones, looked up where they
+    are) expanded to the full batch; None for a plain batch, no such features, or input
+    `source_batch` refuses in step with the other ranks."""
+    if not isinstance(inverse, torch.Tensor) or not names:
+        return None
+    if any(f not in features.keys() for f in names):  # noqa: SIM118 (a KJT)
+        return None
+    return expand_variable_batch(features, keys=list(dict.fromkeys(names)))

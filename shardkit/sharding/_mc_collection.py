@@ -374,12 +374,15 @@ def _jagged(values: torch.Tensor) -> JaggedTensor:
 
 
 def _with_values(kjt: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
+    variable = kjt.variable_stride_per_key()  # a VBE batch stays one
     return KeyedJaggedTensor(
         keys=kjt.keys(),
         values=values,
         weights=kjt.weights_or_none(),
         lengths=kjt.lengths(),
-        stride=kjt.stride(),
+        stride=None if variable else kjt.stride(),
+        stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
         length_per_key=kjt.length_per_key(),
         offset_per_key=kjt.offset_per_key(),
+        inverse_indices=kjt.inverse_indices_or_none(),
     )

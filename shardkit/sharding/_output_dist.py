@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardkit.sharding._layout import Route
+from shardkit.sharding._layout import Route, Slot
 from shardkit.sharding._qcomm_dist import all_to_all, codecs_of, reduce_scatter
 from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 from shardkit.types import CommOp
@@ -54,6 +54,7 @@ def distribute(
     hosts: HostGroups | None,
     device: torch.device,
     codecs: Mapping[str, Any] | None = None,
+    feature_rows: Sequence[int] | None = None,
 ) -> ClassRows:
     """Send one class's pooled rows home.
 
@@ -63,19 +64,22 @@ def distribute(
     ``rows``: this rank's kernel outputs of the class, one per group in class order, each
     ``[W * S_g * B, cols]`` ordered (source, slot, bag). ``device``: where a rank with no rows
     in the class makes its empty contribution. ``codecs``: the collection's
-    ``qcomm_codecs_registry`` (see [Note: compressed collectives]).
+    ``qcomm_codecs_registry`` (see [Note: compressed collectives]). ``feature_rows``: a
+    variable batch's bags per feature, in place of ``B`` (see [Note: variable batch on the
+    wire]); a unit's rows are then ``[first, first + feature_rows[f])``.
     """
+    sizes = _SlotRows(batch_size, feature_rows)
     route, cols = output_class
     world = len(specs_per_rank)
     local = _differentiable(_by_source(rows, world, cols, device))  # [W, S * B, cols]
     a2a = codecs_of(codecs, CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL)
     summed = codecs_of(codecs, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER)
     if route == Route.PLACED:
-        return _placed(output_class, local, specs_per_rank, rank, batch_size, group, a2a)
+        return _placed(output_class, local, specs_per_rank, rank, sizes, group, a2a)
     if route == Route.SUMMED:
-        return _summed(output_class, local, specs_per_rank[rank], batch_size, group, summed)
+        return _summed(output_class, local, specs_per_rank[rank], sizes, group, summed)
     assert hosts is not None
-    return _host_summed(output_class, local, specs_per_rank, rank, batch_size, hosts, (a2a, summed))
+    return _host_summed(output_class, local, specs_per_rank, rank, sizes, hosts, (a2a, summed))
 
 
 def _differentiable(x: torch.Tensor) -> torch.Tensor:
@@ -99,9 +103,9 @@ def _by_source(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _placed(cls, local, specs_per_rank, rank, batch_size, group, codecs) -> ClassRows:
+def _placed(cls, local, specs_per_rank, rank, sizes, group, codecs) -> ClassRows:
     world, per_source, cols = local.shape
-    receive = [len(class_slots(specs, cls)) * batch_size for specs in specs_per_rank]
+    receive = [sizes.total(class_slots(specs, cls)) for specs in specs_per_rank]
     got = all_to_all(
         local.reshape(-1, cols),
         codecs,
@@ -113,18 +117,19 @@ def _placed(cls, local, specs_per_rank, rank, batch_size, group, codecs) -> Clas
     for specs in specs_per_rank:
         for slot in class_slots(specs, cls):
             first[slot.unit.index] = offset
-            offset += batch_size
+            offset += sizes.of(slot)
     return got, first
 
 
-def _summed(cls, local, my_specs, batch_size, group, codecs) -> ClassRows:
+def _summed(cls, local, my_specs, sizes, group, codecs) -> ClassRows:
     cols = local.shape[2]
     summed = reduce_scatter(local.reshape(-1, cols), codecs, group=group)
     slots = class_slots(my_specs, cls)
-    return summed, {slot.unit.index: k * batch_size for k, slot in enumerate(slots)}
+    starts = [sizes.total(slots[:k]) for k in range(len(slots))]
+    return summed, {slot.unit.index: start for slot, start in zip(slots, starts)}
 
 
-def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts, codecs) -> ClassRows:
+def _host_summed(cls, local, specs_per_rank, rank, sizes, hosts, codecs) -> ClassRows:
     _, per_source, cols = local.shape
     num_local, num_hosts = hosts.local_world_size, hosts.num_hosts
     index = rank % num_local
@@ -137,11 +142,11 @@ def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts, codecs) ->
         stage = _differentiable(local.new_zeros((0, cols)))
     peers = [h * num_local + index for h in range(num_hosts)]
     if num_hosts > 1:
-        receive = [len(class_slots(specs_per_rank[p], cls)) * batch_size for p in peers]
+        receive = [sizes.total(class_slots(specs_per_rank[p], cls)) for p in peers]
         stage = all_to_all(
             stage,
             codecs[0],
-            input_split_sizes=[len(mine) * batch_size] * num_hosts,
+            input_split_sizes=[sizes.total(mine)] * num_hosts,
             output_split_sizes=receive,
             group=hosts.cross,
         )
@@ -149,5 +154,24 @@ def _host_summed(cls, local, specs_per_rank, rank, batch_size, hosts, codecs) ->
     for peer in peers:
         for slot in class_slots(specs_per_rank[peer], cls):
             first[slot.unit.index] = offset
-            offset += batch_size
+            offset += sizes.of(slot)
     return stage, first
+
+
+class _SlotRows:
+    """Pooled rows per slot: ``batch_size``, or a variable batch's ``feature_rows`` of the
+    slot's feature (see [Note: variable batch on the wire])."""
+
+    def __init__(self, batch_size: int, feature_rows: Sequence[int] | None) -> None:
+        self.batch_size = batch_size
+        self.feature_rows = None if feature_rows is None else list(feature_rows)
+
+    def of(self, slot: Slot) -> int:
+        if self.feature_rows is None:
+            return self.batch_size
+        return self.feature_rows[slot.unit.feature_index]
+
+    def total(self, slots: Sequence[Slot]) -> int:
+        if self.feature_rows is None:
+            return len(slots) * self.batch_size
+        return sum(self.of(slot) for slot in slots)

@@ -126,7 +126,10 @@ def shard_group_input(
     (source, slot, bag): ids shifted from shard rows to rows of the group's stack."""
     slots = received.slots
     positions = [slots.index(s) for s in shard_group.spec.slots]
-    lengths = received.lengths[:, positions, :]  # [W, S_g, B]
+    if received.feature_rows is None:
+        lengths = received.lengths[:, positions, :]  # [W, S_g, B]
+    else:  # [W, bags of the S_g slots]: see [Note: variable batch on the wire]
+        lengths = received.lengths[:, _columns(received.slot_rows(), positions)]
     counts = received.counts  # [W][S] ids per (source, slot), host-side
     bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
     chosen_counts = [per_source[p] for per_source in counts for p in positions]  # [W * S_g]
@@ -142,6 +145,14 @@ def shard_group_input(
         values, lengths.reshape(-1), bases * lengths.shape[0], chosen_counts
     )
     return ids, offsets, weights
+
+
+def _columns(rows: list[int], positions: list[int]) -> list[int] | slice:
+    """The bags of slots ``positions`` among slots of ``rows`` bags each, laid side by side."""
+    if positions == list(range(len(rows))):
+        return slice(None)
+    starts = [sum(rows[:p]) for p in range(len(rows))]
+    return [starts[p] + k for p in positions for k in range(rows[p])]
 
 
 def _segments(counts: list[list[int]], positions: list[int], device: torch.device) -> torch.Tensor:

@@ -8,9 +8,15 @@ import copy
 import pytest
 import torch
 
-from shardkit import EmbeddingBagCollection, KeyedJaggedTensor, PoolingType
+from shardkit import (
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+    PoolingType,
+)
 from shardkit.modules import expand_variable_batch
-from tests.sharding.common import configs
+from tests.sharding.common import FEATURES, LIMITS, configs
 from tests.sharding.vbe import kjt_of, vbe_batch
 
 
@@ -41,3 +47,28 @@ def test_vbe_without_inverse_indices_is_refused():
         expand_variable_batch(bare)
     with pytest.raises(ValueError, match="needs inverse_indices"):
         EmbeddingBagCollection(tables=configs())(bare)
+
+
+def test_vbe_into_the_sequence_collection_gives_the_full_batch():
+    """Every key's full-batch bags (TorchRec's sharded EmbeddingCollection's output), with the
+    tables' gradients summed from the repeated rows into their deduplicated bag."""
+    torch.manual_seed(0)
+    tables = [EmbeddingConfig(name=f"t_{k}", embedding_dim=3, num_embeddings=LIMITS[k],
+                              feature_names=[k]) for k in FEATURES]  # fmt: skip
+    ec = EmbeddingCollection(tables=tables)
+    reference = copy.deepcopy(ec)
+    vbe, bags = vbe_batch(3, 5)
+    out, expected = ec(vbe), reference(kjt_of(bags))
+    loss, ref_loss = 0.0, 0.0
+    for key in FEATURES:
+        torch.testing.assert_close(out[key].lengths(), expected[key].lengths(), rtol=0, atol=0)
+        torch.testing.assert_close(out[key].values(), expected[key].values(), rtol=0, atol=0)
+        coef = torch.randn(expected[key].values().shape)
+        loss, ref_loss = (
+            loss + (out[key].values() * coef).sum(),
+            ref_loss + (expected[key].values() * coef).sum(),
+        )
+    loss.backward()
+    ref_loss.backward()
+    for (name, p), q in zip(ec.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6, msg=name)

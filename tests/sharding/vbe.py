@@ -34,6 +34,8 @@ def vbe_batch(seed: int, size: int, *, unique: dict | None = None):
         inverse.append(
             torch.randint(0, count, (size,), generator=g) if shared else torch.arange(size)
         )
+    bags["a"][0] = torch.tensor([1, 1, 3])  # a repeated id in a deduplicated bag
+    bags["b"][0] = torch.tensor([], dtype=torch.int64)  # an empty bag
     index = torch.stack(inverse)
     vbe = kjt_of(
         bags, strides=[[len(bags[k])] for k in FEATURES], inverse_indices=(FEATURES, index)
