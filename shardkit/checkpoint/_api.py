@@ -92,9 +92,8 @@ def save(
             commit(temporary, final, keep=keep)
             logger.info("checkpoint of step %d written to %s", step, final)
         except Exception as exc:  # every rank must hear of it: see [Note: one commit outcome]
-            _raise_commit_failure(f"{type(exc).__name__}: {exc}", step, temporary, group, exc)
-    outcome = comm.broadcast_object(None, src=_global(0, group), group=group)
-    _raise_commit_failure(outcome, step, temporary, group)
+            _raise_commit_failure(_commit_failure(exc, step, temporary, final), group, exc)
+    _raise_commit_failure(comm.broadcast_object(None, src=_global(0, group), group=group), group)
     return final
 
 
@@ -102,24 +101,34 @@ def save(
 # Rank 0 alone writes the manifest and renames the checkpoint into place. If that fails (disk
 # full, permissions), the other ranks must not wait in a barrier until the collective timeout:
 # rank 0 broadcasts the outcome (None or the error) in place of the final barrier, and every
-# rank raises the same `CheckpointError` at once. The previous checkpoint and ``latest`` are
-# untouched; the unfinished directory is left aside for inspection.
+# rank raises the same `CheckpointError` at once, saying what is left where: before the rename
+# the unfinished directory (``latest`` untouched), after it the complete checkpoint that
+# ``latest`` does not name yet. A re-save of an existing step keeps the old one aside until the
+# new one is in place (`_store.commit`).
+def _commit_failure(exc: Exception, step: int, temporary: Path, final: Path) -> str:
+    """What rank 0's failed commit left behind, said for every rank."""
+    cause = f"rank 0 failed with {type(exc).__name__}: {exc}"
+    if temporary.exists():
+        where = (
+            f"'latest' is unchanged; the unfinished files are in {temporary}. Fix the cause "
+            "(e.g. free disk space) and save again."
+        )
+    else:
+        where = (
+            f"its files are complete in {final}, but 'latest' was not pointed at it. Fix the "
+            "cause (e.g. free disk space) and save again."
+        )
+    return f"checkpoint of step {step} was not committed: {cause}. {where}"
+
+
 def _raise_commit_failure(
-    failure: str | None,
-    step: int,
-    temporary: Path,
-    group: Group,
-    cause: BaseException | None = None,
+    failure: str | None, group: Group, cause: BaseException | None = None
 ) -> None:
     if failure is None:
         return
     if cause is not None:  # rank 0 tells the others before raising itself
         comm.broadcast_object(failure, src=_global(0, group), group=group)
-    raise CheckpointError(
-        f"checkpoint of step {step} was not committed: rank 0 failed with {failure}. The "
-        f"previous checkpoint and 'latest' are unchanged; the unfinished files are in "
-        f"{temporary}. Fix the cause (e.g. free disk space) and save again."
-    ) from cause
+    raise CheckpointError(failure) from cause
 
 
 def load(

@@ -73,9 +73,18 @@ def write_manifest(directory: Path, files: dict[str, dict[str, Any]], info: dict
 def commit(temporary: Path, final: Path, *, keep: int) -> Path:
     """Publish a complete checkpoint: rename it into place, point ``latest`` at it, and drop
     all but the ``keep`` newest. See [Note: atomic checkpoints]."""
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(temporary, final)
+    aside = None
+    if final.exists():  # a save of the same step again: keep the old one until the new is in
+        aside = final.with_name(f".old-{final.name}")
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(final, aside)
+    try:
+        os.replace(temporary, final)
+    except BaseException:
+        if aside is not None:
+            os.replace(aside, final)
+        raise
     root = final.parent
     pointer = root / ".latest.tmp"
     with open(pointer, "w") as f:
@@ -83,6 +92,8 @@ def commit(temporary: Path, final: Path, *, keep: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(pointer, root / "latest")
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in steps[: max(0, len(steps) - keep)]:
         shutil.rmtree(old, ignore_errors=True)

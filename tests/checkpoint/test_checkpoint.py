@@ -5,7 +5,6 @@ export/import round-trip through one unsharded file."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import torch
@@ -203,10 +202,9 @@ def _crash_in_commit(rank: int, world_size: int, root: str):
     original = api.commit
     api.commit = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
     try:
-        started = time.monotonic()
         with pytest.raises(CheckpointError) as info:
             ckpt.save(root, step=2, model=dmp)
-        return str(info.value), time.monotonic() - started
+        return str(info.value)
     finally:
         api.commit = original
 
@@ -214,13 +212,13 @@ def _crash_in_commit(rank: int, world_size: int, root: str):
 def test_a_crash_mid_save_raises_on_every_rank_and_keeps_the_previous_checkpoint(
     tmp_path, run_ranks
 ):
-    """Rank 0's commit fails; no rank waits for a timeout, every rank raises why."""
-    found = run_ranks(_crash_in_commit, 2, str(tmp_path))
-    for message, seconds in found:
+    """Rank 0's commit fails; every rank raises why (without the broadcast the other rank
+    would wait in a collective until the 60 s timeout and fail the run otherwise)."""
+    for message in run_ranks(_crash_in_commit, 2, str(tmp_path)):
         assert message.startswith(
-            "checkpoint of step 2 was not committed: rank 0 failed with OSError: disk full."
+            "checkpoint of step 2 was not committed: rank 0 failed with OSError: disk full. "
+            "'latest' is unchanged; the unfinished files are in "
         ), message
-        assert seconds < 5.0, "the other rank heard of the failure at once"
     assert (tmp_path / "latest").read_text().strip() == "step-00000001"
     assert (tmp_path / ".tmp-step-00000002").is_dir(), "the unfinished save is left aside"
     ckpt.verify(tmp_path / "step-00000001")
