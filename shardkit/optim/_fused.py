@@ -142,8 +142,14 @@ class FusedOptimizer(KeyedOptimizer):
             saved = saved_state[name]
             for key, live in self.state[table.param].items():
                 full_key = f"{table.table}.{key}"
+                if full_key not in saved and key == "step":
+                    continue  # a state dict without step counts (TorchRec's): keep ours
                 if full_key not in saved:
-                    raise ValueError(f"fused optimizer state of {name!r} lacks {full_key!r}")
+                    raise ValueError(
+                        f"fused optimizer state of {name!r} lacks {full_key!r} (it has "
+                        f"{sorted(saved)}): load a state dict saved from a collection with the "
+                        "same tables and optimizer"
+                    )
                 live.copy_(saved[full_key])
         for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
