@@ -1,10 +1,10 @@
 """Compressed communication (`QCommsConfig`): bytes on the wire, step time and
-the loss curve of DistributedModelParallel training with its output dists in FP32, FP16 or
-BF16 (forward and backward), at 2 and 4 ranks.
+the loss curve of DistributedModelParallel training with its output dists in FP32, FP16, BF16,
+FP8 or INT8 (forward and backward; FP8 and INT8 with a scale per row), at 2 and 4 ranks.
 
     python benchmarks/bench_qcomm.py --out benchmarks/results/qcomm.md
 
-Per rank count in ``--ranks`` (a fresh set of processes each, one thread per rank), the three
+Per rank count in ``--ranks`` (a fresh set of processes each, one thread per rank), the
 contenders are built from the same seed (a DLRM, half its tables table-wise and half row-wise,
 so both the pooled all-to-all and the row-wise reduce-scatter run) and train on the same
 batches, taking turns for ``--rounds`` rounds of ``--steps`` steps. Reported: the bytes per step
@@ -45,7 +45,13 @@ from shardkit.sharding import (
     table_wise,
 )
 
-CONTENDERS = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
+CONTENDERS = {
+    "fp32": CommType.FP32,
+    "fp16": CommType.FP16,
+    "bf16": CommType.BF16,
+    "fp8": CommType.FP8,
+    "int8": CommType.INT8,
+}
 WIRE_OPS = ("all_to_all_single", "all_gather_single", "reduce_scatter_single")
 PATH = "sparse_arch.embedding_bag_collection"
 
@@ -167,7 +173,7 @@ def measure(args, world_size: int) -> dict[str, dict]:
 
 def report(args, results: dict[int, dict]) -> str:
     lines = [
-        "# Compressed communication: output dists in FP32, FP16, BF16",
+        "# Compressed communication: output dists in FP32, FP16, BF16, FP8, INT8",
         "",
         f"`python benchmarks/bench_qcomm.py {' '.join(_argv(args))}`",
         "",
