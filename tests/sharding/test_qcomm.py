@@ -291,6 +291,8 @@ def test_row_wise_codecs_pack_each_rows_scale_into_its_bytes(
     bound = rel * rows.abs() + of_row * rows.abs().amax(1, keepdim=True) * (1 + 1e-6)
     assert ((back - rows).abs() <= bound).all(), ((back - rows).abs() - bound).max()
     assert torch.isfinite(back).all() and torch.equal(back[3], rows[3])
+    rows[1, 2], rows[2, 0] = float("nan"), float("inf")  # never back as finite numbers
+    assert not torch.isfinite(codec.decode(codec.encode(rows))[1:3]).any()
     with pytest.raises(ValueError, match=r"encode \[rows, width\] tensors; got shape \(30,\)"):
         codec.encode(rows.flatten())
 
