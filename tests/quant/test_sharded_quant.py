@@ -115,9 +115,12 @@ def _order_bound(module: QuantEBC, kjt: KeyedJaggedTensor) -> dict[str, torch.Te
 
 def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget):
     reference = _quantized(weighted, mean)
-    sharded = ShardedQuantEmbeddingBagCollection(
-        _quantized(weighted, mean), row_wise=row_wise, budget_bytes=budget
-    )
+    if budget is None:
+        sharded = ShardedQuantEmbeddingBagCollection(_quantized(weighted, mean), row_wise=row_wise)
+    else:  # TorchRec's per-device budget: a table over it goes row-wise
+        model, _ = shard_quant_model(torch.nn.Sequential(_quantized(weighted, mean)),
+                                     world_size=world_size, device_memory_size=budget)  # fmt: skip
+        sharded = model[0]
     kjt = _requests(rank, weighted)
     out, expected = sharded(kjt), reference(kjt)
     assert out.keys() == expected.keys() and out.values().dtype == expected.values().dtype
