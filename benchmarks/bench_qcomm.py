@@ -12,7 +12,8 @@ that rank 0 sends to other ranks through shardkit.comm's collectives (ids and he
 the pooled rows and their gradients are what compression shrinks; DDP's all-reduce of the dense
 part, the same for all three, is not counted), the median ms per step over rounds (rank 0's
 clock), and the
-training loss (mean over ranks) at a few steps with its largest distance from FP32's.
+training loss (mean over ranks) at a few steps with its largest distance from FP32's; and what
+one encode and decode of each codec costs alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from shardkit import KeyedJaggedTensor
 from shardkit.distributed.fbgemm_qcomm_codec import (
     CommType,
     QCommsConfig,
+    get_qcomm_codecs,
     get_qcomm_codecs_registry,
 )
 from shardkit.launch import spawn
@@ -171,7 +173,24 @@ def measure(args, world_size: int) -> dict[str, dict]:
     return rows
 
 
-def report(args, results: dict[int, dict]) -> str:
+def codec_ms(args, repeats: int = 5) -> dict[str, float]:
+    """Median ms of one encode and decode of a ``[4 * batch * tables / 2, dim]`` float32 block
+    (about what one rank sends per step at 4 ranks), one thread, the contenders interleaved;
+    forward and backward codecs averaged (FP8's 1-4-3 and 1-5-2 differ)."""
+    torch.set_num_threads(1)
+    x = torch.randn(4 * args.batch * max(args.tables // 2, 1), args.dim)
+    codecs = {n: get_qcomm_codecs(QCommsConfig(p, p)) for n, p in CONTENDERS.items()}
+    times: dict[str, list[float]] = {n: [] for n in codecs}
+    for _ in range(repeats):
+        for name, pair in codecs.items():
+            start = time.perf_counter()
+            for codec in (pair.forward, pair.backward):
+                codec.decode(codec.encode(x))
+            times[name].append((time.perf_counter() - start) / 2 * 1000)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def report(args, results: dict[int, dict], codec_times: dict[str, float]) -> str:
     lines = [
         "# Compressed communication: output dists in FP32, FP16, BF16, FP8, INT8",
         "",
@@ -195,6 +214,10 @@ def report(args, results: dict[int, dict]) -> str:
                 f"{row['ms_range'][0]:.1f}-{row['ms_range'][1]:.1f} | {curve[0]:.4f} / "
                 f"{curve[mid]:.4f} / {curve[-1]:.4f} | {row['max_loss_diff']:.2e} |"
             )
+    rows = 4 * args.batch * max(args.tables // 2, 1)
+    lines += ["", f"Encode + decode of a [{rows}, {args.dim}] float32 block, one thread (ms):", "",
+              "| " + " | ".join(codec_times) + " |", "|" + "---|" * len(codec_times),
+              "| " + " | ".join(f"{v:.2f}" for v in codec_times.values()) + " |"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -209,13 +232,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", help="write a markdown report here (and .json beside it)")
     args = parser.parse_args()
+    codec_times = codec_ms(args)
     results = {world_size: measure(args, world_size) for world_size in args.ranks}
-    text = report(args, results)
+    text = report(args, results, codec_times)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "results": results}, indent=1)
+            json.dumps({"args": vars(args), "results": results, "codec_ms": codec_times}, indent=1)
         )
 
 
