@@ -1,10 +1,10 @@
 """Compressed communication (`QCommsConfig`): bytes on the wire, step time and
-the loss curve of DistributedModelParallel training with its output dists in FP32, FP16 or
-BF16 (forward and backward), at 2 and 4 ranks.
+the loss curve of DistributedModelParallel training with its output dists in FP32, FP16, BF16,
+FP8 or INT8 (forward and backward; FP8 and INT8 with a scale per row), at 2 and 4 ranks.
 
     python benchmarks/bench_qcomm.py --out benchmarks/results/qcomm.md
 
-Per rank count in ``--ranks`` (a fresh set of processes each, one thread per rank), the three
+Per rank count in ``--ranks`` (a fresh set of processes each, one thread per rank), the
 contenders are built from the same seed (a DLRM, half its tables table-wise and half row-wise,
 so both the pooled all-to-all and the row-wise reduce-scatter run) and train on the same
 batches, taking turns for ``--rounds`` rounds of ``--steps`` steps. Reported: the bytes per step
@@ -12,7 +12,8 @@ that rank 0 sends to other ranks through shardkit.comm's collectives (ids and he
 the pooled rows and their gradients are what compression shrinks; DDP's all-reduce of the dense
 part, the same for all three, is not counted), the median ms per step over rounds (rank 0's
 clock), and the
-training loss (mean over ranks) at a few steps with its largest distance from FP32's.
+training loss (mean over ranks) at a few steps with its largest distance from FP32's; and what
+one encode and decode of each codec costs alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from shardkit import KeyedJaggedTensor
 from shardkit.distributed.fbgemm_qcomm_codec import (
     CommType,
     QCommsConfig,
+    get_qcomm_codecs,
     get_qcomm_codecs_registry,
 )
 from shardkit.launch import spawn
@@ -45,7 +47,13 @@ from shardkit.sharding import (
     table_wise,
 )
 
-CONTENDERS = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
+CONTENDERS = {
+    "fp32": CommType.FP32,
+    "fp16": CommType.FP16,
+    "bf16": CommType.BF16,
+    "fp8": CommType.FP8,
+    "int8": CommType.INT8,
+}
 WIRE_OPS = ("all_to_all_single", "all_gather_single", "reduce_scatter_single")
 PATH = "sparse_arch.embedding_bag_collection"
 
@@ -165,9 +173,26 @@ def measure(args, world_size: int) -> dict[str, dict]:
     return rows
 
 
-def report(args, results: dict[int, dict]) -> str:
+def codec_ms(args, repeats: int = 5) -> dict[str, float]:
+    """Median ms of one encode and decode of a ``[4 * batch * tables / 2, dim]`` float32 block
+    (about what one rank sends per step at 4 ranks), one thread, the contenders interleaved;
+    forward and backward codecs averaged (FP8's 1-4-3 and 1-5-2 differ)."""
+    torch.set_num_threads(1)
+    x = torch.randn(4 * args.batch * max(args.tables // 2, 1), args.dim)
+    codecs = {n: get_qcomm_codecs(QCommsConfig(p, p)) for n, p in CONTENDERS.items()}
+    times: dict[str, list[float]] = {n: [] for n in codecs}
+    for _ in range(repeats):
+        for name, pair in codecs.items():
+            start = time.perf_counter()
+            for codec in (pair.forward, pair.backward):
+                codec.decode(codec.encode(x))
+            times[name].append((time.perf_counter() - start) / 2 * 1000)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def report(args, results: dict[int, dict], codec_times: dict[str, float]) -> str:
     lines = [
-        "# Compressed communication: output dists in FP32, FP16, BF16",
+        "# Compressed communication: output dists in FP32, FP16, BF16, FP8, INT8",
         "",
         f"`python benchmarks/bench_qcomm.py {' '.join(_argv(args))}`",
         "",
@@ -189,6 +214,10 @@ def report(args, results: dict[int, dict]) -> str:
                 f"{row['ms_range'][0]:.1f}-{row['ms_range'][1]:.1f} | {curve[0]:.4f} / "
                 f"{curve[mid]:.4f} / {curve[-1]:.4f} | {row['max_loss_diff']:.2e} |"
             )
+    rows = 4 * args.batch * max(args.tables // 2, 1)
+    lines += ["", f"Encode + decode of a [{rows}, {args.dim}] float32 block, one thread (ms):", "",
+              "| " + " | ".join(codec_times) + " |", "|" + "---|" * len(codec_times),
+              "| " + " | ".join(f"{v:.2f}" for v in codec_times.values()) + " |"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -203,13 +232,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", help="write a markdown report here (and .json beside it)")
     args = parser.parse_args()
+    codec_times = codec_ms(args)
     results = {world_size: measure(args, world_size) for world_size in args.ranks}
-    text = report(args, results)
+    text = report(args, results, codec_times)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "results": results}, indent=1)
+            json.dumps({"args": vars(args), "results": results, "codec_ms": codec_times}, indent=1)
         )
 
 

@@ -302,13 +302,19 @@ def test_bench_qcomm_runs_at_toy_size(tmp_path):
         "--batch", "4", "--steps", "1", "--rounds", "2", "--out", str(out),
     )  # fmt: skip
     rows = json.loads(out.with_suffix(".json").read_text())["results"]["2"]
-    assert list(rows) == ["fp32", "fp16", "bf16"]
+    assert list(rows) == ["fp32", "fp16", "bf16", "fp8", "int8"]
     for row in rows.values():
         assert _positive(row["bytes_per_step"], row["ms_per_step"])
         assert len(row["loss_curve"]) == 2 and row["max_loss_diff"] < 0.01
     # the 16-bit pooled rows (and their gradients) are half of float32's; ids stay int64
     assert rows["fp16"]["bytes_per_step"] == rows["bf16"]["bytes_per_step"]
     assert rows["fp16"]["bytes_per_step"] < 0.9 * rows["fp32"]["bytes_per_step"]
+    # FP8/INT8 rows: a byte per value and 4/8 bytes of scale per 32-wide row
+    assert (
+        rows["fp8"]["bytes_per_step"]
+        < rows["int8"]["bytes_per_step"]
+        < rows["fp16"]["bytes_per_step"]
+    )
 
 
 def test_bench_row_buckets_runs_at_toy_size():

@@ -1,5 +1,6 @@
 """Quantized tables served across ranks: `ShardedQuantEmbeddingBagCollection` and
-`shard_quant_model` (TorchRec's ``torchrec.inference.modules.shard_quant_model``, table-wise).
+`shard_quant_model` (TorchRec's ``torchrec.inference.modules.shard_quant_model``), table-wise
+and row-wise.
 
 [Note: sharded quantized serving]
 Each table of a quantized `EmbeddingBagCollection` lives on one rank (table-wise; the tables are
@@ -15,7 +16,8 @@ every rank holding its own requests (batch ``B_r`` on rank ``r``):
    puts the columns in the unsharded module's feature order.
 
 The result equals the unsharded quantized module's on the same bags (the same stored bytes and
-the same operators). No gradients: serving only.
+the same operators). No gradients: serving only. A table too large for one rank is served
+row-wise through the same steps ([Note: row-wise quantized serving]).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.inference._row_wise import (
+    block_state,
+    bucketize,
+    combine,
+    place_by_budget,
+    split_tables,
+)
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -49,13 +58,18 @@ def table_wise_placement(configs: Sequence[Any], world_size: int) -> dict[str, i
 
 
 class ShardedQuantEmbeddingBagCollection(nn.Module):
-    """A quantized `EmbeddingBagCollection` whose tables are spread table-wise over the ranks
-    of ``group``; see [Note: sharded quantized serving].
+    """A quantized `EmbeddingBagCollection` whose tables are spread over the ranks of
+    ``group``, table-wise or row-wise; see [Note: sharded quantized serving].
 
     Args:
         module: the unsharded quantized collection (each rank keeps only its tables' rows).
-        placement: ``{table: rank}`` (default: `table_wise_placement`).
+        placement: ``{table: rank}`` of the table-wise tables (default: `table_wise_placement`,
+            or by bytes with ``budget_bytes``).
         group: the ranks (default: the world).
+        row_wise: tables cut into one block of rows per rank ([Note: row-wise quantized
+            serving]).
+        budget_bytes: with neither ``placement`` nor ``row_wise``: one rank's share of stored
+            bytes; a table over it goes row-wise, the others are dealt table-wise by bytes.
     """
 
     def __init__(
@@ -63,23 +77,39 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         module: QuantEmbeddingBagCollection,
         placement: Mapping[str, int] | None = None,
         group: dist.ProcessGroup | None = None,
+        *,
+        row_wise: Sequence[str] = (),
+        budget_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self._group = group
         self._world = dist.get_world_size(group)
         self._rank = dist.get_rank(group)
         configs = list(module.embedding_bag_configs())
-        self._placement = dict(placement or table_wise_placement(configs, self._world))
-        _check_placement(configs, self._placement, self._world)
+        placement, row_wise = _placement(module, configs, placement, row_wise, budget_bytes,
+                                         self._world)  # fmt: skip
+        self._placement, self._row_wise = placement, list(row_wise)
+        self._out_features = [f for c in configs for f in c.feature_names]
+        self._out_dims = [c.embedding_dim for c in configs for _ in c.feature_names]
+        self._out_dtype = module.output_dtype()
+        configs, self._blocks = split_tables(configs, row_wise, self._world)
+        placement = {**placement, **{b.part(t, r): r for t, b in self._blocks.items()
+                                     for r in range(self._world)}}  # fmt: skip
         self._is_weighted = module.is_weighted()
         self._features = [f for c in configs for f in c.feature_names]
         self._dims = [c.embedding_dim for c in configs for _ in c.feature_names]
-        self._owner = {f: self._placement[c.name] for c in configs for f in c.feature_names}
+        self._owner = {f: placement[c.name] for c in configs for f in c.feature_names}
         self._features_of = [[f for f in self._features if self._owner[f] == r] for r in
                              range(self._world)]  # fmt: skip
-        mine = [c for c in configs if self._placement[c.name] == self._rank]
-        self._local = _subset(module, mine) if mine else None
+        mine = [c for c in configs if placement[c.name] == self._rank]
+        state = block_state(module.state_dict(), self._blocks, self._rank)
+        self._local = _subset(state, mine, self._is_weighted) if mine else None
         logger.info("rank %d serves quantized tables %s", self._rank, [c.name for c in mine])
+
+    @property
+    def row_wise_tables(self) -> list[str]:
+        """The tables served row-wise (a block of rows on every rank)."""
+        return list(self._row_wise)
 
     def embedding_bag_configs(self) -> list[Any]:
         return list(self._local.embedding_bag_configs()) if self._local is not None else []
@@ -88,20 +118,27 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """``features``: this rank's requests, batch ``B``. Returns ``[B, sum(dims)]`` in the
         unsharded module's feature order."""
-        by_key = features.to_dict()
-        missing = [f for f in self._features if f not in by_key]
+        by_key = dict(features.to_dict())  # a copy: `bucketize` edits it, the KJT caches it
+        missing = [f for f in self._out_features if f not in by_key]
+        if not missing:
+            missing = _out_of_range(by_key, self._blocks)
         batch = torch.tensor([features.stride() if not missing else -1])
         batches = comm.all_gather_into_tensor(batch, group=self._group).tolist()
         if min(batches) < 0:
             bad = [r for r, b in enumerate(batches) if b < 0]
             raise ValueError(
-                f"rank(s) {bad} gave a KeyedJaggedTensor without the features "
-                f"{missing or '(see their error)'} of the sharded quantized tables; every rank "
-                f"must give all of {self._features}"
+                f"rank(s) {bad} gave a KeyedJaggedTensor without the features, or with ids "
+                f"outside the row-wise tables of the features, {missing or '(see their error)'} "
+                f"of the sharded quantized tables; every rank must give all of "
+                f"{self._out_features}, each id in [0, num_embeddings)"
             )
+        lengths = {f: by_key[f].lengths() for b in self._blocks.values() for f in b.features}
+        bucketize(by_key, self._blocks)
         received = self._send_ids(by_key, batches)
         pooled = self._lookup(received, batches)
-        return self._send_rows(pooled, batches)
+        pooled = self._send_rows(pooled, batches)
+        return combine(pooled, self._out_features, self._out_dims, lengths, self._blocks,
+                       self._out_dtype)  # fmt: skip
 
     def _send_ids(self, by_key, batches: list[int]) -> list[dict[str, Any]]:
         """From each rank, its bags of this rank's features: ``{feature: (lengths, ids,
@@ -166,10 +203,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
                 columns[f] = block[:, start : start + dim]
                 start += dim
         values = torch.cat([columns[f] for f in self._features], dim=1)
-        return KeyedTensor(self._features, self._dims, values.to(self._output_dtype()))
-
-    def _output_dtype(self) -> torch.dtype:
-        return self._local.output_dtype() if self._local is not None else torch.float
+        return KeyedTensor(self._features, self._dims, values)  # float32: see `combine`
 
 
 def _span(features_of: list[list[str]], dest: int) -> slice:
@@ -204,14 +238,47 @@ def _per_source(names, batches, lengths, ids, weights) -> list[dict[str, Any]]:
     return out
 
 
-def _subset(module: QuantEmbeddingBagCollection, configs: list[Any]) -> nn.Module:
-    local = QuantEmbeddingBagCollection(
-        configs, module.is_weighted(), device="cpu", output_dtype=module.output_dtype()
-    )
+def _subset(state: Mapping[str, torch.Tensor], configs: list[Any], weighted: bool) -> nn.Module:
+    """The tables ``configs`` of ``state``, pooling in float32 (cast once, in `combine`)."""
+    local = QuantEmbeddingBagCollection(configs, weighted, device="cpu", output_dtype=torch.float)
     names = {c.name for c in configs}
-    state = {k: v for k, v in module.state_dict().items() if k.split(".")[1] in names}
-    local.load_state_dict(state)
+    local.load_state_dict({k: v for k, v in state.items() if k.split(".")[1] in names})
     return local
+
+
+def _placement(module, configs, placement, row_wise, budget_bytes, world):
+    """``({table: rank}, row-wise tables)`` from what the caller gave, checked."""
+    if placement is None and not row_wise and budget_bytes is not None:
+        sizes = {c.name: _stored_bytes(module, c.name) for c in configs}
+        placement, row_wise = place_by_budget(sizes, world, budget_bytes)
+    rest = [c for c in configs if c.name not in row_wise]
+    placement = dict(placement or table_wise_placement(rest, world))
+    both = sorted(set(placement) & set(row_wise))
+    unknown = sorted(set(row_wise) - {c.name for c in configs})
+    if both or unknown:
+        raise ValueError(
+            f"row_wise={list(row_wise)}: tables {both} also have a rank in placement and "
+            f"{unknown} are not tables of the collection; name each table once, in placement "
+            "(table-wise) or in row_wise"
+        )
+    _check_placement(rest, placement, world)
+    return placement, list(row_wise)
+
+
+def _stored_bytes(module: QuantEmbeddingBagCollection, table: str) -> int:
+    weight = module.embedding_bags[table].weight
+    return weight.numel() * weight.element_size()
+
+
+def _out_of_range(by_key, blocks) -> list[str]:
+    """The row-wise features with ids outside their table (they would reach no block)."""
+    bad = []
+    for block in blocks.values():
+        for f in block.features:
+            ids = by_key[f].values()
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= block.starts[-1]):
+                bad.append(f)
+    return bad
 
 
 def _check_placement(configs, placement: Mapping[str, int], world: int) -> None:
@@ -239,13 +306,15 @@ def shard_quant_model(
     placement: Mapping[str, int] | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> tuple[nn.Module, dict[str, dict[str, int]]]:
-    """Spread every quantized `EmbeddingBagCollection` of ``model`` table-wise over the ranks
+    """Spread every quantized `EmbeddingBagCollection` of ``model`` over the ranks
     (TorchRec's name; its ``world_size`` devices are shardkit's ranks, one process each).
-    ``sharders``, ``device_memory_size``, ``constraints`` and ``ddr_cap`` are TorchRec's planner
-    inputs: ignored (tables are dealt by size, or by ``placement``).
+    ``device_memory_size`` is one rank's budget of stored bytes: a table over it is served
+    row-wise ([Note: row-wise quantized serving]), the others are dealt table-wise by bytes.
+    ``sharders``, ``constraints`` and ``ddr_cap`` are TorchRec's planner inputs: ignored.
 
     Call it on every rank of ``group`` with the same model. Returns (the model, in place, with
-    `ShardedQuantEmbeddingBagCollection`\\ s; ``{module path: {table: rank}}``).
+    `ShardedQuantEmbeddingBagCollection`\\ s; ``{module path: {table: rank}}`` of the
+    table-wise tables; the row-wise ones are each collection's ``row_wise_tables``).
     """
     if sharding_plan is not None:
         raise ValueError(
@@ -267,7 +336,9 @@ def shard_quant_model(
     plans: dict[str, dict[str, int]] = {}
     targets = [(p, m) for p, m in model.named_modules() if type(m) is QuantEmbeddingBagCollection]
     for path, child in targets:
-        sharded = ShardedQuantEmbeddingBagCollection(child, placement, group)
+        sharded = ShardedQuantEmbeddingBagCollection(
+            child, placement, group, budget_bytes=device_memory_size
+        )
         plans[path] = dict(sharded._placement)
         if path == "":
             return sharded, plans

@@ -3,9 +3,9 @@
 
 A codec encodes a tensor before a collective and decodes it after; a registry maps a `CommOp`
 name (``"POOLED_EMBEDDINGS_ALL_TO_ALL"``...) to the `QuantizedCommCodecs` of its forward and
-backward. The sharded collections run the FP16 and BF16 casts that `get_qcomm_codecs` builds on
-their output dists (``shardkit.sharding``'s [Note: compressed collectives]); FP8, INT8 and MX4
-are FBGEMM kernels and are refused.
+backward. The sharded collections run the codecs that `get_qcomm_codecs` builds on their output
+dists (``shardkit.sharding``'s [Note: compressed collectives]): FP16 and BF16 casts, and INT8
+and FP8 with a scale per row ([Note: row-wise wire rows]); MX4 (FBGEMM's kernel) is refused.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import copy
 import enum
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 
 from shardkit.types._fbgemm import SparseType
 from shardkit.types._params import CommOp
+from shardkit.types._qcomm_base import NoOpQuantizedCommCodec, QuantizedCommCodec
+from shardkit.types._qcomm_rowwise import Fp8RowwiseCodec, Int8RowwiseCodec
 
 __all__ = [
     "CommType",
@@ -34,48 +36,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Ctx = TypeVar("Ctx")
-
-
-class QuantizedCommCodec(Generic[Ctx]):
-    """The interface of a codec: ``decode(collective(encode(x)))`` is about ``x``."""
-
-    def encode(self, input_tensor: torch.Tensor, ctx: Ctx | None = None) -> torch.Tensor:
-        raise NotImplementedError
-
-    def decode(self, input_grad: torch.Tensor, ctx: Ctx | None = None) -> torch.Tensor:
-        raise NotImplementedError
-
-    @property
-    def quantized_dtype(self) -> torch.dtype:
-        raise NotImplementedError
-
-    def calc_quantized_size(self, input_len: int, ctx: Ctx | None = None) -> int:
-        return input_len
-
-    def create_context(self) -> Ctx | None:
-        return None
-
-    def padded_size(
-        self, input_tensor: torch.Tensor, dim_per_rank: list[int], my_rank: int, qcomm_ctx: Any
-    ) -> tuple[int, int]:
-        """``(padded dim sum, padding)`` of ``input_tensor``; no padding here."""
-        return input_tensor.shape[0 if input_tensor.dim() == 1 else 1], 0
-
-
-class NoOpQuantizedCommCodec(QuantizedCommCodec[Ctx]):
-    """Sends tensors as they are (float32)."""
-
-    def encode(self, input_tensor: torch.Tensor, ctx: Ctx | None = None) -> torch.Tensor:
-        return input_tensor
-
-    def decode(self, input_grad: torch.Tensor, ctx: Ctx | None = None) -> torch.Tensor:
-        return input_grad
-
-    @property
-    def quantized_dtype(self) -> torch.dtype:
-        return torch.float
 
 
 class _CastCodec(QuantizedCommCodec[None]):
@@ -156,25 +116,37 @@ class QCommsConfig:
 _CASTS = (CommType.FP32, CommType.FP16, CommType.BF16)
 
 
-def _codec(precision: CommType, loss_scale: float | None, which: str) -> QuantizedCommCodec:
-    if precision not in _CASTS:
+def _codec(
+    precision: CommType, loss_scale: float | None, which: str, fp8: Any = None
+) -> QuantizedCommCodec:
+    if precision == CommType.MX4:
         raise ValueError(
-            f"{which}_precision={precision.name}: FP8, INT8 and MX4 comms are FBGEMM kernels (a "
-            "row-wise scale per row, no sums in a reduce-scatter), not in shardkit; use "
-            "CommType.FP16 or CommType.BF16 (half the bytes of FP32), or FP32"
+            f"{which}_precision=MX4: MX4 comms are an FBGEMM kernel (4-bit values sharing a "
+            "scale per 32), not in shardkit; use CommType.INT8 or CommType.FP8 (a scale per "
+            "row, about a quarter of FP32's bytes), or CommType.FP16 or CommType.BF16 (half)"
         )
+    if precision in (CommType.INT8, CommType.FP8):
+        if loss_scale:  # as FBGEMM: a scale per row makes a loss scale moot
+            logger.warning("%s_loss_scale=%s ignored by %s comms", which, loss_scale, precision)
+        return Int8RowwiseCodec() if precision == CommType.INT8 else Fp8RowwiseCodec(fp8)
     if precision == CommType.FP32 and not loss_scale:
         return NoOpQuantizedCommCodec()
     return _CastCodec(comm_type_to_sparse_type(precision), loss_scale)
 
 
 def get_qcomm_codecs(qcomms_config: QCommsConfig | None) -> QuantizedCommCodecs:
-    """The forward and backward codecs of ``qcomms_config`` (no-ops for None)."""
+    """The forward and backward codecs of ``qcomms_config`` (no-ops for None). FP8 sends 1-4-3
+    (``float8_e4m3fn``) forward and 1-5-2 (``float8_e5m2``, more range for gradients) backward,
+    1-4-3 there too with ``fp8_bwd_uses_143``, as FBGEMM; its scale is per row of the
+    collective, so ``fp8_quantize_dim`` is not used."""
     if qcomms_config is None:
         return QuantizedCommCodecs()
+    config = qcomms_config
+    backward_fp8 = torch.float8_e4m3fn if config.fp8_bwd_uses_143 else torch.float8_e5m2
+    forward_fp8 = torch.float8_e4m3fn
     return QuantizedCommCodecs(
-        _codec(qcomms_config.forward_precision, qcomms_config.forward_loss_scale, "forward"),
-        _codec(qcomms_config.backward_precision, qcomms_config.backward_loss_scale, "backward"),
+        _codec(config.forward_precision, config.forward_loss_scale, "forward", forward_fp8),
+        _codec(config.backward_precision, config.backward_loss_scale, "backward", backward_fp8),
     )
 
 

@@ -138,9 +138,10 @@ def test_lazy_awaitables_wait_on_first_use_and_apply_their_callbacks():
     assert ready.wait() == 6
 
 
-def test_quantized_comm_codecs_fp16_bf16_are_accepted_fbgemm_ones_refused_by_name():
-    """The casts go to the sharded collections (tests/sharding/test_qcomm.py runs them);
-    FBGEMM's FP8/INT8/MX4 codecs are refused by name with what to use instead."""
+def test_quantized_comm_codecs_are_accepted_fbgemm_mx4_refused_by_name():
+    """The casts and the FP8/INT8 row-wise codecs go to the sharded collections
+    (tests/sharding/test_qcomm.py runs them); FBGEMM's MX4 is refused by name with what to use
+    instead."""
     registry = get_qcomm_codecs_registry(
         QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16),
         device=torch.device("cpu"),
@@ -149,10 +150,12 @@ def test_quantized_comm_codecs_fp16_bf16_are_accepted_fbgemm_ones_refused_by_nam
     codecs = sharder.qcomm_codecs_registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
     assert codecs.forward.quantized_dtype == torch.float16
     assert codecs.backward.quantized_dtype == torch.bfloat16  # on the CPU too (gloo carries it)
-    for precision in (CommType.FP8, CommType.INT8, CommType.MX4):
-        with pytest.raises(ValueError, match=rf"forward_precision={precision.name}: FP8, INT8 "
-                           r"and MX4 comms are FBGEMM kernels.*use CommType.FP16 or CommType.BF16"):  # fmt: skip
-            get_qcomm_codecs_registry(QCommsConfig(forward_precision=precision))
+    for precision in (CommType.FP8, CommType.INT8):  # row-wise, on uint8 rows
+        codecs = get_qcomm_codecs_registry(QCommsConfig(forward_precision=precision))
+        assert codecs["POOLED_EMBEDDINGS_ALL_TO_ALL"].forward.quantized_dtype == torch.uint8
+    with pytest.raises(ValueError, match=r"forward_precision=MX4: MX4 comms are an FBGEMM "
+                       r"kernel.*use CommType.INT8 or CommType.FP8"):  # fmt: skip
+        get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.MX4))
     fp32 = QCommsConfig(forward_precision=CommType.FP32, backward_precision=CommType.FP32)
     assert get_qcomm_codecs_registry(fp32) is None
     assert EmbeddingBagCollectionSharder(qcomm_codecs_registry=None).qcomm_codecs_registry is None

@@ -10,18 +10,20 @@ import torch.distributed as dist
 
 from shardkit import KeyedJaggedTensor
 from shardkit.inference import ShardedQuantEmbeddingBagCollection, shard_quant_model
-from shardkit.modules import DataType, EmbeddingBagConfig
+from shardkit.inference._row_wise import split_tables
+from shardkit.modules import DataType, EmbeddingBagConfig, PoolingType
 from shardkit.quant import EmbeddingBagCollection as QuantEBC
 
 TABLES = {"t0": (11, 4, DataType.INT8), "t1": (7, 6, DataType.INT4), "t2": (5, 4, DataType.FP16)}
 FEATURES = {"a": "t0", "b": "t0", "c": "t1", "d": "t2"}
 
 
-def _quantized(weighted: bool) -> QuantEBC:
+def _quantized(weighted: bool, mean: bool = False) -> QuantEBC:
     configs = [
         EmbeddingBagConfig(
             name=name, num_embeddings=rows, embedding_dim=dim, data_type=data_type,
             feature_names=[f for f, t in FEATURES.items() if t == name],
+            pooling=PoolingType.MEAN if mean and name == "t0" else PoolingType.SUM,
         )
         for name, (rows, dim, data_type) in TABLES.items()
     ]  # fmt: skip
@@ -83,6 +85,109 @@ def _refusals(rank, world_size):
     with pytest.raises(ValueError, match=r"tables without a rank \['t2'\]"):
         ShardedQuantEmbeddingBagCollection(_quantized(False), {"t0": 0, "t1": 0})
     assert dist.get_world_size() == 1
+
+
+def _dequantized(module: QuantEBC) -> dict[str, torch.Tensor]:
+    """``{feature: the rows of its table [R, D] as the module reads them}``: bags of one id."""
+    rows = max(r for r, _, _ in TABLES.values())
+    lengths = torch.cat([(torch.arange(rows) < TABLES[t][0]).long() for t in FEATURES.values()])
+    values = torch.cat([torch.arange(TABLES[t][0]) for t in FEATURES.values()])
+    weights = torch.ones(values.numel()) if module.is_weighted() else None
+    kjt = KeyedJaggedTensor(keys=list(FEATURES), values=values, lengths=lengths, weights=weights)
+    out = module(kjt).to_dict()
+    return {f: out[f][: TABLES[t][0]].float() for f, t in FEATURES.items()}
+
+
+def _order_bound(module: QuantEBC, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+    """Per feature ``[B, D]``: ``L * eps * sum |w_i| |row_i|`` over a bag's ``L`` ids: what
+    adding the bag's float32 terms in another order may change its sum by."""
+    rows, out = _dequantized(module), {}
+    for f, bags in kjt.to_dict().items():
+        weights = (
+            bags.weights().abs() if module.is_weighted() else torch.ones(bags.values().numel())
+        )
+        terms = rows[f][bags.values()].abs() * weights.unsqueeze(1)  # [N, D]
+        bag_of_id = torch.repeat_interleave(torch.arange(bags.lengths().numel()), bags.lengths())
+        total = torch.zeros(bags.lengths().numel(), terms.shape[1]).index_add_(0, bag_of_id, terms)
+        out[f] = bags.lengths().unsqueeze(1) * torch.finfo(torch.float32).eps * total
+    return out
+
+
+def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget):
+    reference = _quantized(weighted, mean)
+    if budget is None:
+        sharded = ShardedQuantEmbeddingBagCollection(_quantized(weighted, mean), row_wise=row_wise)
+    else:  # TorchRec's per-device budget: a table over it goes row-wise
+        model, _ = shard_quant_model(torch.nn.Sequential(_quantized(weighted, mean)),
+                                     world_size=world_size, device_memory_size=budget)  # fmt: skip
+        sharded = model[0]
+    kjt = _requests(rank, weighted)
+    out, expected = sharded(kjt), reference(kjt)
+    assert out.keys() == expected.keys() and out.values().dtype == expected.values().dtype
+    bound = _order_bound(reference, kjt)
+    for f, got in out.to_dict().items():
+        want = expected.to_dict()[f]
+        if FEATURES[f] in sharded.row_wise_tables:  # the same terms, added in another order
+            scale = want.abs().clamp(min=1) if mean and FEATURES[f] == "t0" else 1
+            assert ((got - want).abs() <= bound[f] * scale + 1e-7).all(), f
+        else:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    return sharded.row_wise_tables, sharded._placement
+
+
+@pytest.mark.parametrize(
+    ("world_size", "weighted", "mean", "row_wise"),
+    [(2, False, False, ["t0", "t1", "t2"]), (3, True, False, ["t0", "t2"]),
+     (2, True, True, ["t0"]), (3, False, True, ["t0", "t1"])],
+)  # fmt: skip
+def test_row_wise_quantized_tables_serve_as_the_unsharded_module(
+    run_ranks, world_size, weighted, mean, row_wise
+):
+    for got_row_wise, placement in run_ranks(_serve_row_wise, world_size, weighted, mean,
+                                             row_wise, None):  # fmt: skip
+        assert got_row_wise == row_wise and sorted(placement) == sorted(set(TABLES) - set(row_wise))
+
+
+def test_a_table_over_one_ranks_budget_goes_row_wise(run_ranks):
+    # stored bytes: t0 11 x (4 + 8) = 132 (INT8), t1 7 x (3 + 4) = 49 (INT4), t2 5 x 8 = 40 (FP16)
+    results = run_ranks(_serve_row_wise, 2, False, False, (), 100)
+    assert results[0] == (["t0"], {"t1": 0, "t2": 1})
+
+
+def _bad_ids(rank, world_size):
+    sharded = ShardedQuantEmbeddingBagCollection(_quantized(False), row_wise=["t0"])
+    kjt = _requests(rank, False)
+    if rank == 1:  # an id past table t0 (11 rows) in feature "a": only this rank knows
+        kjt = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values().clone(), lengths=kjt.lengths())
+        kjt.values()[0] = 11 if kjt.lengths()[0] else kjt.values()[0]
+    try:
+        sharded(kjt)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_ids_outside_a_row_wise_table_are_refused_on_every_rank(run_ranks):
+    for message in run_ranks(_bad_ids, 2):
+        with pytest.raises(ValueError, match=r"rank\(s\) \[1\] gave .* ids outside the row-wise "
+                           r"tables"):  # fmt: skip
+            raise ValueError(message)
+
+
+def test_row_wise_needs_a_row_per_rank_and_each_table_once(run_ranks):
+    configs = list(_quantized(False).embedding_bag_configs())
+    with pytest.raises(ValueError, match=r"row_wise sharding of quantized table 't2' needs "
+                       r"num_embeddings \(5\) >= ranks \(6\); place it table-wise"):  # fmt: skip
+        split_tables(configs, ["t2"], 6)
+    run_ranks(_twice, 1)
+
+
+def _twice(rank, world_size):
+    with pytest.raises(ValueError, match=r"row_wise=\['t0', 'x'\]: tables \['t0'\] also have a "
+                       r"rank in placement and \['x'\] are not tables"):  # fmt: skip
+        ShardedQuantEmbeddingBagCollection(
+            _quantized(False), {"t0": 0, "t1": 0, "t2": 0}, row_wise=["t0", "x"]
+        )
 
 
 def test_torchrecs_path_has_the_sharded_quantized_collection():
