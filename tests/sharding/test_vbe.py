@@ -91,8 +91,9 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
     pairs = []
     # DENSE replicas are stepped by DDP and a dense optimizer, outside the collection: 1 step
     for step in range(1 if kind in ("data_parallel", "mixed") else STEPS):
-        batches = [
-            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
+        batches = [  # under Adam, a bag no example uses (see [Note: bags no example uses])
+            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r), unused=optimizer is ADAM)
+            for r in range(world_size)
         ]
         plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
         sent = [_sent(r, b) for r, b in enumerate(batches)]
@@ -121,6 +122,7 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
 
 
 SGD, ADAGRAD = EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD  # both shard-invariant
+ADAM = EmbOptimType.ADAM  # moves a row on a zero gradient: unused bags must not be looked up
 SUM, MEAN = PoolingType.SUM, PoolingType.MEAN  # MEAN: 1/len folded into weights at the source
 
 
@@ -131,6 +133,7 @@ SUM, MEAN = PoolingType.SUM, PoolingType.MEAN  # MEAN: 1/len folded into weights
         (2, "table_wise", 2, SGD, SUM),
         (2, "row_wise", 2, SGD, SUM),
         (3, "row_wise", 3, ADAGRAD, SUM),
+        (2, "row_wise", 2, ADAM, SUM),
         (3, "column_wise", 3, SGD, MEAN),
         (2, "table_column_wise", 2, SGD, SUM),
         (4, "table_row_wise", 2, SGD, MEAN),
