@@ -91,6 +91,11 @@ class ShardedEmbeddingCollection(ShardedCollection):
             if feature in expanded:
                 out[feature] = JaggedTensor(rows[feature], lengths=expanded[feature].lengths())
                 continue
-            jt = JaggedTensor(rows[feature], lengths=by_key[feature].lengths())
-            out[feature] = jt if inverse is None else expand_bags(jt, inverse[index])
+            if inverse is None:
+                out[feature] = JaggedTensor(rows[feature], lengths=by_key[feature].lengths())
+                continue
+            # the bags as sent: those no example uses were emptied ([Note: bags no example uses])
+            assert dist_input.source is not None
+            sent = dist_input.source.lengths_per_feature[index]
+            out[feature] = expand_bags(JaggedTensor(rows[feature], lengths=sent), inverse[index])
         return out

@@ -354,19 +354,28 @@ def _unpack_variable(ints_handle, weights_handle, slots, counts, size, strides) 
     bags = [[per_rank[s.unit.feature_index] for s in slots] for per_rank in strides]  # [W][S]
     widest = [feature_rows[s.unit.feature_index] for s in slots]
     pieces = torch.split(ints, [sum(b) + sum(c) for b, c in zip(bags, counts)])
-    total = sum(widest)
-    where: list[int] = []  # each received length's position in the padded [W * total]
-    for source, per_slot in enumerate(bags):
-        start = source * total
-        for n, width in zip(per_slot, widest):
-            where.extend(range(start, start + n))
-            start += width
-    device = ints.device
     got = torch.cat([p[: sum(b)] for p, b in zip(pieces, bags)])
-    lengths = torch.zeros(len(bags) * total, dtype=torch.int64, device=device)
-    index = torch.tensor(where, dtype=torch.int64).to(device, non_blocking=True)
-    lengths.index_copy_(0, index, got)
+    lengths = _pad_bags(got, bags, widest)  # [W, sum(widest)]
     values = torch.cat([p[sum(b) :] for p, b in zip(pieces, bags)])
     weights = weights_handle.wait() if weights_handle is not None else None
-    lengths = lengths.view(len(bags), total)
     return Received(list(slots), lengths, values, weights, size, counts, feature_rows)
+
+
+def _pad_bags(got: torch.Tensor, bags: list[list[int]], widest: list[int]) -> torch.Tensor:
+    """Lengths ``got`` (source, slot, bag) padded to ``[W, sum(widest)]`` with empty bags.
+
+    The host builds ``O(W * S)`` sizes, never one entry per bag: each (source, slot) segment
+    of ``got`` moves by one shift, spread over its bags on the device.
+    """
+    num_sources, num_slots = len(bags), len(widest)
+    width = torch.tensor(widest, dtype=torch.int64)  # [S]
+    sent = torch.tensor(bags, dtype=torch.int64).view(num_sources * num_slots)  # [W * S]
+    total = int(width.sum())
+    first = (torch.cumsum(width, 0) - width)[None, :] + torch.arange(num_sources)[:, None] * total
+    shift = first.view(-1) - (torch.cumsum(sent, 0) - sent)  # [W * S] padded minus packed start
+    device = got.device
+    shift, sent = shift.to(device, non_blocking=True), sent.to(device, non_blocking=True)
+    where = torch.arange(got.numel(), device=device)
+    where += torch.repeat_interleave(shift, sent, output_size=got.numel())
+    lengths = torch.zeros(num_sources * total, dtype=got.dtype, device=device)
+    return lengths.index_copy_(0, where, got).view(num_sources, total)

@@ -60,12 +60,42 @@ def source_batch(
             if with_weights:
                 weights.append(_weights(jt, config))
     size = features.stride() if inverse is None else inverse.shape[1]
+    if inverse is not None:
+        local = set() if expanded is None else set(expanded.keys())
+        deduplicated = [f not in local for c in configs for f in c.feature_names]
+        _drop_unused_bags(lengths, values, weights, inverse, deduplicated)
     if validate_ids:
         problem = _check_ids(values, configs)
         if problem is not None:
             return SourceBatch(size, [], [], None, problem)
     strides = None if inverse is None else [n.numel() for n in lengths]
     return SourceBatch(size, lengths, values, weights if with_weights else None, strides=strides)
+
+
+# [Note: bags no example uses]
+# A variable batch may carry a deduplicated bag that no example's inverse index picks. The
+# unsharded module expands first, so it never looks that bag up; were it sent, its rows would
+# get a zero gradient, which Adam's moments or weight decay still turn into an update. The
+# source empties such bags (length 0, ids and weights dropped) before the exchange: one device
+# read per step finds them, and a batch without any pays nothing more.
+
+
+def _drop_unused_bags(lengths, values, weights, inverse, deduplicated) -> None:
+    """Empty, in place, the bags of the ``deduplicated`` features (lists per feature, module
+    order) that no example's ``inverse`` (``[F, B]``) picks. See [Note: bags no example uses]."""
+    chosen = [f for f, dedup in enumerate(deduplicated) if dedup and lengths[f].numel()]
+    if not chosen:
+        return
+    used = [torch.bincount(inverse[f], minlength=lengths[f].numel()) > 0 for f in chosen]
+    unused = torch.stack([(~u).sum() for u in used]).tolist()  # one read of the device
+    for f, keep, n in zip(chosen, used, unused):
+        if not n:
+            continue
+        kept_ids = torch.repeat_interleave(keep, lengths[f], output_size=values[f].numel())
+        values[f] = values[f][kept_ids]
+        if weights:
+            weights[f] = weights[f][kept_ids]
+        lengths[f] = lengths[f] * keep
 
 
 def variable_batch_inverse(

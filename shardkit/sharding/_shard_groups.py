@@ -129,7 +129,10 @@ def shard_group_input(
     if received.feature_rows is None:
         lengths = received.lengths[:, positions, :]  # [W, S_g, B]
     else:  # [W, bags of the S_g slots]: see [Note: variable batch on the wire]
-        lengths = received.lengths[:, _columns(received.slot_rows(), positions)]
+        columns = _columns(received.slot_rows(), positions)
+        if isinstance(columns, torch.Tensor):
+            columns = columns.to(received.lengths.device, non_blocking=True)
+        lengths = received.lengths[:, columns]
     counts = received.counts  # [W][S] ids per (source, slot), host-side
     bases = [shard_group.row_base(s.shard) for s in shard_group.spec.slots]
     chosen_counts = [per_source[p] for per_source in counts for p in positions]  # [W * S_g]
@@ -147,12 +150,14 @@ def shard_group_input(
     return ids, offsets, weights
 
 
-def _columns(rows: list[int], positions: list[int]) -> list[int] | slice:
-    """The bags of slots ``positions`` among slots of ``rows`` bags each, laid side by side."""
+def _columns(rows: list[int], positions: list[int]) -> torch.Tensor | slice:
+    """The bags of slots ``positions`` among slots of ``rows`` bags each, laid side by side:
+    one ``arange`` per chosen slot, never one host entry per bag."""
     if positions == list(range(len(rows))):
         return slice(None)
     starts = [sum(rows[:p]) for p in range(len(rows))]
-    return [starts[p] + k for p in positions for k in range(rows[p])]
+    pieces = [torch.arange(starts[p], starts[p] + rows[p]) for p in positions]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
 
 
 def _segments(counts: list[list[int]], positions: list[int], device: torch.device) -> torch.Tensor:

@@ -58,6 +58,24 @@ def _unique(rank: int) -> dict[str, int] | None:
     return {} if rank == 2 else {"a": 1 + rank, "c": 1}
 
 
+def _sent(rank: int, batch) -> KeyedJaggedTensor:
+    """What rank r sends of ``vbe_batch``'s ``(vbe, plain bags)``: rank 1 its VBE batch with
+    int32 lengths and inverse indices, rank 3 a truly plain KJT (no per-key strides at all)."""
+    vbe, bags = batch
+    if rank == 3:
+        return kjt_of(bags)
+    if rank == 1:
+        keys, index = vbe.inverse_indices()
+        return KeyedJaggedTensor(
+            keys=vbe.keys(),
+            values=vbe.values(),
+            lengths=vbe.lengths().int(),
+            stride_per_key_per_rank=vbe.stride_per_key_per_rank(),
+            inverse_indices=(keys, index.int()),
+        )
+    return vbe
+
+
 def _step(rank, world_size, kind, local_size, optimizer, pooling):
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
@@ -73,11 +91,13 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
     pairs = []
     # DENSE replicas are stepped by DDP and a dense optimizer, outside the collection: 1 step
     for step in range(1 if kind in ("data_parallel", "mixed") else STEPS):
-        batches = [
-            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
+        batches = [  # under Adam, a bag no example uses (see [Note: bags no example uses])
+            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r), unused=optimizer is ADAM)
+            for r in range(world_size)
         ]
         plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
-        dist_input = sharded.input_dist(batches[rank][0])
+        sent = [_sent(r, b) for r, b in enumerate(batches)]
+        dist_input = sharded.input_dist(sent[rank])
         out = sharded.compute_and_output_dist(dist_input).values()
         rows = dist_input.pending.wait().feature_rows
         grad = torch.randn(
@@ -89,7 +109,7 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
         (expected * grad).sum().div(world_size).backward()
         pairs.append((f"step {step} output", out.detach(), expected[mine].detach()))
         if kind not in ("data_parallel", "fused_replicas", "mixed"):  # mixed: "c" is DP
-            most = {k: max(len(b[0].to_dict()[k].lengths()) for b in batches) for k in FEATURES}
+            most = {k: max(len(b.to_dict()[k].lengths()) for b in sent) for k in FEATURES}
             pairs.append((f"step {step} bags received", torch.tensor(rows), torch.tensor(
                 [most[k] for k in FEATURES])))  # fmt: skip
     dense_replicas = kind in ("data_parallel", "mixed")
@@ -102,6 +122,7 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
 
 
 SGD, ADAGRAD = EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD  # both shard-invariant
+ADAM = EmbOptimType.ADAM  # moves a row on a zero gradient: unused bags must not be looked up
 SUM, MEAN = PoolingType.SUM, PoolingType.MEAN  # MEAN: 1/len folded into weights at the source
 
 
@@ -112,6 +133,7 @@ SUM, MEAN = PoolingType.SUM, PoolingType.MEAN  # MEAN: 1/len folded into weights
         (2, "table_wise", 2, SGD, SUM),
         (2, "row_wise", 2, SGD, SUM),
         (3, "row_wise", 3, ADAGRAD, SUM),
+        (2, "row_wise", 2, ADAM, SUM),
         (3, "column_wise", 3, SGD, MEAN),
         (2, "table_column_wise", 2, SGD, SUM),
         (4, "table_row_wise", 2, SGD, MEAN),
@@ -146,6 +168,10 @@ def _bad_inverse(rank, world_size, how):
         index[1] = index[3] = index[4] = torch.arange(LOCAL_BATCH)
         index[0, 2] = 1
         vbe = kjt_of(dedup, strides=strides, inverse_indices=(FEATURES, index))
+    if rank == 1 and how in ("key missing", "empty"):  # no row for "e"; no rows (the KJT takes it)
+        index = torch.zeros(len(FEATURES) - 1, LOCAL_BATCH, dtype=torch.int64)
+        index = (FEATURES[:-1], index) if how == "key missing" else (FEATURES, index[:0, 0])
+        vbe = kjt_of(dedup, strides=strides, inverse_indices=index)
     try:
         sharded(vbe)
     except InputError as error:
@@ -159,6 +185,10 @@ def _bad_inverse(rank, world_size, how):
         ("missing", r"one batch size for all keys, or inverse_indices saying which bag"),
         ("out of range", r"must pick a bag of their own key \(0 <= index < bags \[1, 3, 1, 3, 3\]\)"
          r"; got indices from \[0, 0, 0, 0, 0\] to \[1, 2, 0, 2, 2\]"),
+        ("key missing", r"inverse_indices must be \(keys, \[len\(keys\), B\]\) with a row for "
+         r"every feature.*got keys \['a', 'b', 'c', 'd'\], shape \[4, 3\], missing \['e'\]"),
+        ("empty", r"inverse_indices must be \(keys, \[len\(keys\), B\]\).*got keys "
+         r"\['a', 'b', 'c', 'd', 'e'\], shape \[0\], missing \[\]"),
     ],
 )  # fmt: skip
 def test_a_bad_vbe_batch_on_one_rank_fails_every_rank(run_ranks, how, message):
@@ -194,14 +224,18 @@ def _ec_steps(rank, world_size, kind, local_size):
             vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
         ]
         plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
-        out, expected = sharded(batches[rank][0]), reference(plain)
+        out, expected = sharded(_sent(rank, batches[rank])), reference(plain)
         loss, ref_loss = 0.0, 0.0
         for feature in FEATURES:
             full = expected[feature]
             lo, hi = full.offsets()[rank * LOCAL_BATCH], full.offsets()[mine.stop]
             coef = torch.rand(full.values().shape, generator=torch.Generator().manual_seed(step))
             pairs.append(
-                (f"step {step} {feature} lengths", out[feature].lengths(), full.lengths()[mine])
+                (
+                    f"step {step} {feature} lengths",
+                    out[feature].lengths().long(),
+                    full.lengths()[mine],
+                )
             )
             pairs.append((f"step {step} {feature} rows", out[feature].values().detach(),
                           full.values()[lo:hi].detach()))  # fmt: skip

@@ -19,10 +19,11 @@ def kjt_of(bags: dict, *, strides=None, inverse_indices=None) -> KeyedJaggedTens
     )
 
 
-def vbe_batch(seed: int, size: int, *, unique: dict | None = None):
+def vbe_batch(seed: int, size: int, *, unique: dict | None = None, unused: bool = False):
     """``(vbe, plain bags)``: feature "a" (and "c") deduplicated to ``unique`` bags that the
     ``size`` examples share through ``inverse_indices``; the plain bags give every example its
-    own copy, built in Python (independently of the code under test)."""
+    own copy, built in Python (independently of the code under test). ``unused``: no example
+    picks "a"'s last bag (ids 2 and 5), where "a" has more than one."""
     unique = unique if unique is not None else {"a": 2, "c": 1}
     g = torch.Generator().manual_seed(seed)
     bags, inverse = {}, []
@@ -31,6 +32,9 @@ def vbe_batch(seed: int, size: int, *, unique: dict | None = None):
         lengths = torch.randint(0, 4, (count,), generator=g).tolist()
         bags[key] = [torch.randint(0, LIMITS[key], (n,), generator=g) for n in lengths]
         shared = key in unique
+        if unused and key == "a" and count > 1:
+            bags[key][-1] = torch.tensor([2, 5])
+            count -= 1
         inverse.append(
             torch.randint(0, count, (size,), generator=g) if shared else torch.arange(size)
         )
