@@ -23,6 +23,7 @@ terms' magnitudes for a bag of ``L`` ids), then rounded to the output dtype once
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch
 
 from shardkit.modules import PoolingType
 from shardkit.sparse import JaggedTensor, KeyedTensor
+from shardkit.types import split_evenly
 
 __all__ = ["RowBlocks", "block_state", "bucketize", "combine", "place_by_budget", "split_tables"]
 
@@ -64,8 +66,7 @@ def split_tables(
                 f"row_wise sharding of quantized table {config.name!r} needs num_embeddings "
                 f"({rows}) >= ranks ({world}); place it table-wise"
             )
-        size = -(-rows // world)
-        starts = tuple(min(r * size, rows) for r in range(world + 1))
+        starts = tuple(itertools.accumulate(split_evenly(rows, world), initial=0))
         mean = getattr(config, "pooling", PoolingType.SUM) == PoolingType.MEAN
         block = RowBlocks(config.name, starts, tuple(config.feature_names), mean)
         blocks[config.name] = block

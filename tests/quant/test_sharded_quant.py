@@ -138,7 +138,8 @@ def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget):
 @pytest.mark.parametrize(
     ("world_size", "weighted", "mean", "row_wise"),
     [(2, False, False, ["t0", "t1", "t2"]), (3, True, False, ["t0", "t2"]),
-     (2, True, True, ["t0"]), (3, False, True, ["t0", "t1"])],
+     (2, True, True, ["t0"]), (3, False, True, ["t0", "t1"]),
+     (4, False, False, ["t1", "t2"])],  # 7 and 5 rows on 4 ranks: blocks of 2,2,2,1 and 2,1,1,1
 )  # fmt: skip
 def test_row_wise_quantized_tables_serve_as_the_unsharded_module(
     run_ranks, world_size, weighted, mean, row_wise
