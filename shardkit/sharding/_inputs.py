@@ -86,7 +86,12 @@ def _drop_unused_bags(lengths, values, weights, inverse, deduplicated) -> None:
     chosen = [f for f, dedup in enumerate(deduplicated) if dedup and lengths[f].numel()]
     if not chosen:
         return
-    used = [torch.bincount(inverse[f], minlength=lengths[f].numel()) > 0 for f in chosen]
+    used = [  # (no bincount: on a GPU it reads the largest index back to the host)
+        torch.zeros(lengths[f].numel(), dtype=torch.bool, device=inverse.device).index_fill_(
+            0, inverse[f].long(), True
+        )
+        for f in chosen
+    ]
     unused = torch.stack([(~u).sum() for u in used]).tolist()  # one read of the device
     for f, keep, n in zip(chosen, used, unused):
         if not n:
