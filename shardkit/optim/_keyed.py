@@ -107,12 +107,17 @@ class KeyedOptimizer(torch.optim.Optimizer):
                 raise ValueError(
                     f"{type(self).__name__}.load_state_dict: no saved state for {key!r}"
                 )
-            if len(self.state[param]) != len(saved[key]):
+            live = self.state[param]
+            if "step" in live and "step" not in saved[key]:
+                # a fused table's dict from TorchRec (or shardkit before step counts were
+                # state): the live count stays (`FusedOptimizer.load_state_dict` does the same)
+                live = {k: v for k, v in live.items() if k != "step"}
+            if len(live) != len(saved[key]):
                 raise ValueError(
                     f"{type(self).__name__}.load_state_dict: {key!r} has state "
-                    f"{sorted(self.state[param])}, the saved one {sorted(saved[key])}"
+                    f"{sorted(live)}, the saved one {sorted(saved[key])}"
                 )
-            _copy_into(self.state[param], saved[key], [key])
+            _copy_into(live, saved[key], [key])
         if self.defaults["_save_param_groups"]:
             self._load_groups(state_dict["param_groups"])
         self.post_load_state_dict()
