@@ -6,6 +6,7 @@ See [Note: atomic checkpoints] in `_store`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -113,12 +114,21 @@ def _commit_failure(exc: Exception, step: int, temporary: Path, final: Path) -> 
             f"'latest' is unchanged; the unfinished files are in {temporary}. Fix the cause "
             "(e.g. free disk space) and save again."
         )
+    elif _names(final):
+        where = f"its files are complete in {final} and 'latest' names it; fix the cause."
     else:
         where = (
             f"its files are complete in {final}, but 'latest' was not pointed at it. Fix the "
             "cause (e.g. free disk space) and save again."
         )
     return f"checkpoint of step {step} was not committed: {cause}. {where}"
+
+
+def _names(final: Path) -> bool:
+    """Whether ``latest`` beside ``final`` names it."""
+    with contextlib.suppress(OSError):
+        return (final.parent / "latest").read_text().strip() == final.name
+    return False
 
 
 def _raise_commit_failure(

@@ -85,6 +85,8 @@ def commit(temporary: Path, final: Path, *, keep: int) -> Path:
         if aside is not None:
             os.replace(aside, final)
         raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     root = final.parent
     pointer = root / ".latest.tmp"
     with open(pointer, "w") as f:
@@ -92,8 +94,6 @@ def commit(temporary: Path, final: Path, *, keep: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(pointer, root / "latest")
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in steps[: max(0, len(steps) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
