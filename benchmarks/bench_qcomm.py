@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
 from shardkit.distributed.fbgemm_qcomm_codec import (
@@ -54,34 +55,7 @@ CONTENDERS = {
     "fp8": CommType.FP8,
     "int8": CommType.INT8,
 }
-WIRE_OPS = ("all_to_all_single", "all_gather_single", "reduce_scatter_single")
 PATH = "sparse_arch.embedding_bag_collection"
-
-
-class _Bytes:
-    """Counts the bytes this rank sends to other ranks in torch.distributed's collectives that
-    shardkit.comm calls (its own chunk of an all-to-all stays home)."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        for name in WIRE_OPS:
-            setattr(dist, name, self._counting(name, getattr(dist, name)))
-
-    def _counting(self, name, fn):
-        def call(output, x, *args, group=None, **kwargs):
-            world, rank = dist.get_world_size(group), dist.get_rank(group)
-            row = x[0].numel() * x.element_size() if x.dim() and len(x) else 0
-            if name == "all_to_all_single":
-                splits = args[1] if len(args) > 1 else kwargs.get("input_split_sizes")
-                sent = x.numel() * x.element_size() - (splits[rank] * row if splits else 0)
-            elif name == "all_gather_single":
-                sent = x.numel() * x.element_size() * (world - 1)
-            else:  # reduce_scatter_single: all chunks but this rank's own
-                sent = x.numel() * x.element_size() * (world - 1) // world
-            self.total += sent
-            return fn(output, x, *args, group=group, **kwargs)
-
-        return call
 
 
 def _model(args) -> DLRM:
@@ -128,7 +102,7 @@ def _batch(step: int, rank: int, args):
 
 def _rank(rank: int, world_size: int, args) -> dict:
     torch.set_num_threads(1)
-    counter = _Bytes()
+    counter = WireBytes()
     models = {name: _dmp(args, p, world_size) for name, p in CONTENDERS.items()}
     optims = {n: torch.optim.Adam([p for k, p in m.named_parameters() if ".shards." not in k],
                                   lr=3e-3) for n, m in models.items()}  # fmt: skip

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
 from shardkit.launch import spawn
@@ -42,38 +43,12 @@ from shardkit.sharding import (
 )
 
 CONTENDERS = ("vbe", "expanded")
-WIRE_OPS = ("all_to_all_single", "all_gather_single", "reduce_scatter_single")
 PLANS = {
     "table_wise": lambda i, world: table_wise(rank=i % world),
     "row_wise": lambda i, world: row_wise(),
     "column_wise": lambda i, world: column_wise(ranks=list(range(world))),
     "table_row_wise": lambda i, world: table_row_wise(host_index=0),
 }
-
-
-class _Bytes:
-    """Bytes this rank sends to other ranks in the collectives shardkit.comm calls."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        for name in WIRE_OPS:
-            setattr(dist, name, self._counting(name, getattr(dist, name)))
-
-    def _counting(self, name, fn):
-        def call(output, x, *args, group=None, **kwargs):
-            world, rank = dist.get_world_size(group), dist.get_rank(group)
-            row = x[0].numel() * x.element_size() if x.dim() and len(x) else 0
-            if name == "all_to_all_single":
-                splits = args[1] if len(args) > 1 else kwargs.get("input_split_sizes")
-                sent = x.numel() * x.element_size() - (splits[rank] * row if splits else 0)
-            elif name == "all_gather_single":
-                sent = x.numel() * x.element_size() * (world - 1)
-            else:  # reduce_scatter_single: all chunks but this rank's own
-                sent = x.numel() * x.element_size() * (world - 1) // world
-            self.total += sent
-            return fn(output, x, *args, group=group, **kwargs)
-
-        return call
 
 
 def _keys(args) -> tuple[list[str], list[str]]:
@@ -128,7 +103,7 @@ def _step(sharded, features, counter, grad) -> tuple[int, int, int]:
 
 def _rank(rank: int, world_size: int, args) -> dict:
     torch.set_num_threads(1)
-    counter = _Bytes()
+    counter = WireBytes()
     results: dict = {}
     for kind in args.sharding:
         models = {name: _sharded(args, kind, world_size) for name in CONTENDERS}
