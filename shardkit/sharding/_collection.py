@@ -21,10 +21,19 @@ from shardkit.modules import (
     PoolingType,
     TableDict,
     collection_tables,
-    data_type_to_dtype,
-    fused_tables,
 )
-from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._collection_build import (
+    DEFAULT_FUSED,
+    fused_optimizer,
+    local_replica,
+    shard_initialiser,
+    table_keys,
+)
+from shardkit.sharding._collection_state import (
+    ShardedTable,
+    load_state_dict_pre_hook,
+    state_dict_hook,
+)
 from shardkit.sharding._device import resolve_device
 from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._input_dist import PendingInput, SourceBatch, exchange_start
@@ -39,9 +48,8 @@ from shardkit.sharding._shard_groups import (
     classes,
     shard_group_specs,
 )
-from shardkit.sharding._state import block_of, sharded_tensor
 from shardkit.sparse import KeyedJaggedTensor
-from shardkit.types import EmbeddingComputeKernel, ParameterSharding, ShardingEnv
+from shardkit.types import ParameterSharding, ShardingEnv
 
 __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
 
@@ -49,9 +57,6 @@ logger = logging.getLogger(__name__)
 
 # Input dists started ahead of their forward that a collection keeps (the pipeline needs 2).
 _MAX_PREFETCHED = 2
-
-# The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
-DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
 
 
 @dataclass
@@ -63,21 +68,6 @@ class DistributedInput:
     source: SourceBatch | None = None  # this rank's checked batch, per feature
     full: KeyedJaggedTensor | None = None  # VBE: the data-parallel features, expanded
     inverse: torch.Tensor | None = None  # VBE: [F, B] each feature's bag of each example
-
-
-class ShardedTable(nn.Module):
-    """This rank's shards of one table (``shards[k]`` is a view of a kernel group's stack)."""
-
-    def __init__(self, shards: list[ShardSlice], params: list[nn.Parameter]) -> None:
-        super().__init__()
-        self.shard_slices = shards
-        self.shards = nn.ParameterList(params)
-
-    def extra_repr(self) -> str:
-        blocks = [
-            f"rows {s.row_start}+{s.rows}, cols {s.col_start}+{s.cols}" for s in self.shard_slices
-        ]
-        return "; ".join(blocks) or "no shard on this rank"
 
 
 class ShardedCollection(nn.Module):
@@ -134,7 +124,13 @@ class ShardedCollection(nn.Module):
         self._with_weights = self._is_weighted or any(
             getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
         )
-        keys = self._table_keys(tables, plan, fused_params)
+        keys = table_keys(
+            self._configs,
+            tables.weights,
+            plan=plan,
+            fused_params=fused_params,
+            module_default=tables.fused_config,
+        )
         self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
         self._shard_groups = self._build_shard_groups(tables)
@@ -143,11 +139,25 @@ class ShardedCollection(nn.Module):
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
         setattr(self, self._TABLES, TableDict())  # any table name (see TableDict)
-        self._local = self._build_local(module, tables)
+        dense_replicas = set(self._replicated(fused=False))  # in table order:
+        self._local_tables = [c.name for c in self._configs if c.name in dense_replicas]
+        self._local = local_replica(
+            module,
+            self._configs,
+            tables.weights,
+            names=self._local_tables,
+            device=self._device,
+            tables_attr=self._TABLES,
+        )
         self._register_tables()
-        self.fused_optimizer = self._make_fused_optimizer()
+        self.fused_optimizer = fused_optimizer(
+            self._shard_groups,
+            self._replica_groups,
+            shard_key=self._shard_key,
+            tables_attr=self._TABLES,
+        )
         self._prefetched: list[DistributedInput] = []
-        self._register_state_dict_hook(_state_dict_hook)
+        self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
             logger.info(
@@ -184,35 +194,8 @@ class ShardedCollection(nn.Module):
         """The features (KJT keys) this collection looks up, in table order."""
         return [f for c in self._configs for f in c.feature_names]
 
-    def _table_keys(self, tables: CollectionTables, plan, fused_params) -> list[tuple]:
-        default = None
-        if fused_params is not None:
-            default = FusedOptimizerConfig.from_fused_params(fused_params)
-        module_default = tables.fused_config
-        keys = []
-        for config, param in zip(self._configs, tables.weights):
-            dtype = data_type_to_dtype(config.data_type)
-            if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:
-                keys.append((dtype, None))
-                continue
-            chosen = fused_config_of(param) or default or module_default or DEFAULT_FUSED
-            keys.append((dtype, chosen))
-        return keys
-
     def _build_shard_groups(self, tables: CollectionTables) -> list[ShardGroup]:
-        weights = {c.name: p for c, p in zip(self._configs, tables.weights)}
-        by_name = {c.name: c for c in self._configs}
-
-        def initial(shard: ShardSlice, view: torch.Tensor) -> None:
-            full = weights[shard.table]
-            if full.device.type == "meta":  # initialised where it lives, as TorchRec does
-                config = by_name[shard.table]
-                view.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
-                return
-            rows = slice(shard.row_start, shard.row_start + shard.rows)
-            cols = slice(shard.col_start, shard.col_start + shard.cols)
-            view.copy_(full.detach()[rows, cols])  # from the module's device, once
-
+        initial = shard_initialiser(self._configs, tables.weights)
         return [
             build_shard_group(spec, self._device, initial) for spec in self._specs[self._env.rank]
         ]
@@ -238,25 +221,6 @@ class ShardedCollection(nn.Module):
     def _replicated(self, *, fused: bool) -> list[str]:
         return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]
 
-    def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
-        """Data-parallel tables with the DENSE kernel: a replica, looked up like the unsharded
-        module."""
-        names = set(self._replicated(fused=False))
-        unique = [c for c in self._configs if c.name in names]
-        self._local_tables = [c.name for c in unique]
-        if not unique:
-            return None
-        kwargs = {"is_weighted": self._is_weighted} if hasattr(module, "is_weighted") else {}
-        local = type(module)(
-            tables=unique, device=self._device, validate_ids=self._validate_ids, **kwargs
-        )
-        source = dict(zip((c.name for c in self._configs), tables.weights))
-        with torch.no_grad():
-            for name in self._local_tables:
-                if source[name].device.type != "meta":
-                    getattr(local, self._TABLES)[name].weight.copy_(source[name])
-        return local
-
     def _register_tables(self) -> None:
         shards: dict[str, tuple[list, list]] = {}
         for shard_group in self._shard_groups:
@@ -278,16 +242,6 @@ class ShardedCollection(nn.Module):
             else:
                 slices, params = shards.get(config.name, ([], []))
                 self.tables[config.name] = ShardedTable(slices, params)
-
-    def _make_fused_optimizer(self) -> FusedOptimizer | None:
-        fused = []
-        for shard_group in self._shard_groups:
-            keys = [(self._shard_key(s), s.table) for s in shard_group.spec.shards]
-            fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
-        for group in self._replica_groups:
-            keys = [(f"{self._TABLES}.{name}.weight", name) for name in group.names]
-            fused.extend(fused_tables(group.tables, keys, group.params))
-        return FusedOptimizer(fused) if fused else None
 
     def _shard_key(self, shard: ShardSlice) -> str:
         """The shard's Parameter key: ``<tables>.<table>.shards.<k>``."""
@@ -313,19 +267,7 @@ class ShardedCollection(nn.Module):
         return [found[k] for k in sorted(found)]
 
     def _load_state_dict_pre_hook(self, state_dict, prefix, *args: Any) -> None:
-        for name in self._local_tables:
-            key = f"{prefix}{self._TABLES}.{name}.weight"
-            if key in state_dict:
-                state_dict[f"{prefix}_local.{self._TABLES}.{name}.weight"] = state_dict[key]
-        for config, table in self._sharded_tables():
-            key = f"{prefix}{self._TABLES}.{config.name}.weight"
-            if key not in state_dict:
-                continue
-            value = state_dict.pop(key)
-            for k, slice_ in enumerate(table.shard_slices):
-                state_dict[f"{prefix}{self._TABLES}.{config.name}.shards.{k}"] = block_of(
-                    value, slice_, key
-                )
+        load_state_dict_pre_hook(self, state_dict, prefix)
 
     # -- input dist ------------------------------------------------------------------------
 
@@ -406,22 +348,3 @@ def _side_by_side(blocks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
     """(first column, rows ``[N, cols]``) blocks -> ``[N, sum(cols)]`` in column order."""
     parts = [rows for _, rows in sorted(blocks, key=lambda block: block[0])]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _state_dict_hook(module: ShardedCollection, state_dict, prefix, _meta) -> None:
-    """See [Note: sharded state dicts]."""
-    # data-parallel tables appear once, as <tables>.<t>.weight (not also under _local)
-    for key in [k for k in state_dict if k.startswith(f"{prefix}_local.")]:
-        del state_dict[key]
-    tables = module._TABLES
-    for config, table in module._sharded_tables():
-        for k in range(len(table.shards)):
-            del state_dict[f"{prefix}{tables}.{config.name}.shards.{k}"]
-        local = [(s, p.detach()) for s, p in zip(table.shard_slices, table.shards)]
-        state_dict[f"{prefix}{tables}.{config.name}.weight"] = sharded_tensor(
-            (config.num_embeddings, config.embedding_dim),
-            module.table_shards(config.name),
-            local,
-            module._device,
-            module._env.pg,
-        )

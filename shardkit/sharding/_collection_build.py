@@ -1,0 +1,113 @@
+"""How a sharded collection builds its parts from the unsharded module: each table's kernel
+key, the initial values of its shards, the replica of its data-parallel DENSE tables and the
+fused optimizer over its FUSED shards and replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardkit.modules import BaseEmbeddingConfig, data_type_to_dtype, fused_tables
+from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._layout import ShardSlice
+from shardkit.sharding._replicas import ReplicaGroup
+from shardkit.sharding._shard_groups import ShardGroup
+from shardkit.types import EmbeddingComputeKernel, ParameterSharding
+
+__all__ = ["DEFAULT_FUSED", "fused_optimizer", "local_replica", "shard_initialiser", "table_keys"]
+
+# The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
+DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
+
+
+def table_keys(
+    configs: Sequence[BaseEmbeddingConfig],
+    weights: Sequence[torch.Tensor],
+    *,
+    plan: Mapping[str, ParameterSharding],
+    fused_params: Mapping[str, Any] | None,
+    module_default: FusedOptimizerConfig | None,
+) -> list[tuple]:
+    """Each table's (dtype, fused optimizer config or None for DENSE), in table order.
+
+    A FUSED table's optimizer: its weight's own (`apply_optimizer_in_backward`), else
+    ``fused_params``, else the module's, else `DEFAULT_FUSED`.
+    """
+    default = None
+    if fused_params is not None:
+        default = FusedOptimizerConfig.from_fused_params(fused_params)
+    keys = []
+    for config, param in zip(configs, weights):
+        dtype = data_type_to_dtype(config.data_type)
+        if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:
+            keys.append((dtype, None))
+            continue
+        chosen = fused_config_of(param) or default or module_default or DEFAULT_FUSED
+        keys.append((dtype, chosen))
+    return keys
+
+
+def shard_initialiser(
+    configs: Sequence[BaseEmbeddingConfig], weights: Sequence[torch.Tensor]
+) -> Callable[[ShardSlice, torch.Tensor], None]:
+    """``initial(shard, view)``: copies the shard's block of the module's weight into ``view``,
+    or initialises it uniformly where the weight is on "meta"."""
+    by_name = {c.name: (c, w) for c, w in zip(configs, weights)}
+
+    def initial(shard: ShardSlice, view: torch.Tensor) -> None:
+        config, full = by_name[shard.table]
+        if full.device.type == "meta":  # initialised where it lives, as TorchRec does
+            view.uniform_(config.get_weight_init_min(), config.get_weight_init_max())
+            return
+        rows = slice(shard.row_start, shard.row_start + shard.rows)
+        cols = slice(shard.col_start, shard.col_start + shard.cols)
+        view.copy_(full.detach()[rows, cols])  # from the module's device, once
+
+    return initial
+
+
+def local_replica(
+    module: Any,
+    configs: Sequence[BaseEmbeddingConfig],
+    weights: Sequence[torch.Tensor],
+    *,
+    names: Sequence[str],
+    device: torch.device,
+    tables_attr: str,
+) -> nn.Module | None:
+    """A collection of type ``type(module)`` holding the tables ``names`` (data-parallel, DENSE),
+    their weights copied from ``weights`` unless on "meta"; None when ``names`` is empty."""
+    unique = [c for c in configs if c.name in set(names)]
+    if not unique:
+        return None
+    kwargs = {"is_weighted": module.is_weighted()} if hasattr(module, "is_weighted") else {}
+    local = type(module)(tables=unique, device=device, validate_ids=module.validate_ids, **kwargs)
+    source = dict(zip((c.name for c in configs), weights))
+    with torch.no_grad():
+        for config in unique:
+            if source[config.name].device.type != "meta":
+                getattr(local, tables_attr)[config.name].weight.copy_(source[config.name])
+    return local
+
+
+def fused_optimizer(
+    shard_groups: Sequence[ShardGroup],
+    replica_groups: Sequence[ReplicaGroup],
+    *,
+    shard_key: Callable[[ShardSlice], str],
+    tables_attr: str,
+) -> FusedOptimizer | None:
+    """One `FusedOptimizer` over every FUSED shard and replica (None if there is none); a shard's
+    state is keyed by ``shard_key(shard)``, a replica's by ``<tables_attr>.<table>.weight``."""
+    fused = []
+    for shard_group in shard_groups:
+        keys = [(shard_key(s), s.table) for s in shard_group.spec.shards]
+        fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
+    for group in replica_groups:
+        keys = [(f"{tables_attr}.{name}.weight", name) for name in group.names]
+        fused.extend(fused_tables(group.tables, keys, group.params))
+    return FusedOptimizer(fused) if fused else None
