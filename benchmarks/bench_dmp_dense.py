@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _command import argv
 from torch.distributed.tensor import DTensor
 
 from shardkit import KeyedJaggedTensor
@@ -131,7 +132,7 @@ def report(args, rows: dict[str, dict]) -> str:
     lines = [
         f"# DMP: dense part under DDP or fully sharded ({args.ranks} ranks)",
         "",
-        f"`python benchmarks/bench_dmp_dense.py {' '.join(_argv(args))}`",
+        f"`python benchmarks/bench_dmp_dense.py {' '.join(argv(args))}`",
         "",
         f"DLRM, {params / 1e6:.1f} M dense parameters, {TABLES} tables of {args.rows} x "
         f"{args.dim} (planned, default sharders), Adam on the dense part, batch {args.batch}.",
@@ -171,10 +172,6 @@ def main() -> None:
         Path(args.out).with_suffix(".json").write_text(
             json.dumps({"args": vars(args), "rows": rows}, indent=1)
         )
-
-
-def _argv(args) -> list[str]:
-    return [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"]
 
 
 if __name__ == "__main__":

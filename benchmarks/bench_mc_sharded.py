@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _command import argv
 
 from shardkit import KeyedJaggedTensor
 from shardkit.launch import spawn
@@ -125,7 +126,7 @@ def main() -> None:
     lines = [
         f"# Sharded managed collision: step time ({args.ranks} ranks, row-wise)",
         "",
-        f"`python benchmarks/bench_mc_sharded.py {' '.join(_argv(args))}`",
+        f"`python benchmarks/bench_mc_sharded.py {' '.join(argv(args))}`",
         "",
         "| contender | ms/step (median) | range over rounds | vs id % rows |",
         "|---|---|---|---|",
@@ -142,11 +143,6 @@ def main() -> None:
         Path(args.out).with_suffix(".json").write_text(
             json.dumps({"args": vars(args), "rows": rows}, indent=1)
         )
-
-
-def _argv(args) -> list[str]:
-    skip = {"out"}
-    return [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in skip]
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _command import argv
 from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
@@ -168,7 +169,7 @@ def report(args, results: dict[int, dict], codec_times: dict[str, float]) -> str
     lines = [
         "# Compressed communication: output dists in FP32, FP16, BF16, FP8, INT8",
         "",
-        f"`python benchmarks/bench_qcomm.py {' '.join(_argv(args))}`",
+        f"`python benchmarks/bench_qcomm.py {' '.join(argv(args))}`",
         "",
         f"DLRM, {args.tables} tables of {args.rows} x {args.dim} (half table-wise, half "
         f"row-wise), batch {args.batch} per rank, {args.rounds * args.steps} steps per contender.",
@@ -215,15 +216,6 @@ def main() -> None:
         Path(args.out).with_suffix(".json").write_text(
             json.dumps({"args": vars(args), "results": results, "codec_ms": codec_times}, indent=1)
         )
-
-
-def _argv(args) -> list[str]:
-    out = []
-    for key, value in vars(args).items():
-        if key != "out":
-            value = " ".join(map(str, value)) if isinstance(value, list) else value
-            out.append(f"--{key.replace('_', '-')} {value}")
-    return out
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _command import argv
 from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
@@ -150,7 +151,7 @@ def report(args, results: dict) -> str:
     lines = [
         "# Variable batch (VBE): deduplicated user features against the expanded batch",
         "",
-        f"`python benchmarks/bench_vbe.py {' '.join(_argv(args))}`",
+        f"`python benchmarks/bench_vbe.py {' '.join(argv(args))}`",
         "",
         f"2 ranks x 1 thread; per rank a batch of {args.batch} examples: {args.user_features} "
         f"user features with one bag (about {args.user_ids} ids) per {args.repeat} examples, "
@@ -201,15 +202,6 @@ def main() -> None:
         Path(args.out).with_suffix(".json").write_text(
             json.dumps({"args": vars(args), "results": results}, indent=1)
         )
-
-
-def _argv(args) -> list[str]:
-    out = []
-    for key, value in vars(args).items():
-        if key != "out":
-            value = " ".join(map(str, value)) if isinstance(value, list) else value
-            out.append(f"--{key.replace('_', '-')} {value}")
-    return out
 
 
 if __name__ == "__main__":
