@@ -15,7 +15,15 @@ import time
 
 import torch
 
-from shardkit.sharding._row_buckets import _partition, _sort
+from shardkit.sharding import bucket_rows
+
+
+def _bucket(lengths, values, starts, *, partition: bool):
+    """`bucket_rows` forced down one path: ``(shard_lengths, rebased, order)``."""
+    limit = len(starts) if partition else 0  # the most shards that take the partition
+    out = bucket_rows(values, lengths=lengths, weights=None, row_starts=starts,
+                      max_partition_shards=limit)  # fmt: skip
+    return out[0], out[1], out[3]
 
 
 def _best_ms(fn, reps: int) -> float:
@@ -49,10 +57,11 @@ def main() -> None:
     print("shards  partition ms  sort ms  partition/sort")
     for shards in args.shards:
         starts = [args.rows * k // shards for k in range(shards)]
-        for got, want in zip(_partition(lengths, values, starts), _sort(lengths, values, starts)):
+        part_fn = functools.partial(_bucket, lengths, values, starts, partition=True)
+        sort_fn = functools.partial(_bucket, lengths, values, starts, partition=False)
+        for got, want in zip(part_fn(), sort_fn()):
             torch.testing.assert_close(got, want)
-        part = _best_ms(functools.partial(_partition, lengths, values, starts), args.reps)
-        sort = _best_ms(functools.partial(_sort, lengths, values, starts), args.reps)
+        part, sort = _best_ms(part_fn, args.reps), _best_ms(sort_fn, args.reps)
         print(f"{shards:6d}  {part:12.3f}  {sort:7.3f}  {part / sort:14.2f}")
 
 

@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "fsdp": {"comm", "launch"},
     "models": {"types", "sparse", "modules", "optim"},
     "quant": {"types", "sparse", "modules", "optim"},
-    "inference": {"types", "launch", "comm", "sparse", "modules", "optim", "quant"},
+    "inference": {"types", "launch", "comm", "sparse", "modules", "optim", "quant", "sharding"},
     "data": {"sparse"},
     "datasets": {"sparse", "data"},
     "fbgemm_gpu": {"types", "optim", "sparse", "modules"},

@@ -769,6 +769,7 @@ PUBLIC = {
         "TrainPipelineSparseDistCompAutograd",
         "VariableBatchEmbeddingBagCollectionAwaitable",
         "apply_to_all",
+        "bucket_rows",
         "calculate_shard_sizes_and_offsets",
         "column_wise",
         "compute_kernel_to_embedding_location",

@@ -3,7 +3,9 @@ the train pipelines, the composable `shard`/`shard_modules`, and TorchRec's smal
 around them (``shardkit.distributed`` re-exports these at TorchRec's paths).
 
 `ShardedCollection` (the base of both sharded collections), `fused_state`, `load_fused_state`
-and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and loads them by.
+and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and loads them by;
+`bucket_rows`, the row bucketing of the row-wise input dist, is shared with
+``shardkit.inference``'s row-wise serving.
 """
 
 from shardkit.sharding._collection import ShardedCollection
@@ -103,6 +105,7 @@ from shardkit.sharding._plan_helpers import (
     placement_helper,
     placement_string,
 )
+from shardkit.sharding._row_buckets import bucket_rows
 from shardkit.sharding._shard import shard, shard_modules
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,
@@ -193,6 +196,7 @@ __all__ = [
     "TrainPipelineSparseDistCompAutograd",
     "VariableBatchEmbeddingBagCollectionAwaitable",
     "apply_to_all",
+    "bucket_rows",
     "calculate_shard_sizes_and_offsets",
     "column_wise",
     "compute_kernel_to_embedding_location",

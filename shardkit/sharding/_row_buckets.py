@@ -33,6 +33,7 @@ def bucket_rows(
     lengths: torch.Tensor,
     weights: torch.Tensor | None,
     row_starts: Sequence[int],
+    max_partition_shards: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Group one feature's ids by the shard that holds their row (see [Note: row bucketing
     without a sort]).
@@ -42,13 +43,18 @@ def bucket_rows(
         lengths: ``[B]`` int64 bag lengths.
         weights: ``[n]`` per-id weights, or None.
         row_starts: the shards' first rows, ascending, the first one 0 (host ints).
+        max_partition_shards: the most shards for which the counting partition runs, else the
+            sort (default `PARTITION_MAX_SHARDS`); both give the same tensors. The benchmark
+            (``benchmarks/bench_row_buckets.py``) times each path through it.
 
     Returns:
         ``shard_lengths`` ``[S, B]`` ids per (shard, bag); ``rebased`` ``[n]`` shard-local rows
         grouped by shard; the weights in that order (or None); ``order`` ``[n]``, the
         permutation of ``values`` that groups them.
     """
-    if len(row_starts) <= PARTITION_MAX_SHARDS:
+    if max_partition_shards is None:
+        max_partition_shards = PARTITION_MAX_SHARDS
+    if len(row_starts) <= max_partition_shards:
         shard_lengths, rebased, order = _partition(lengths, values, list(row_starts))
     else:
         shard_lengths, rebased, order = _sort(lengths, values, list(row_starts))
