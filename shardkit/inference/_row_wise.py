@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from shardkit.modules import PoolingType
+from shardkit.sharding import bucket_rows
 from shardkit.sparse import JaggedTensor, KeyedTensor
 from shardkit.types import split_evenly
 
@@ -96,43 +97,45 @@ def block_state(state: Mapping[str, torch.Tensor], blocks: Mapping[str, RowBlock
 
 def bucketize(by_key: dict[str, JaggedTensor], blocks: Mapping[str, RowBlocks]) -> None:
     """Replace, in ``by_key``, each row-wise feature ``f`` by its parts ``f@r`` (see
-    [Note: row-wise quantized serving], step 1)."""
+    [Note: row-wise quantized serving], step 1), grouped by the training input dist's
+    `bucket_rows` (a counting partition for few ranks, a sort for many)."""
     for block in blocks.values():
+        num_blocks = len(block.starts) - 1
         for f in block.features:
             bags = by_key.pop(f)
-            lengths = bags.lengths().to(torch.int64)  # [B]
-            ids = bags.values().to(torch.int64)  # [N]
-            weights = bags.weights_or_none()
-            bag_of_id = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-            owner = torch.bucketize(ids, torch.tensor(block.starts[1:-1]), right=True)
-            for r in range(len(block.starts) - 1):
-                mine = owner == r
-                part_lengths = torch.zeros_like(lengths).index_add_(0, bag_of_id, mine.long())
+            shard_lengths, rebased, weights, _ = bucket_rows(
+                bags.values().to(torch.int64),  # [N]
+                lengths=bags.lengths().to(torch.int64),  # [B]
+                weights=bags.weights_or_none(),
+                row_starts=block.starts[:-1],
+            )  # shard_lengths [W, B]; rebased [N], grouped by block
+            counts = shard_lengths.sum(dim=1).tolist()  # one host read per feature
+            values = rebased.split(counts)
+            parts = [None] * num_blocks if weights is None else weights.split(counts)
+            for r in range(num_blocks):
                 by_key[block.part(f, r)] = JaggedTensor(
-                    values=ids[mine] - block.starts[r],
-                    lengths=part_lengths,
-                    weights=None if weights is None else weights[mine],
+                    values=values[r], lengths=shard_lengths[r], weights=parts[r]
                 )
 
 
 def combine(
-    pooled: KeyedTensor,
+    by_key: Mapping[str, torch.Tensor],
     features: Sequence[str],
     dims: Sequence[int],
     lengths: Mapping[str, torch.Tensor],
     blocks: Mapping[str, RowBlocks],
     output_dtype: torch.dtype,
 ) -> KeyedTensor:
-    """``[B, sum(dims)]`` in ``features``' order from ``pooled`` (float32, over the features'
-    parts): see [Note: row-wise quantized serving], step 3. ``lengths``: each row-wise
+    """``[B, sum(dims)]`` in ``features``' order from ``by_key`` (each feature's ``[B, D]``
+    pooled rows: a table-wise feature's in ``output_dtype``, a row-wise one's parts in
+    float32): see [Note: row-wise quantized serving], step 3. ``lengths``: each row-wise
     feature's bag lengths ``[B]`` (for MEAN pooling)."""
-    by_key = pooled.to_dict()
     of_feature = {f: b for b in blocks.values() for f in b.features}
     columns = []
     for f in features:
         block = of_feature.get(f)
         if block is None:
-            columns.append(by_key[f])
+            columns.append(by_key[f].to(output_dtype))
             continue
         parts = [by_key[block.part(f, r)] for r in range(len(block.starts) - 1)]
         total = parts[0]
@@ -140,8 +143,8 @@ def combine(
             total = total + part
         if block.mean:
             total = total / lengths[f].clamp(min=1).unsqueeze(1).to(total.dtype)
-        columns.append(total)
-    values = torch.cat(columns, dim=1).to(output_dtype)
+        columns.append(total.to(output_dtype))  # cast once, after the float32 sum
+    values = torch.cat(columns, dim=1)
     return KeyedTensor(list(features), list(dims), values)
 
 

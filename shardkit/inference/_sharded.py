@@ -12,8 +12,9 @@ every rank holding its own requests (batch ``B_r`` on rank ``r``):
    table's rank;
 3. each rank looks up ALL ranks' bags of its tables in one call of its local quantized
    collection (bags of rank 0 first): ``[sum_r B_r, D_local]``;
-4. all-to-all of the pooled rows back: rank ``r`` gets ``[B_r, D_local]`` from each rank and
-   puts the columns in the unsharded module's feature order.
+4. all-to-all of the pooled rows back, in the module's output dtype ([Note: pooled rows on
+   the wire]): rank ``r`` gets ``[B_r, D_local]`` from each rank and puts the columns in the
+   unsharded module's feature order.
 
 The result equals the unsharded quantized module's on the same bags (the same stored bytes and
 the same operators). No gradients: serving only. A table too large for one rank is served
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
+from shardkit.inference._pooled import PooledGroup, pooled_groups
 from shardkit.inference._row_wise import (
     block_state,
     bucketize,
@@ -102,8 +104,18 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         self._features_of = [[f for f in self._features if self._owner[f] == r] for r in
                              range(self._world)]  # fmt: skip
         mine = [c for c in configs if placement[c.name] == self._rank]
-        state = block_state(module.state_dict(), self._blocks, self._rank)
-        self._local = _subset(state, mine, self._is_weighted) if mine else None
+        self._groups = pooled_groups(
+            configs,
+            placement=placement,
+            partial={b.part(t, r) for t, b in self._blocks.items() for r in range(self._world)},
+            output_dtype=self._out_dtype,
+            state=block_state(module.state_dict(), self._blocks, self._rank),
+            weighted=self._is_weighted,
+            rank=self._rank,
+            world=self._world,
+        )
+        self._local_configs = [c for g in self._groups if g.local is not None
+                               for c in g.local.embedding_bag_configs()]  # fmt: skip
         logger.info("rank %d serves quantized tables %s", self._rank, [c.name for c in mine])
 
     @property
@@ -112,7 +124,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         return list(self._row_wise)
 
     def embedding_bag_configs(self) -> list[Any]:
-        return list(self._local.embedding_bag_configs()) if self._local is not None else []
+        return list(self._local_configs)
 
     @torch.no_grad()
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -135,9 +147,10 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         lengths = {f: by_key[f].lengths() for b in self._blocks.values() for f in b.features}
         bucketize(by_key, self._blocks)
         received = self._send_ids(by_key, batches)
-        pooled = self._lookup(received, batches)
-        pooled = self._send_rows(pooled, batches)
-        return combine(pooled, self._out_features, self._out_dims, lengths, self._blocks,
+        columns: dict[str, torch.Tensor] = {}
+        for group in self._groups:
+            columns.update(self._send_rows(group, self._lookup(group, received, batches), batches))
+        return combine(columns, self._out_features, self._out_dims, lengths, self._blocks,
                        self._out_dtype)  # fmt: skip
 
     def _send_ids(self, by_key, batches: list[int]) -> list[dict[str, Any]]:
@@ -165,11 +178,14 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         return _per_source(self._features_of[self._rank], batches, got_lengths, got_ids,
                            got_weights)  # fmt: skip
 
-    def _lookup(self, received: list[dict[str, Any]], batches: list[int]) -> torch.Tensor:
-        """``[sum(batches), D_local]`` pooled rows of this rank's features, all ranks' bags."""
-        names = self._features_of[self._rank]
-        if self._local is None or not names:
-            return torch.empty(sum(batches), 0)
+    def _lookup(
+        self, group: PooledGroup, received: list[dict[str, Any]], batches: list[int]
+    ) -> torch.Tensor:
+        """``[sum(batches), D_local]`` pooled rows, in ``group.dtype``, of this rank's features
+        of ``group``, all ranks' bags."""
+        names = group.features_of[self._rank]
+        if group.local is None or not names:
+            return torch.empty(sum(batches), 0, dtype=group.dtype)
         lengths, values, weights = [], [], []
         for f in names:
             for source in received:
@@ -183,11 +199,14 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
             lengths=torch.cat(lengths),
             weights=torch.cat(weights) if self._is_weighted else None,
         )
-        return self._local(kjt).values().float()
+        return group.local(kjt).values()
 
-    def _send_rows(self, pooled: torch.Tensor, batches: list[int]) -> KeyedTensor:
+    def _send_rows(
+        self, group: PooledGroup, pooled: torch.Tensor, batches: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """``{feature: [B, D]}`` of ``group``'s features, from the ranks that pooled them."""
         width = pooled.shape[1]
-        widths = [sum(self._dims[self._features.index(f)] for f in self._features_of[r])
+        widths = [sum(self._dims[self._features.index(f)] for f in group.features_of[r])
                   for r in range(self._world)]  # fmt: skip
         batch = batches[self._rank]
         flat = pooled.reshape(-1)
@@ -198,12 +217,11 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         for rank, block in enumerate(blocks):
             block = block.view(batch, widths[rank])
             start = 0
-            for f in self._features_of[rank]:
+            for f in group.features_of[rank]:
                 dim = self._dims[self._features.index(f)]
                 columns[f] = block[:, start : start + dim]
                 start += dim
-        values = torch.cat([columns[f] for f in self._features], dim=1)
-        return KeyedTensor(self._features, self._dims, values)  # float32: see `combine`
+        return columns
 
 
 def _span(features_of: list[list[str]], dest: int) -> slice:
@@ -236,14 +254,6 @@ def _per_source(names, batches, lengths, ids, weights) -> list[dict[str, Any]]:
             id_at += count
         out.append(source)
     return out
-
-
-def _subset(state: Mapping[str, torch.Tensor], configs: list[Any], weighted: bool) -> nn.Module:
-    """The tables ``configs`` of ``state``, pooling in float32 (cast once, in `combine`)."""
-    local = QuantEmbeddingBagCollection(configs, weighted, device="cpu", output_dtype=torch.float)
-    names = {c.name for c in configs}
-    local.load_state_dict({k: v for k, v in state.items() if k.split(".")[1] in names})
-    return local
 
 
 def _placement(module, configs, placement, row_wise, budget_bytes, world):

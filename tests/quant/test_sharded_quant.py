@@ -1,6 +1,7 @@
 """Quantized tables served across ranks (table-wise) against the unsharded quantized module
 (the spec): the same pooled rows for every rank's requests, with INT8, INT4 and FP16 tables,
-weighted and not, uneven batch sizes per rank, a rank with no table, and the errors."""
+weighted and not, float32 and half output (half rows on the wire), uneven batch sizes per rank,
+a rank with no table, and the errors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardkit import KeyedJaggedTensor
+from shardkit import KeyedJaggedTensor, comm
 from shardkit.inference import ShardedQuantEmbeddingBagCollection, shard_quant_model
 from shardkit.inference._row_wise import split_tables
 from shardkit.modules import DataType, EmbeddingBagConfig, PoolingType
@@ -18,7 +19,7 @@ TABLES = {"t0": (11, 4, DataType.INT8), "t1": (7, 6, DataType.INT4), "t2": (5, 4
 FEATURES = {"a": "t0", "b": "t0", "c": "t1", "d": "t2"}
 
 
-def _quantized(weighted: bool, mean: bool = False) -> QuantEBC:
+def _quantized(weighted: bool, mean: bool = False, half: bool = False) -> QuantEBC:
     configs = [
         EmbeddingBagConfig(
             name=name, num_embeddings=rows, embedding_dim=dim, data_type=data_type,
@@ -27,7 +28,7 @@ def _quantized(weighted: bool, mean: bool = False) -> QuantEBC:
         )
         for name, (rows, dim, data_type) in TABLES.items()
     ]  # fmt: skip
-    module = QuantEBC(configs, weighted)
+    module = QuantEBC(configs, weighted, output_dtype=torch.half if half else torch.float)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for buffer in module.buffers():
@@ -47,24 +48,48 @@ def _requests(rank: int, weighted: bool) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(keys=list(FEATURES), values=values, lengths=lengths, weights=weights)
 
 
-def _serve(rank, world_size, weighted, placement):
-    reference = _quantized(weighted)
-    model, plans = shard_quant_model(torch.nn.Sequential(_quantized(weighted)),
+def _float_dtypes_sent(module, kjt) -> tuple[torch.Tensor, set[torch.dtype]]:
+    """``module(kjt)`` and the floating dtypes of what it sent through all-to-alls."""
+    sent, real = set(), comm.all_to_all_single
+
+    def recording(x, *args, **kwargs):
+        if x.is_floating_point():
+            sent.add(x.dtype)
+        return real(x, *args, **kwargs)
+
+    comm.all_to_all_single = recording
+    try:
+        return module(kjt), sent
+    finally:
+        comm.all_to_all_single = real
+
+
+def _serve(rank, world_size, weighted, placement, half=False):
+    reference = _quantized(weighted, half=half)
+    model, plans = shard_quant_model(torch.nn.Sequential(_quantized(weighted, half=half)),
                                      world_size=world_size, placement=placement)  # fmt: skip
     assert isinstance(model[0], ShardedQuantEmbeddingBagCollection)
     kjt = _requests(rank, weighted)
-    out = model(kjt)
+    out, sent = _float_dtypes_sent(model, kjt)
     expected = reference(kjt)
     assert out.keys() == expected.keys()
     torch.testing.assert_close(out.values(), expected.values(), rtol=0, atol=0)
-    return plans["0"]
+    return plans["0"], sent
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("weighted", [False, True])
-def test_sharded_quantized_tables_serve_as_the_unsharded_module(run_ranks, world_size, weighted):
-    plans = run_ranks(_serve, world_size, weighted, None)
-    assert sorted(set(plans[0].values())) == list(range(world_size))
+@pytest.mark.parametrize(
+    ("world_size", "weighted", "half"),
+    [(1, False, False), (2, False, False), (3, False, False), (1, True, False), (2, True, False),
+     (3, True, False), (2, False, True), (3, True, True)],
+)  # fmt: skip
+def test_sharded_quantized_tables_serve_as_the_unsharded_module(
+    run_ranks, world_size, weighted, half
+):
+    results = run_ranks(_serve, world_size, weighted, None, half)
+    assert sorted(set(results[0][0].values())) == list(range(world_size))
+    weights = {torch.float32} if weighted else set()  # per-id weights travel in float32
+    for _, sent in results:  # the pooled rows in the output dtype: half of float32's bytes
+        assert sent == weights | {torch.half if half else torch.float32}
 
 
 def test_a_rank_without_tables_still_serves_its_requests(run_ranks):
@@ -113,39 +138,46 @@ def _order_bound(module: QuantEBC, kjt: KeyedJaggedTensor) -> dict[str, torch.Te
     return out
 
 
-def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget):
-    reference = _quantized(weighted, mean)
+def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget, half=False):
+    reference = _quantized(weighted, mean, half)
     if budget is None:
-        sharded = ShardedQuantEmbeddingBagCollection(_quantized(weighted, mean), row_wise=row_wise)
+        sharded = ShardedQuantEmbeddingBagCollection(_quantized(weighted, mean, half),
+                                                     row_wise=row_wise)  # fmt: skip
     else:  # TorchRec's per-device budget: a table over it goes row-wise
         model, _ = shard_quant_model(torch.nn.Sequential(_quantized(weighted, mean)),
                                      world_size=world_size, device_memory_size=budget)  # fmt: skip
         sharded = model[0]
     kjt = _requests(rank, weighted)
-    out, expected = sharded(kjt), reference(kjt)
+    (out, sent), expected = _float_dtypes_sent(sharded, kjt), reference(kjt)
     assert out.keys() == expected.keys() and out.values().dtype == expected.values().dtype
+    if half:  # the row-wise parts in float32 (added before one cast), table-wise rows in half
+        assert sent == {torch.float32, torch.half}, sent
     bound = _order_bound(reference, kjt)
     for f, got in out.to_dict().items():
         want = expected.to_dict()[f]
         if FEATURES[f] in sharded.row_wise_tables:  # the same terms, added in another order
             scale = want.abs().clamp(min=1) if mean and FEATURES[f] == "t0" else 1
-            assert ((got - want).abs() <= bound[f] * scale + 1e-7).all(), f
+            got, want = got.float(), want.float()  # half: then rounded once, by half an ulp
+            rounding = torch.finfo(torch.half).eps * want.abs() + 2**-24 if half else 0
+            within = (got - want).abs() <= bound[f] * scale + rounding + 1e-7
+            assert ((got == want) | within).all(), f  # ==: past half's range both are inf
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     return sharded.row_wise_tables, sharded._placement
 
 
 @pytest.mark.parametrize(
-    ("world_size", "weighted", "mean", "row_wise"),
-    [(2, False, False, ["t0", "t1", "t2"]), (3, True, False, ["t0", "t2"]),
-     (2, True, True, ["t0"]), (3, False, True, ["t0", "t1"]),
-     (4, False, False, ["t1", "t2"])],  # 7 and 5 rows on 4 ranks: blocks of 2,2,2,1 and 2,1,1,1
+    ("world_size", "weighted", "mean", "row_wise", "half"),
+    [(2, False, False, ["t0", "t1", "t2"], False), (3, True, False, ["t0", "t2"], False),
+     (2, True, True, ["t0"], False), (3, False, True, ["t0", "t1"], False),
+     (4, False, False, ["t1", "t2"], False),  # 7, 5 rows on 4 ranks: blocks 2,2,2,1 and 2,1,1,1
+     (2, False, True, ["t0"], True)],  # half output: t0's parts in float32, t1, t2's rows half
 )  # fmt: skip
 def test_row_wise_quantized_tables_serve_as_the_unsharded_module(
-    run_ranks, world_size, weighted, mean, row_wise
+    run_ranks, world_size, weighted, mean, row_wise, half
 ):
     for got_row_wise, placement in run_ranks(_serve_row_wise, world_size, weighted, mean,
-                                             row_wise, None):  # fmt: skip
+                                             row_wise, None, half):  # fmt: skip
         assert got_row_wise == row_wise and sorted(placement) == sorted(set(TABLES) - set(row_wise))
 
 
