@@ -7,6 +7,10 @@ with its size and SHA-256. It is written as ``<root>/.tmp-step-<N>``; once all r
 rank 0 writes the manifest, renames the directory (atomic on one file system) and replaces
 ``<root>/latest`` (a one-line file) with ``os.replace``. A crash at any point leaves ``latest``
 naming the previous, complete checkpoint; leftovers of a failed save start with ``.tmp-``.
+A save of a step that already exists moves the old copy aside (``<root>/.old-step-<N>``) before
+renaming the new one in; a crash between those two renames leaves ``latest`` naming a missing
+``step-<N>``, so `latest` falls back to the copy aside (complete: it was published whole), and
+the next commit drops whatever is left aside.
 Reading checks every file against the manifest first: a truncated or corrupted file is an error
 naming the file, never a partial load.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +36,8 @@ __all__ = [
 ]
 
 MANIFEST = "shardkit.json"
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -94,6 +101,8 @@ def commit(temporary: Path, final: Path, *, keep: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(pointer, root / "latest")
+    for stale in root.glob(".old-step-*"):  # a re-save that died between its renames
+        shutil.rmtree(stale, ignore_errors=True)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in steps[: max(0, len(steps) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -107,6 +116,16 @@ def latest(root: str | os.PathLike) -> Path | None:
         return None
     name = pointer.read_text().strip()
     path = Path(root) / name
+    aside = Path(root) / f".old-{name}"
+    if not path.is_dir() and aside.is_dir():  # See [Note: atomic checkpoints]
+        logger.warning(
+            "%s names %r, which a re-save of that step moved aside and died before replacing; "
+            "reading the copy aside, %s",
+            pointer,
+            name,
+            aside,
+        )
+        return aside
     if not path.is_dir():
         raise CheckpointError(f"{pointer} names {name!r}, which is not a directory in {root}")
     return path
