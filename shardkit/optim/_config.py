@@ -65,6 +65,13 @@ class EmbOptimType(ParsableEnum, metaclass=_EmbOptimTypeMeta):
     PARTIAL_ROWWISE_ADAM = "partial_row_wise_adam"
     PARTIAL_ROWWISE_LAMB = "partial_row_wise_lamb"
 
+    @property
+    def scales_by_row_norms(self) -> bool:
+        """Whether the rule scales a row's step by norms over the whole row (LAMB, LARS_SGD,
+        PARTIAL_ROWWISE_LAMB: [Note: layer-wise rules per row]), so that a shard holding part
+        of each row's columns would step differently from the unsharded table."""
+        return self in _ROW_NORM_RULES
+
     @classmethod
     def _aliases(cls) -> Mapping[str, EmbOptimType]:
         return _ALIASES
@@ -74,6 +81,10 @@ class EmbOptimType(ParsableEnum, metaclass=_EmbOptimTypeMeta):
         names = sorted({*(m.value for m in cls), *_ALIASES})
         return f"unknown fused optimizer {value!r}; choose one of {names}"
 
+
+_ROW_NORM_RULES = frozenset(
+    {EmbOptimType.LAMB, EmbOptimType.LARS_SGD, EmbOptimType.PARTIAL_ROWWISE_LAMB}
+)
 
 _ALIASES = {
     "sgd": EmbOptimType.EXACT_SGD,

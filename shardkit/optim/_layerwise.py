@@ -16,9 +16,12 @@ Where FBGEMM divides by a norm that is zero (an update of all zeros, or LARS wit
 and no decay) it would write NaN into the row; here that row does not move. LAMB's ratio is zero
 for a row whose weights are all zero, so such a row never moves (as in FBGEMM).
 
-A table-wise or row-wise shard holds whole rows, so sharded tables update as the unsharded one;
-a column-wise shard computes the norms over its own columns, as TorchRec's column shards (each its
-own FBGEMM table) do (tests/sharding/test_layerwise_fused.py).
+A table-wise or row-wise shard holds whole rows, so sharded tables update as the unsharded one.
+A shard with part of each row's columns (column-wise, table-column-wise, grid) would take the
+norms of its own columns, as TorchRec's column shards (each its own FBGEMM table) do, and step
+unlike the unsharded table: shardkit refuses LAMB, LARS_SGD and PARTIAL_ROWWISE_LAMB on such
+plans (`EmbOptimType.scales_by_row_norms`), and its planner never proposes them
+(tests/sharding/test_layerwise_fused.py, tests/planner/test_planner.py).
 
 The same rules serve the dense optimizers below, which treat dimension 0 of each parameter as its
 rows (a 1-D parameter is one row) and update every row, as torch's optimizers do; given a sparse

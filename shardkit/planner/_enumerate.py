@@ -159,6 +159,11 @@ def _layouts(table: TableSpec, sharding_type: ShardingType, topology: Topology) 
     world, local, hosts = topology.world_size, topology.local_world_size, topology.num_hosts
     whole_rows, whole_cols = ((1, rows),), ((1, dim),)
     widest = dim // table.min_partition  # most column shards of >= min_partition columns
+    if table.optimizer.scales_by_row_norms and sharding_type in _SPLIT_COLUMNS:
+        return (
+            f"{sharding_type.value} splits each row's columns over shards, and the fused "
+            f"optimizer {table.optimizer.name} scales a row's step by norms over the whole row"
+        )
     if sharding_type in (ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL):
         return [(whole_rows, whole_cols)]
     if sharding_type == ShardingType.ROW_WISE:
@@ -186,6 +191,14 @@ def _layouts(table: TableSpec, sharding_type: ShardingType, topology: Topology) 
     if most < 2:
         return _cw_reason("grid_shard", table, "num_hosts", hosts)
     return [(size_groups(rows, local), size_groups(dim, k)) for k in range(2, most + 1)]
+
+
+# Types whose shards hold part of each row's columns.
+_SPLIT_COLUMNS = (
+    ShardingType.COLUMN_WISE,
+    ShardingType.TABLE_COLUMN_WISE,
+    ShardingType.GRID_SHARD,
+)
 
 
 def _cw_reason(name: str, table: TableSpec, over: str, count: int) -> str:

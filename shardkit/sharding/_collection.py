@@ -24,6 +24,7 @@ from shardkit.modules import (
 )
 from shardkit.sharding._collection_build import (
     DEFAULT_FUSED,
+    check_row_norm_rules,
     fused_optimizer,
     local_replica,
     shard_initialiser,
@@ -131,6 +132,7 @@ class ShardedCollection(nn.Module):
             fused_params=fused_params,
             module_default=tables.fused_config,
         )
+        check_row_norm_rules(self._configs, keys, plan=plan, shards_of=self.table_shards)
         self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
         self._shard_groups = self._build_shard_groups(tables)

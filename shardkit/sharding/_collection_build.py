@@ -18,7 +18,14 @@ from shardkit.sharding._replicas import ReplicaGroup
 from shardkit.sharding._shard_groups import ShardGroup
 from shardkit.types import EmbeddingComputeKernel, ParameterSharding
 
-__all__ = ["DEFAULT_FUSED", "fused_optimizer", "local_replica", "shard_initialiser", "table_keys"]
+__all__ = [
+    "DEFAULT_FUSED",
+    "check_row_norm_rules",
+    "fused_optimizer",
+    "local_replica",
+    "shard_initialiser",
+    "table_keys",
+]
 
 # The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
 DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
@@ -49,6 +56,36 @@ def table_keys(
         chosen = fused_config_of(param) or default or module_default or DEFAULT_FUSED
         keys.append((dtype, chosen))
     return keys
+
+
+def check_row_norm_rules(
+    configs: Sequence[BaseEmbeddingConfig],
+    keys: Sequence[tuple],
+    *,
+    plan: Mapping[str, ParameterSharding],
+    shards_of: Callable[[str], list[ShardSlice]],
+) -> None:
+    """Refuse a fused rule that scales each row's step by norms over the whole row (LAMB,
+    LARS_SGD, PARTIAL_ROWWISE_LAMB) on a table whose shards split its columns: each shard would
+    take the norms of its own columns and step differently from the unsharded table.
+
+    The plan and the fused configs are the same on every rank, so every rank raises alike,
+    before any collective.
+    """
+    for config, (_, fused) in zip(configs, keys):
+        if fused is None or not fused.optimizer.scales_by_row_norms:
+            continue
+        widths = sorted({(s.col_start, s.cols) for s in shards_of(config.name)})
+        if len(widths) < 2:
+            continue
+        raise ValueError(
+            f"table {config.name!r} has the fused optimizer {fused.optimizer.name}, which scales "
+            f"each row's step by norms over the whole row, but its "
+            f"{plan[config.name].sharding_type.value} plan splits its {config.embedding_dim} columns "
+            f"into shards of {[cols for _, cols in widths]} (each would take the norms of its "
+            "own columns, unlike the unsharded module); plan it table_wise, row_wise or "
+            "table_row_wise, or use a rule without row norms (e.g. EXACT_ROWWISE_ADAGRAD)"
+        )
 
 
 def shard_initialiser(

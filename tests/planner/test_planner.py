@@ -442,3 +442,28 @@ def test_a_plain_module_sharder_gets_data_parallel_plans():
     ]
     assert list(plan.plan[""]) == names
     assert {s.sharding_type for s in plan.plan[""].values()} == {ShardingType.DATA_PARALLEL}
+
+
+_SPLIT_COLUMNS = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
+
+
+@pytest.mark.parametrize(
+    "optimizer", [EmbOptimType.LAMB, EmbOptimType.LARS_SGD, EmbOptimType.PARTIAL_ROWWISE_LAMB]
+)
+def test_tables_stepped_by_row_norms_never_get_column_shards(optimizer):
+    """LAMB-like rules take norms over a whole row: a column shard would step otherwise."""
+    tables = random_tables(12, seed=3)  # row-wise Adagrad plans 4 of them column-wise
+    topology = Topology(world_size=4, compute_device="cuda", local_world_size=2)
+
+    def types(fused: EmbOptimType) -> list[ShardingType]:
+        plan = plan_tables(tables, topology, fused_params={"optimizer": fused}).plan
+        return [ShardingType(s.sharding_type) for s in plan.plan[""].values()]
+
+    assert any(t in _SPLIT_COLUMNS for t in types(EmbOptimType.EXACT_ROWWISE_ADAGRAD))
+    assert not any(t in _SPLIT_COLUMNS for t in types(optimizer))
+    forced = {"t0": ParameterConstraints(sharding_types=["column_wise"])}
+    with pytest.raises(PlannerError, match=(
+        rf"column_wise splits each row's columns over shards, and the fused optimizer "
+        rf"{optimizer.name} scales a row's step by norms over the whole row"
+    )):  # fmt: skip
+        plan_tables(tables, topology, fused_params={"optimizer": optimizer}, constraints=forced)

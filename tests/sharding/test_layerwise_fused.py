@@ -3,9 +3,9 @@ EmbeddingBagCollection, 2 ranks, against the unsharded module (the spec): output
 shard's rows and optimizer state after several steps.
 
 Table-wise and row-wise shards hold whole rows, so the per-row norms of these rules ([Note:
-layer-wise rules per row]) are the unsharded ones. A column-wise shard computes them over its
-own columns, as TorchRec's column shards (each its own FBGEMM table) do: not tested here against
-the unsharded module, which it does not equal.
+layer-wise rules per row]) are the unsharded ones. A shard with part of each row's columns would
+take them over its own columns (as TorchRec's column shards do) and step unlike the unsharded
+module: LAMB, LARS_SGD and PARTIAL_ROWWISE_LAMB are refused there, on every rank, up front.
 """
 
 from __future__ import annotations
@@ -62,3 +62,29 @@ def _train(rank, world_size, kind, optimizer):
 @pytest.mark.parametrize("kind", ["table_wise", "row_wise"])
 def test_sharded_layerwise_rules_match_the_unsharded_module(run_ranks, kind, optimizer):
     assert_pairs_close(run_ranks(_train, 2, kind, optimizer), atol=1e-5)
+
+
+def _column_split(rank, world_size, kind, optimizer):
+    fused = {"optimizer": optimizer, **FUSED[optimizer]}
+    ebc = EmbeddingBagCollection(tables=configs(), fused_params=fused)
+    plan = make_plan(ebc, kind, world_size, world_size)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    with pytest.raises(ValueError) as info:
+        ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=world_size)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizer"),
+    [("column_wise", EmbOptimType.LAMB), ("table_column_wise", EmbOptimType.LARS_SGD),
+     ("column_wise", EmbOptimType.PARTIAL_ROWWISE_LAMB)],
+)  # fmt: skip
+def test_row_norm_rules_on_column_shards_are_refused_on_every_rank(run_ranks, kind, optimizer):
+    for message in run_ranks(_column_split, 2, kind, optimizer):
+        with pytest.raises(ValueError, match=(
+            rf"table 't0' has the fused optimizer {optimizer.name}, which scales each row's "
+            rf"step by norms over the whole row, but its {kind} plan splits its 4 columns into "
+            r"shards of \[2, 2\] .*; plan it table_wise, row_wise or table_row_wise, or use a "
+            r"rule without row norms \(e.g. EXACT_ROWWISE_ADAGRAD\)"
+        )):  # fmt: skip
+            raise ValueError(message)
