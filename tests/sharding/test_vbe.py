@@ -76,6 +76,26 @@ def _sent(rank: int, batch) -> KeyedJaggedTensor:
     return vbe
 
 
+def _batches(step: int, world_size: int, **kwargs) -> tuple[list, KeyedJaggedTensor]:
+    """Each rank's ``vbe_batch`` ``(vbe, plain bags)`` of step ``step``, and the plain global
+    batch: every rank's examples in turn."""
+    batches = [
+        vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r), **kwargs)
+        for r in range(world_size)
+    ]
+    return batches, kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+
+
+def _backward_both(out, expected, rank: int, world_size: int, seed: int) -> None:
+    """Backward of this rank's ``out`` ``[B, D]`` and of the reference's ``expected``
+    ``[W * B, D]`` (mean over ranks, as DDP) under the same random output gradient."""
+    grad = torch.randn(
+        LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(seed)
+    )
+    (out * grad[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]).sum().backward()
+    (expected * grad).sum().div(world_size).backward()
+
+
 def _step(rank, world_size, kind, local_size, optimizer, pooling):
     torch.manual_seed(0)
     fused = {"optimizer": optimizer, "learning_rate": 0.1}
@@ -91,22 +111,15 @@ def _step(rank, world_size, kind, local_size, optimizer, pooling):
     pairs = []
     # DENSE replicas are stepped by DDP and a dense optimizer, outside the collection: 1 step
     for step in range(1 if kind in ("data_parallel", "mixed") else STEPS):
-        batches = [  # under Adam, a bag no example uses (see [Note: bags no example uses])
-            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r), unused=optimizer is ADAM)
-            for r in range(world_size)
-        ]
-        plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+        # under Adam, a bag no example uses (see [Note: bags no example uses])
+        batches, plain = _batches(step, world_size, unused=optimizer is ADAM)
         sent = [_sent(r, b) for r, b in enumerate(batches)]
         dist_input = sharded.input_dist(sent[rank])
         out = sharded.compute_and_output_dist(dist_input).values()
         rows = dist_input.pending.wait().feature_rows
-        grad = torch.randn(
-            LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(step)
-        )
+        expected = reference(plain).values()
+        _backward_both(out, expected, rank, world_size, seed=step)
         mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-        (out * grad[mine]).sum().backward()
-        expected = reference(plain).values()  # the global batch, every rank's examples in turn
-        (expected * grad).sum().div(world_size).backward()
         pairs.append((f"step {step} output", out.detach(), expected[mine].detach()))
         if kind not in ("data_parallel", "fused_replicas", "mixed"):  # mixed: "c" is DP
             most = {k: max(len(b.to_dict()[k].lengths()) for b in sent) for k in FEATURES}
@@ -220,10 +233,7 @@ def _ec_steps(rank, world_size, kind, local_size):
     sharded = ShardedEmbeddingCollection(ec, plan, env, local_world_size=local_size)
     pairs, mine = [], slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
     for step in range(1 if kind == "mixed" else STEPS):  # DENSE replicas: see _step
-        batches = [
-            vbe_batch(10 * step + r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)
-        ]
-        plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+        batches, plain = _batches(step, world_size)
         out, expected = sharded(_sent(rank, batches[rank])), reference(plain)
         loss, ref_loss = 0.0, 0.0
         for feature in FEATURES:
@@ -336,16 +346,11 @@ def _position_weighted(rank, world_size):
     plan = make_plan(ebc, "row_wise", world_size, world_size)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     sharded = ShardedFeatureProcessedEmbeddingBagCollection(module, plan, env)
-    batches = [vbe_batch(r, LOCAL_BATCH, unique=_unique(r)) for r in range(world_size)]
-    plain = kjt_of({k: [b for _, bags in batches for b in bags[k]] for k in FEATURES})
+    batches, plain = _batches(0, world_size)
     out = sharded(batches[rank][0]).values()
-    grad = torch.randn(
-        LOCAL_BATCH * world_size, out.shape[1], generator=torch.Generator().manual_seed(1)
-    )
-    mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
-    (out * grad[mine]).sum().backward()
     expected = reference(plain).values()
-    (expected * grad).sum().div(world_size).backward()
+    _backward_both(out, expected, rank, world_size, seed=1)
+    mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
     pairs = [("output", out.detach(), expected[mine].detach())]
     inner = sharded._embedding_bag_collection
     pairs += table_pairs(inner, reference._embedding_bag_collection, "embedding_bags")
