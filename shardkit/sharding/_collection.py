@@ -125,14 +125,7 @@ class ShardedCollection(nn.Module):
         self._with_weights = self._is_weighted or any(
             getattr(c, "pooling", None) == PoolingType.MEAN for c in self._configs
         )
-        keys = table_keys(
-            self._configs,
-            tables.weights,
-            plan=plan,
-            fused_params=fused_params,
-            module_default=tables.fused_config,
-        )
-        check_row_norm_rules(self._configs, keys, plan=plan, shards_of=self.table_shards)
+        keys = self._table_keys(tables, plan, fused_params)
         self._specs = [shard_group_specs(self._layout, r, keys) for r in range(world)]
         self._classes = classes(self._layout)
         self._shard_groups = self._build_shard_groups(tables)
@@ -141,23 +134,12 @@ class ShardedCollection(nn.Module):
         if self._layout.units_of(Route.HOST_SUMMED):
             self._hosts = HostGroups(world, self._layout.local_world_size, env.rank)
         setattr(self, self._TABLES, TableDict())  # any table name (see TableDict)
-        dense_replicas = set(self._replicated(fused=False))  # in table order:
-        self._local_tables = [c.name for c in self._configs if c.name in dense_replicas]
-        self._local = local_replica(
-            module,
-            self._configs,
-            tables.weights,
-            names=self._local_tables,
-            device=self._device,
-            tables_attr=self._TABLES,
-        )
+        self._local = self._build_local(module, tables)
         self._register_tables()
         self.fused_optimizer = fused_optimizer(
-            self._shard_groups,
-            self._replica_groups,
-            shard_key=self._shard_key,
+            self._shard_groups, self._replica_groups, shard_key=self._shard_key,
             tables_attr=self._TABLES,
-        )
+        )  # fmt: skip
         self._prefetched: list[DistributedInput] = []
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
@@ -196,6 +178,15 @@ class ShardedCollection(nn.Module):
         """The features (KJT keys) this collection looks up, in table order."""
         return [f for c in self._configs for f in c.feature_names]
 
+    def _table_keys(self, tables: CollectionTables, plan, fused_params) -> list[tuple]:
+        """Each table's (dtype, fused optimizer config or None), checked against the layout."""
+        keys = table_keys(
+            self._configs, tables.weights, plan=plan, fused_params=fused_params,
+            module_default=tables.fused_config,
+        )  # fmt: skip
+        check_row_norm_rules(self._configs, keys, plan=plan, shards_of=self.table_shards)
+        return keys
+
     def _build_shard_groups(self, tables: CollectionTables) -> list[ShardGroup]:
         initial = shard_initialiser(self._configs, tables.weights)
         return [
@@ -222,6 +213,16 @@ class ShardedCollection(nn.Module):
 
     def _replicated(self, *, fused: bool) -> list[str]:
         return [self._configs[i].name for i in self._layout.replicated_tables(fused=fused)]
+
+    def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
+        """Data-parallel tables with the DENSE kernel: a replica, looked up like the unsharded
+        module."""
+        dense = set(self._replicated(fused=False))
+        self._local_tables = [c.name for c in self._configs if c.name in dense]  # table order
+        return local_replica(
+            module, self._configs, tables.weights, names=self._local_tables,
+            device=self._device, tables_attr=self._TABLES,
+        )  # fmt: skip
 
     def _register_tables(self) -> None:
         shards: dict[str, tuple[list, list]] = {}
