@@ -84,7 +84,7 @@ def _load(rank: int, world_size: int, kind: str, optimizer: EmbOptimType, agree:
         ("row_wise", EmbOptimType.EXACT_ROWWISE_ADAGRAD, False),  # column shards' into whole rows
         ("column_wise", EmbOptimType.PARTIAL_ROWWISE_ADAM, True),
         ("row_wise", EmbOptimType.PARTIAL_ROWWISE_ADAM, False),
-        ("column_wise", EmbOptimType.LAMB, True),
+        ("row_wise", EmbOptimType.LAMB, True),  # column shards refuse LAMB (row norms)
     ],
 )
 def test_load_fused_state_writes_every_state_and_step(run_ranks, kind, optimizer, agree):
