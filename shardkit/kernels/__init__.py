@@ -26,7 +26,9 @@ KeyedTensor wants it (example-major) so that no transpose follows. Plain fp32 SG
 skips the sort (see [Note: SGD without a sort] in ``csrc/kernels.cpp``). fp16 and bf16 tables are
 read and written in their dtype with fp32 math, rounding where the eager rule rounds. Tables of
 4 MiB or more are asked onto 2 MiB pages on first use ([Note: huge pages for tables] in
-``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss.
+``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss. One INFO line at load says
+whether they are on; ``SHARDKIT_HUGE_PAGES=0`` or `set_huge_pages` turns them off, and
+`huge_page_bytes` says how much of a tensor sits on them.
 
 Which one runs is chosen once per process, at the first lookup: ``SHARDKIT_KERNEL`` =
 ``auto`` (the default: compiled if it builds and loads, else eager), ``compiled`` (an error if it
@@ -37,14 +39,17 @@ and the path of the compiler's output included). A lookup the compiled operators
 """
 
 from shardkit.kernels._ops import dense_backward, fused_backward, pooled_forward, unsupported
+from shardkit.kernels._pages import huge_page_bytes, set_huge_pages
 from shardkit.kernels._select import KernelPath, kernel_path, set_kernel, use_kernel
 
 __all__ = [
     "KernelPath",
     "dense_backward",
     "fused_backward",
+    "huge_page_bytes",
     "kernel_path",
     "pooled_forward",
+    "set_huge_pages",
     "set_kernel",
     "unsupported",
     "use_kernel",

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from shardkit.kernels import _pages
+
 __all__ = ["BuildError", "cache_root", "load_library"]
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ def _load(sources: tuple[str, ...]) -> str:
             torch.ops.load_library(str(library))
         except (OSError, RuntimeError) as error:
             raise BuildError(f"could not load {library}: {error}") from error
+    _pages.apply_env()
     global _loaded_from
     _loaded_from = entry
     return how
