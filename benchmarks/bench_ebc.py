@@ -49,14 +49,21 @@ from _ebc_report import render
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from shardkit.bench import machine_info
-from shardkit.kernels import kernel_path, use_kernel
+from shardkit.kernels import huge_page_bytes, kernel_path, set_huge_pages, use_kernel
 from shardkit.optim import EmbOptimType, RowWiseAdagrad
 
 OPTIMIZERS = {
     "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, RowWiseAdagrad),
     "sgd": (EmbOptimType.EXACT_SGD, torch.optim.SGD),
 }
-CONTENDERS = ("shardkit compiled", "shardkit eager", "torchrec (FBGEMM)", "naive dense")
+SMALL_PAGES = "shardkit compiled, 4 KiB pages"  # no huge page advice: what 2 MiB pages give
+CONTENDERS = (
+    "shardkit compiled",
+    "shardkit eager",
+    "torchrec (FBGEMM)",
+    "naive dense",
+    SMALL_PAGES,
+)
 NAIVE_MAX_BYTES = 512 << 20
 
 
@@ -118,7 +125,7 @@ def configs(point: Point) -> list[EmbeddingBagConfig]:
     ]
 
 
-def shardkit_step(point: Point, args, path: str) -> Callable:
+def shardkit_step(point: Point, args, path: str, *, huge_pages: bool = True) -> Callable:
     kind, _ = OPTIMIZERS[point.optimizer]
     ebc = EmbeddingBagCollection(
         tables=configs(point),
@@ -128,11 +135,23 @@ def shardkit_step(point: Point, args, path: str) -> Callable:
     )
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
+        advice = path != "compiled" or set_huge_pages(huge_pages)  # (this contender's tables)
         with use_kernel(path):
             pooled = ebc(kjt).values()
         (pooled * weights).sum().backward()
+        if path == "compiled":
+            set_huge_pages(advice)
 
+    step.tables = [p for p in ebc.parameters() if p.device.type == "cpu"]  # type: ignore[attr-defined]
     return step
+
+
+def huge_page_share(step: Callable) -> float | None:
+    """The share of a shardkit contender's table bytes on 2 MiB pages (None for the others)."""
+    tables = getattr(step, "tables", None)
+    if not tables:
+        return None
+    return sum(huge_page_bytes(t) for t in tables) / sum(t.nbytes for t in tables)
 
 
 def naive_step(point: Point, args) -> Callable | str:
@@ -193,6 +212,7 @@ def build(point: Point, args) -> dict[str, Callable | str]:
         "shardkit eager": lambda: shardkit_step(point, args, "eager"),
         "torchrec (FBGEMM)": lambda: torchrec_step(point, args),
         "naive dense": lambda: naive_step(point, args),
+        SMALL_PAGES: lambda: shardkit_step(point, args, "compiled", huge_pages=False),
     }
     return {name: makers[name]() for name in args.contenders}
 
@@ -260,6 +280,7 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
     for name, step in contenders.items():
         results[name] = summarize(times[name]) if callable(step) else {"skipped": step}
         if callable(step):
+            results[name]["huge_page_share"] = huge_page_share(step)
             results[name]["floor_fraction"] = floor_ms / results[name]["ms"]
             if gather_ms is not None:
                 results[name]["gather_fraction"] = gather_ms / results[name]["ms"]

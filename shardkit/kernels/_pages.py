@@ -76,8 +76,9 @@ def apply_env() -> None:
 
 def huge_page_bytes(tensor: torch.Tensor) -> int:
     """Bytes of ``tensor``'s memory that sit on huge pages now (Linux's ``/proc/self/smaps``;
-    0 elsewhere). Counts whole mappings that overlap the tensor, so it may exceed its size by
-    less than one mapping's huge pages; a diagnostic for tests and benchmarks, not a hot path."""
+    0 elsewhere), at most its storage's size. smaps counts whole mappings, so for a tensor that
+    shares a mapping (small ones, from the heap) this is an upper bound; a large table has its
+    own. A diagnostic for tests and benchmarks, not a hot path."""
     start = tensor.data_ptr()
     end = start + tensor.untyped_storage().nbytes()
     total, inside = 0, False
@@ -91,7 +92,7 @@ def huge_page_bytes(tensor: torch.Tensor) -> int:
                     total += int(line.split()[1]) << 10
     except OSError:
         return 0
-    return total
+    return min(total, end - start)
 
 
 def _require_library() -> None:
