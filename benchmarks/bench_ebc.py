@@ -56,14 +56,9 @@ OPTIMIZERS = {
     "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, RowWiseAdagrad),
     "sgd": (EmbOptimType.EXACT_SGD, torch.optim.SGD),
 }
+DEFAULT_CONTENDERS = ("shardkit compiled", "shardkit eager", "torchrec (FBGEMM)", "naive dense")
 SMALL_PAGES = "shardkit compiled, 4 KiB pages"  # no huge page advice: what 2 MiB pages give
-CONTENDERS = (
-    "shardkit compiled",
-    "shardkit eager",
-    "torchrec (FBGEMM)",
-    "naive dense",
-    SMALL_PAGES,
-)
+CONTENDERS = (*DEFAULT_CONTENDERS, SMALL_PAGES)
 NAIVE_MAX_BYTES = 512 << 20
 
 
@@ -320,7 +315,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS)
     )
-    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument(
+        "--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), choices=CONTENDERS
+    )
     parser.add_argument("--ids-per-bag", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
