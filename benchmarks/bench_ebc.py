@@ -146,7 +146,9 @@ def huge_page_share(step: Callable) -> float | None:
     tables = getattr(step, "tables", None)
     if not tables:
         return None
-    return sum(huge_page_bytes(t) for t in tables) / sum(t.nbytes for t in tables)
+    storages = {t.untyped_storage().data_ptr(): t for t in tables}  # tables share a stacked one
+    held = sum(t.untyped_storage().nbytes() for t in storages.values())
+    return sum(huge_page_bytes(t) for t in storages.values()) / held
 
 
 def naive_step(point: Point, args) -> Callable | str:

@@ -75,12 +75,13 @@ def apply_env() -> None:
 
 
 def huge_page_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of ``tensor``'s memory that sit on huge pages now (Linux's ``/proc/self/smaps``;
-    0 elsewhere), at most its storage's size. smaps counts whole mappings, so for a tensor that
+    """Bytes of ``tensor``'s storage (all of it, for a view) that sit on huge pages now (Linux's
+    ``/proc/self/smaps``; 0 elsewhere), at most the storage's size. smaps counts whole mappings, so for a tensor that
     shares a mapping (small ones, from the heap) this is an upper bound; a large table has its
     own. A diagnostic for tests and benchmarks, not a hot path."""
-    start = tensor.data_ptr()
-    end = start + tensor.untyped_storage().nbytes()
+    storage = tensor.untyped_storage()
+    start = storage.data_ptr()
+    end = start + storage.nbytes()
     total, inside = 0, False
     try:
         with open("/proc/self/smaps") as smaps:
