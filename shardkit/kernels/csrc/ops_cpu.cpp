@@ -40,7 +40,7 @@ DType dtype_of(const at::Tensor& weight) {
 // 4 MiB or more it asks Linux to back it with 2 MiB pages (MADV_HUGEPAGE for the future,
 // MADV_COLLAPSE, Linux >= 6.1, for the pages it already has; the collapse copies the table once,
 // about 0.4 ms per MiB here). Measured here (thread CPU time, interleaved, 1 thread), 2 MiB
-// pages against 4 KiB ones: forward 0.56-0.80x, backward 0.84-0.97x at 1M-10M rows, dim 64-256
+// pages against 4 KiB ones at 1M-10M rows, dim 64-256: forward 0.55-0.77x, backward 0.65-0.80x
 // (benchmarks/results/ebc_huge_pages.md). Only advice: where the OS refuses (THP `never`, an
 // old kernel, no free huge page), nothing changes but speed. `set_huge_pages(false)` (Python:
 // SHARDKIT_HUGE_PAGES=0) stops the advice for tables not yet seen; `huge_page_stats` says what
