@@ -10,6 +10,7 @@ SHORT = {
     "shardkit eager": "eager",
     "torchrec (FBGEMM)": "FBGEMM",
     "naive dense": "naive dense",
+    "shardkit compiled, 4 KiB pages": "compiled, 4 KiB pages",
 }
 
 
@@ -55,7 +56,7 @@ def render(report: dict[str, Any]) -> str:
         "|---|---:|" + "---:|" * (len(names) + 6),
     ]
     lines += [_row(entry, names) for entry in report["points"]]
-    lines += ["", _summary(report)]
+    lines += ["", _summary(report), _huge_pages(report, names)]
     return "\n".join(lines) + "\n"
 
 
@@ -94,6 +95,19 @@ def _summary(report: dict[str, Any]) -> str:
         f"compiled / FBGEMM over {len(ratios)} points: median {sorted(ratios)[len(ratios) // 2]:.2f}, "
         f"best {min(ratios):.2f}, worst {max(ratios):.2f}; slower than FBGEMM (in bold) at "
         f"{losses} point(s)."
+    )
+
+
+def _huge_pages(report: dict[str, Any], names: list[str]) -> str:
+    """Each shardkit contender's share of table bytes on 2 MiB pages after its steps, over points."""
+    parts = []
+    for name in names:
+        shares = [e["results"][name].get("huge_page_share") for e in report["points"]]
+        shares = [s for s in shares if s is not None]
+        if shares:
+            parts.append(f"{SHORT[name]} {min(shares):.0%}-{max(shares):.0%}")
+    return (
+        f"Tables on 2 MiB pages (share of bytes, over points): {'; '.join(parts)}." if parts else ""
     )
 
 

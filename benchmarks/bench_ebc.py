@@ -49,14 +49,16 @@ from _ebc_report import render
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from shardkit.bench import machine_info
-from shardkit.kernels import kernel_path, use_kernel
+from shardkit.kernels import huge_page_bytes, kernel_path, set_huge_pages, use_kernel
 from shardkit.optim import EmbOptimType, RowWiseAdagrad
 
 OPTIMIZERS = {
     "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, RowWiseAdagrad),
     "sgd": (EmbOptimType.EXACT_SGD, torch.optim.SGD),
 }
-CONTENDERS = ("shardkit compiled", "shardkit eager", "torchrec (FBGEMM)", "naive dense")
+DEFAULT_CONTENDERS = ("shardkit compiled", "shardkit eager", "torchrec (FBGEMM)", "naive dense")
+SMALL_PAGES = "shardkit compiled, 4 KiB pages"  # no huge page advice: what 2 MiB pages give
+CONTENDERS = (*DEFAULT_CONTENDERS, SMALL_PAGES)
 NAIVE_MAX_BYTES = 512 << 20
 
 
@@ -118,7 +120,7 @@ def configs(point: Point) -> list[EmbeddingBagConfig]:
     ]
 
 
-def shardkit_step(point: Point, args, path: str) -> Callable:
+def shardkit_step(point: Point, args, path: str, *, huge_pages: bool = True) -> Callable:
     kind, _ = OPTIMIZERS[point.optimizer]
     ebc = EmbeddingBagCollection(
         tables=configs(point),
@@ -128,11 +130,25 @@ def shardkit_step(point: Point, args, path: str) -> Callable:
     )
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
+        advice = path != "compiled" or set_huge_pages(huge_pages)  # (this contender's tables)
         with use_kernel(path):
             pooled = ebc(kjt).values()
         (pooled * weights).sum().backward()
+        if path == "compiled":
+            set_huge_pages(advice)
 
+    step.tables = [p for p in ebc.parameters() if p.device.type == "cpu"]  # type: ignore[attr-defined]
     return step
+
+
+def huge_page_share(step: Callable) -> float | None:
+    """The share of a shardkit contender's table bytes on 2 MiB pages (None for the others)."""
+    tables = getattr(step, "tables", None)
+    if not tables:
+        return None
+    storages = {t.untyped_storage().data_ptr(): t for t in tables}  # tables share a stacked one
+    held = sum(t.untyped_storage().nbytes() for t in storages.values())
+    return sum(huge_page_bytes(t) for t in storages.values()) / held
 
 
 def naive_step(point: Point, args) -> Callable | str:
@@ -193,6 +209,7 @@ def build(point: Point, args) -> dict[str, Callable | str]:
         "shardkit eager": lambda: shardkit_step(point, args, "eager"),
         "torchrec (FBGEMM)": lambda: torchrec_step(point, args),
         "naive dense": lambda: naive_step(point, args),
+        SMALL_PAGES: lambda: shardkit_step(point, args, "compiled", huge_pages=False),
     }
     return {name: makers[name]() for name in args.contenders}
 
@@ -260,6 +277,7 @@ def run_point(point: Point, args, bandwidth: float) -> dict:
     for name, step in contenders.items():
         results[name] = summarize(times[name]) if callable(step) else {"skipped": step}
         if callable(step):
+            results[name]["huge_page_share"] = huge_page_share(step)
             results[name]["floor_fraction"] = floor_ms / results[name]["ms"]
             if gather_ms is not None:
                 results[name]["gather_fraction"] = gather_ms / results[name]["ms"]
@@ -299,7 +317,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS)
     )
-    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument(
+        "--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), choices=CONTENDERS
+    )
     parser.add_argument("--ids-per-bag", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -11,11 +11,14 @@ implementations that compute the same thing:
   ``torch.utils.cpp_extension`` the first time a process needs them (about 20 s on 2 cores) and
   cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR`` moves it), keyed by the
   sources, torch, Python and the CPU, so later processes load it in milliseconds.
+  The sources, one concern each: ``forward.cpp``, ``grouping.cpp`` (the ids grouped by row),
+  ``backward.cpp`` (the fused update), sharing ``common.h`` (element types, prefetch, checks)
+  and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs).
 
 Backward, compiled: one counting sort of the batch's ids on the row itself where the table has
 at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as the number of
 rows needs), groups their occurrences by row (see [Note: grouping by counting] in
-``csrc/kernels.cpp``); then ONE pass over the unique rows in
+``csrc/grouping.cpp``); then ONE pass over the unique rows in
 ascending order sums each row's gradient from the output-gradient rows of its bags (per-sample
 weights, which carry MEAN, applied on the way) into a register-sized buffer and applies the
 optimizer rule to the row and its state in place. No ``[unique rows, D]`` gradient is written;
@@ -23,10 +26,12 @@ the rows, their state and their gradient sources a few occurrences ahead are pre
 loop waits on memory as little as the hardware allows. Forward is one loop over bags that sums
 rows in fp32, prefetching ahead, with per-sample weights fused, writing each bag's row where a
 KeyedTensor wants it (example-major) so that no transpose follows. Plain fp32 SGD on one thread
-skips the sort (see [Note: SGD without a sort] in ``csrc/kernels.cpp``). fp16 and bf16 tables are
+skips the sort (see [Note: SGD without a sort] in ``csrc/backward.cpp``). fp16 and bf16 tables are
 read and written in their dtype with fp32 math, rounding where the eager rule rounds. Tables of
 4 MiB or more are asked onto 2 MiB pages on first use ([Note: huge pages for tables] in
-``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss.
+``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss. One INFO line at load says
+whether they are on; ``SHARDKIT_HUGE_PAGES=0`` or `set_huge_pages` turns them off, and
+`huge_page_bytes` says how much of a tensor sits on them.
 
 Which one runs is chosen once per process, at the first lookup: ``SHARDKIT_KERNEL`` =
 ``auto`` (the default: compiled if it builds and loads, else eager), ``compiled`` (an error if it
@@ -37,14 +42,17 @@ and the path of the compiler's output included). A lookup the compiled operators
 """
 
 from shardkit.kernels._ops import dense_backward, fused_backward, pooled_forward, unsupported
+from shardkit.kernels._pages import huge_page_bytes, set_huge_pages
 from shardkit.kernels._select import KernelPath, kernel_path, set_kernel, use_kernel
 
 __all__ = [
     "KernelPath",
     "dense_backward",
     "fused_backward",
+    "huge_page_bytes",
     "kernel_path",
     "pooled_forward",
+    "set_huge_pages",
     "set_kernel",
     "unsupported",
     "use_kernel",

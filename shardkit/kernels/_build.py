@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from shardkit.kernels import _pages
+
 __all__ = ["BuildError", "cache_root", "load_library"]
 
 logger = logging.getLogger(__name__)
@@ -36,9 +38,9 @@ LIBRARY = "shardkit_kernels.so"
 # Far above a build (about 20 s on 2 cores), far below a collective timeout's worth of waiting.
 LOCK_TIMEOUT_S = 600.0
 
-_CPU_SOURCES = ("kernels.cpp", "ops_cpu.cpp")
+_CPU_SOURCES = ("forward.cpp", "grouping.cpp", "backward.cpp", "ops_cpu.cpp")
 _CUDA_SOURCES = ("ops_cuda.cu",)
-_HEADERS = ("kernels.h",)
+_HEADERS = ("kernels.h", "common.h", "grouping.h")
 
 
 class BuildError(RuntimeError):
@@ -107,6 +109,7 @@ def _load(sources: tuple[str, ...]) -> str:
             torch.ops.load_library(str(library))
         except (OSError, RuntimeError) as error:
             raise BuildError(f"could not load {library}: {error}") from error
+    _pages.apply_env()
     global _loaded_from
     _loaded_from = entry
     return how

@@ -11,8 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
-#include <set>
+#include <iterator>
+#include <map>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -36,24 +38,67 @@ DType dtype_of(const at::Tensor& weight) {
 // costs a TLB miss and a page walk besides its cache misses (a 100 MB table spans 25,000 pages;
 // the TLB holds about 2,000). The first time the kernel sees a table (or optimizer state) of
 // 4 MiB or more it asks Linux to back it with 2 MiB pages (MADV_HUGEPAGE for the future,
-// MADV_COLLAPSE, Linux >= 6.1, for the pages it already has): measured here, forward 30% and
-// backward 10% faster at 4 x 100k x 64. Only advice: where the kernel refuses (no THP, old
-// kernel, no free huge page), nothing changes but speed.
+// MADV_COLLAPSE, Linux >= 6.1, for the pages it already has; the collapse copies the table once,
+// about 0.4 ms per MiB here). Measured here (thread CPU time, interleaved, 1 thread), 2 MiB
+// pages against 4 KiB ones at 1M-10M rows, dim 64-256: forward 0.55-0.77x, backward 0.65-0.80x
+// (benchmarks/results/ebc_huge_pages.md). Only advice: where the OS refuses (THP `never`, an
+// old kernel, no free huge page), nothing changes but speed. `set_huge_pages(false)` (Python:
+// SHARDKIT_HUGE_PAGES=0) stops the advice for tables not yet seen; `huge_page_stats` says what
+// was asked and what the collapse achieved.
+struct HugePages {
+  std::atomic<bool> enabled{true};
+  std::mutex mutex;
+  // Ranges advised, each with the storage it was advised for: a table freed and another
+  // allocated at the same address (common: glibc hands a freed mapping back) is advised anew.
+  std::map<std::pair<uintptr_t, size_t>, c10::weak_intrusive_ptr<c10::StorageImpl>> advised;
+  int64_t advised_bytes = 0, collapsed_bytes = 0, refused_bytes = 0;
+};
+
+HugePages& huge_pages() {
+  static HugePages pages;
+  return pages;
+}
+
 void advise_huge_pages(const at::Tensor& weight) {
 #ifdef MADV_HUGEPAGE
-  static std::mutex mutex;
-  static std::set<std::pair<uintptr_t, size_t>> advised;
+  HugePages& pages = huge_pages();
+  if (!pages.enabled.load(std::memory_order_relaxed)) return;
   const size_t huge = size_t{2} << 20, bytes = weight.nbytes();
   if (bytes < 2 * huge) return;
   const uintptr_t start = reinterpret_cast<uintptr_t>(weight.data_ptr());
   const uintptr_t lo = (start + huge - 1) & ~(huge - 1), hi = (start + bytes) & ~(huge - 1);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (hi <= lo || !advised.insert({lo, hi - lo}).second) return;
-  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  madvise(reinterpret_cast<void*>(lo), hi - lo, 25 /* MADV_COLLAPSE */);
+  if (hi <= lo) return;
+  c10::StorageImpl* storage = weight.storage().unsafeGetStorageImpl();
+  std::lock_guard<std::mutex> lock(pages.mutex);
+  auto seen = pages.advised.find({lo, hi - lo});
+  if (seen != pages.advised.end() && !seen->second.expired() &&
+      seen->second._unsafe_get_target() == storage)
+    return;
+  for (auto it = pages.advised.begin(); it != pages.advised.end();)
+    it = it->second.expired() ? pages.advised.erase(it) : std::next(it);
+  pages.advised.insert_or_assign({lo, hi - lo}, weight.storage().getWeakStorageImpl());
+  const int64_t length = static_cast<int64_t>(hi - lo);
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) != 0) {
+    pages.refused_bytes += length;
+    return;
+  }
+  pages.advised_bytes += length;
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, 25 /* MADV_COLLAPSE */) == 0)
+    pages.collapsed_bytes += length;
 #else
   (void)weight;
 #endif
+}
+
+// Python's switch: returns whether the advice was on before.
+bool set_huge_pages(bool enabled) { return huge_pages().enabled.exchange(enabled); }
+
+// [enabled, bytes advised, bytes collapsed onto 2 MiB pages, bytes whose advice was refused]
+std::vector<int64_t> huge_page_stats() {
+  HugePages& pages = huge_pages();
+  std::lock_guard<std::mutex> lock(pages.mutex);
+  return {int64_t{pages.enabled.load()}, pages.advised_bytes, pages.collapsed_bytes,
+          pages.refused_bytes};
 }
 
 Table table_of(const at::Tensor& weight) {
@@ -187,6 +232,9 @@ TORCH_LIBRARY(shardkit, m) {
   m.def(
       "dense_backward(Tensor weight, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
       "Tensor grad_out, bool grad_per_sample_weights, int batch_size=0) -> (Tensor, Tensor?)");
+  // See [Note: huge pages for tables]: not per-device, so registered without a dispatch key.
+  m.def("set_huge_pages(bool enabled) -> bool", &shardkit::set_huge_pages);
+  m.def("huge_page_stats() -> int[]", &shardkit::huge_page_stats);
 }
 
 TORCH_LIBRARY_IMPL(shardkit, CPU, m) {

@@ -1,0 +1,277 @@
+// shardkit's CPU backward fused with the optimizer rule: one pass over the grouped unique rows
+// (or, for plain fp32 SGD on one thread, one pass over the bags with no grouping at all).
+//
+// See [Note: compiled kernel] in shardkit/kernels/__init__.py. The arithmetic of every rule
+// follows shardkit/optim/_rules.py (the spec) operation by operation, in fp32, so that the two
+// paths agree to rounding.
+#include "common.h"
+#include "grouping.h"
+
+namespace shardkit {
+namespace detail {
+namespace {
+
+// ---- backward: sum each row's gradient, apply the rule in place ------------------------------
+
+struct Context {
+  const Table& table;
+  const Update& update;
+  const float* grad_out;
+  const float* weights;  // per-sample, indexed by position
+  const int32_t* bag_of;  // position -> bag, or null when the source is the gradient row
+  float* grad_weights;
+  float step_size;  // Adam's bias-corrected step size
+};
+
+template <typename W, Rule kRule, int kDim>
+__attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t row, float* __restrict g) {
+  const int64_t dim = kDim > 0 ? kDim : c.table.dim;
+  const Update& u = c.update;
+  W* __restrict w = static_cast<W*>(c.table.data) + row * dim;
+  if (kRule == Rule::kDense) {
+    W* __restrict out = static_cast<W*>(u.dense_grad) + row * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = to<W>(g[d]);
+    return;
+  }
+  if (u.weight_decay != 0.0f)
+    for (int64_t d = 0; d < dim; ++d) g[d] = g[d] + u.weight_decay * to_float(w[d]);
+  if (kRule == Rule::kSgd) {
+    const float scale = -u.lr;
+    for (int64_t d = 0; d < dim; ++d) add_step(w[d], g[d] * scale);
+  } else if (kRule == Rule::kAdagrad) {
+    float* __restrict acc = u.state1 + row * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float sum = acc[d] + g[d] * g[d];
+      acc[d] = sum;
+      add_step(w[d], (g[d] / (std::sqrt(sum) + u.eps)) * -u.lr);
+    }
+  } else if (kRule == Rule::kRowwiseAdagrad) {
+    const float norm = std::sqrt(dot(g, g, dim));
+    const float sum = u.state1[row] + (1.0f / static_cast<float>(dim)) * norm * norm;
+    u.state1[row] = sum;
+    const float scale = (1.0f / (std::sqrt(sum) + u.eps)) * -u.lr;
+    for (int64_t d = 0; d < dim; ++d) add_step(w[d], g[d] * scale);
+  } else if (kRule == Rule::kAdam) {
+    float* __restrict avg = u.state1 + row * dim;
+    float* __restrict avg_sq = u.state2 + row * dim;
+    // As the eager rule: each constant computed in double, then rounded to fp32.
+    const float keep1 = float(u.beta1), keep2 = float(u.beta2), one_minus1 = float(1.0 - u.beta1);
+    const float one_minus2 = float(1.0 - u.beta2), scale = -c.step_size;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float m = avg[d] * keep1 + one_minus1 * g[d];
+      const float v = avg_sq[d] * keep2 + one_minus2 * g[d] * g[d];
+      avg[d] = m;
+      avg_sq[d] = v;
+      add_step(w[d], (m / (std::sqrt(v) + u.eps)) * scale);
+    }
+  }
+}
+
+// The gradient row of the occurrence `key`; and, when it starts a run (`first`), its table row
+// and state: once per unique row, not once per occurrence (a hot row has thousands).
+template <typename W>
+void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
+  const Table& t = c.table;
+  const int64_t dim = t.dim, row = static_cast<int64_t>(key >> 32);
+  const int64_t source = static_cast<int64_t>(key & 0xffffffffu);
+  const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
+  prefetch_row(c.grad_out + grad_row * dim, dim * 4, false);
+  if (!first) return;
+  prefetch_row(static_cast<const W*>(t.data) + row * dim, dim * int64_t(sizeof(W)), true);
+  const Update& u = c.update;
+  if (u.rule == Rule::kRowwiseAdagrad) {
+    __builtin_prefetch(u.state1 + row, 1, 3);
+  } else if (u.state1) {
+    prefetch_row(u.state1 + row * dim, dim * 4, true);
+    if (u.state2) prefetch_row(u.state2 + row * dim, dim * 4, true);
+  }
+}
+
+// Rows of sorted occurrences [lo, hi); lo and hi fall on row boundaries.
+template <typename W, Rule kRule, bool kWeighted, int kDim>
+void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi) {
+  const int64_t dim = kDim > 0 ? kDim : c.table.dim;
+  const W* weight = static_cast<const W*>(c.table.data);
+  alignas(64) float local[kDim > 0 ? kDim : 1];
+  float* __restrict g = kDim > 0 ? local : scratch_row(dim);
+  const int64_t ahead_by = rows_ahead(dim * int64_t(sizeof(W)));
+  int64_t i = lo;
+  while (i < hi) {
+    const uint64_t row = sorted[i] >> 32;
+    const W* __restrict w = weight + row * dim;
+    for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
+    do {
+      if (i + ahead_by < hi) {
+        const uint64_t ahead = sorted[i + ahead_by];
+        prefetch_occurrence<W>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
+      }
+      const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
+      const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
+      const float* __restrict go = c.grad_out + grad_row * dim;
+      if (kWeighted) {
+        const float scale = c.weights[source];
+        for (int64_t d = 0; d < dim; ++d) g[d] += scale * go[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) g[d] += go[d];
+      }
+      if (c.grad_weights) c.grad_weights[source] = dot(go, w, dim);
+      ++i;
+    } while (i < hi && (sorted[i] >> 32) == row);
+    apply_rule<W, kRule, kDim>(c, static_cast<int64_t>(row), g);
+  }
+}
+
+template <typename W, Rule kRule, bool kWeighted>
+void update_dim(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi) {
+  switch (c.table.dim) {
+    case 16: return update_rows<W, kRule, kWeighted, 16>(c, sorted, lo, hi);
+    case 32: return update_rows<W, kRule, kWeighted, 32>(c, sorted, lo, hi);
+    case 64: return update_rows<W, kRule, kWeighted, 64>(c, sorted, lo, hi);
+    case 128: return update_rows<W, kRule, kWeighted, 128>(c, sorted, lo, hi);
+    case 256: return update_rows<W, kRule, kWeighted, 256>(c, sorted, lo, hi);
+    default: return update_rows<W, kRule, kWeighted, 0>(c, sorted, lo, hi);
+  }
+}
+
+template <typename W, Rule kRule>
+void backward_rule(const Context& c, const uint64_t* sorted, int64_t n, int num_threads) {
+  auto at_row_start = [sorted, n](int64_t k) {
+    while (k > 0 && k < n && (sorted[k] >> 32) == (sorted[k - 1] >> 32)) ++k;
+    return k;
+  };
+  auto run = [&](int64_t lo, int64_t hi) {
+    if (c.weights)
+      update_dim<W, kRule, true>(c, sorted, lo, hi);
+    else
+      update_dim<W, kRule, false>(c, sorted, lo, hi);
+  };
+  parallel_ranges(n, num_threads, at_row_start, run);
+}
+
+template <typename W>
+void backward_typed(const Context& c, const uint64_t* sorted, int64_t n, int num_threads) {
+  switch (c.update.rule) {
+    case Rule::kDense: return backward_rule<W, Rule::kDense>(c, sorted, n, num_threads);
+    case Rule::kSgd: return backward_rule<W, Rule::kSgd>(c, sorted, n, num_threads);
+    case Rule::kAdagrad: return backward_rule<W, Rule::kAdagrad>(c, sorted, n, num_threads);
+    case Rule::kRowwiseAdagrad:
+      return backward_rule<W, Rule::kRowwiseAdagrad>(c, sorted, n, num_threads);
+    case Rule::kAdam: return backward_rule<W, Rule::kAdam>(c, sorted, n, num_threads);
+  }
+  throw std::invalid_argument("unknown update rule " + std::to_string(int(c.update.rule)));
+}
+
+// ---- SGD without grouping ---------------------------------------------------------------------
+
+// [Note: SGD without a sort]
+// Plain SGD (no weight decay) on fp32 rows is linear in the gradient: adding each occurrence's
+// step as it comes gives the row the same total step as adding the summed gradient once (up to
+// the order of rounding). So this backward needs no grouping at all: one pass over the bags in
+// input order, each bag's gradient row scaled once and added to the rows of its ids, like a
+// forward that writes. Single-threaded only (two threads could update one row at once); fp16 and
+// bf16 rows round at every add, so they take the grouped path, which rounds once as eager does.
+template <typename Id>
+void check_ids(const Table& t, const Batch& b) {
+  const Id* ids = static_cast<const Id*>(b.ids);
+  for (int64_t i = 0; i < b.num_ids; ++i)
+    if (static_cast<uint64_t>(static_cast<int64_t>(ids[i])) >= static_cast<uint64_t>(t.num_rows))
+      bad_id(static_cast<int64_t>(ids[i]), i, t.num_rows);
+}
+
+template <typename Id, int kDim>
+void sgd_scatter(const Table& t, const Batch& b, const float* grad_out, float lr,
+                 float* grad_weights) {
+  const int64_t dim = kDim > 0 ? kDim : t.dim, row_bytes = dim * 4;
+  const int64_t ahead_by = rows_ahead(row_bytes);
+  float* weight = static_cast<float*>(t.data);
+  const Id* ids = static_cast<const Id*>(b.ids);
+  const int64_t num_bags = b.offsets ? b.num_bags : b.num_ids, n = b.num_ids;
+  auto lo_of = [&](int64_t bag) { return b.offsets ? b.offsets[bag] : bag; };
+  if (grad_weights) {  // from the rows as they were: before any update
+    PooledRows rows(b, 0);
+    for (int64_t bag = 0; bag < num_bags; ++bag, rows.next())
+      for (int64_t i = lo_of(bag); i < lo_of(bag + 1); ++i)
+        grad_weights[i] = dot(grad_out + rows.row() * dim,
+                              weight + static_cast<int64_t>(ids[i]) * dim, dim);
+  }
+  alignas(64) float local[kDim > 0 ? kDim : 1];
+  float* __restrict step = kDim > 0 ? local : scratch_row(dim);
+  PooledRows rows(b, 0);
+  for (int64_t bag = 0; bag < num_bags; ++bag, rows.next()) {
+    const int64_t lo = lo_of(bag), hi = lo_of(bag + 1);
+    if (lo == hi) continue;
+    const float* __restrict go = grad_out + rows.row() * dim;
+    for (int64_t d = 0; d < dim; ++d) step[d] = go[d] * -lr;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + ahead_by < n)
+        prefetch_row(weight + static_cast<int64_t>(ids[i + ahead_by]) * dim, row_bytes, true);
+      float* __restrict w = weight + static_cast<int64_t>(ids[i]) * dim;
+      if (b.weights) {
+        const float scale = b.weights[i];
+        for (int64_t d = 0; d < dim; ++d) w[d] += scale * step[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) w[d] += step[d];
+      }
+    }
+  }
+}
+
+template <typename Id>
+void sgd_without_sort(const Table& t, const Batch& b, const float* grad_out, float lr,
+                      float* grad_weights) {
+  check_ids<Id>(t, b);
+  switch (t.dim) {
+    case 16: return sgd_scatter<Id, 16>(t, b, grad_out, lr, grad_weights);
+    case 32: return sgd_scatter<Id, 32>(t, b, grad_out, lr, grad_weights);
+    case 64: return sgd_scatter<Id, 64>(t, b, grad_out, lr, grad_weights);
+    case 128: return sgd_scatter<Id, 128>(t, b, grad_out, lr, grad_weights);
+    case 256: return sgd_scatter<Id, 256>(t, b, grad_out, lr, grad_weights);
+    default: return sgd_scatter<Id, 0>(t, b, grad_out, lr, grad_weights);
+  }
+}
+
+
+}  // namespace
+
+void update_grouped(const Table& table, const Batch& batch, const float* grad_out,
+                    const Update& update, const Groups& g, float* grad_weights, int num_threads) {
+  double step_size = 0.0;
+  if (update.rule == Rule::kAdam) {
+    const double step = static_cast<double>(update.step);
+    step_size = update.lr_double * std::sqrt(1.0 - std::pow(update.beta2, step)) /
+                (1.0 - std::pow(update.beta1, step));
+  }
+  const bool pooled_by_position = groups_by_position(batch, grad_weights) && batch.offsets;
+  Context c{table,        update,
+            grad_out,     batch.weights,
+            pooled_by_position ? g.bag_of.data() : nullptr,
+            grad_weights, static_cast<float>(step_size)};
+  switch (table.dtype) {
+    case DType::kFloat: return backward_typed<float>(c, g.sorted, batch.num_ids, num_threads);
+    case DType::kHalf: return backward_typed<Half>(c, g.sorted, batch.num_ids, num_threads);
+    case DType::kBFloat16: return backward_typed<BFloat16>(c, g.sorted, batch.num_ids, num_threads);
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+}  // namespace detail
+
+void backward(const Table& table, const Batch& batch, const float* grad_out, const Update& update,
+              float* grad_weights, int num_threads) {
+  using namespace detail;
+  if (batch.offsets) check_offsets(batch);
+  if (batch.num_ids == 0 || table.dim == 0) return;
+  if (table.num_rows > (int64_t{1} << 32) || batch.num_ids > (int64_t{1} << 31))
+    throw std::invalid_argument("the compiled kernel takes < 2^32 rows and < 2^31 ids per call");
+  if (update.rule == Rule::kSgd && update.weight_decay == 0.0f && table.dtype == DType::kFloat &&
+      num_threads <= 1) {  // See [Note: SGD without a sort]
+    if (batch.ids_are_int64)
+      return sgd_without_sort<int64_t>(table, batch, grad_out, update.lr, grad_weights);
+    return sgd_without_sort<int32_t>(table, batch, grad_out, update.lr, grad_weights);
+  }
+  Groups& g = groups_scratch();
+  group(table, batch, groups_by_position(batch, grad_weights), g);
+  update_grouped(table, batch, grad_out, update, g, grad_weights, num_threads);
+}
+
+}  // namespace shardkit

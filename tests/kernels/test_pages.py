@@ -1,0 +1,97 @@
+"""2 MiB pages for the compiled kernel's tables: advised on first use where the OS allows, again
+for a table allocated where a freed one was, and not at all when switched off."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+
+import pytest
+import torch
+
+from shardkit.kernels import _pages, huge_page_bytes, set_huge_pages, use_kernel
+from shardkit.kernels import pooled_forward as compiled_forward
+
+MIB = 1 << 20
+THP = _pages.thp_mode()
+needs_thp = pytest.mark.skipif(
+    THP not in ("always", "madvise"), reason=f"transparent huge pages are {THP!r} here"
+)
+
+
+@pytest.fixture
+def compiled():
+    with use_kernel("compiled"):
+        yield
+    set_huge_pages(True)
+
+
+def _stats() -> list[int]:
+    """[enabled, bytes advised, bytes collapsed, bytes refused], since the library loaded."""
+    return list(torch.ops.shardkit.huge_page_stats())
+
+
+def _first_lookup(memory: mmap.mmap | None = None) -> torch.Tensor:
+    """An 8 MiB table (in ``memory`` if given), written before the kernel sees it (as a module's
+    init does), looked up."""
+    if memory is None:
+        table = torch.empty(MIB // 32, 64)  # 8 MiB: 3-4 whole 2 MiB pages inside it
+    else:
+        table = torch.frombuffer(memory, dtype=torch.float32, count=MIB * 2).view(-1, 64)
+    table.fill_(0.5)
+    ids = torch.tensor([0, 5, MIB // 32 - 1])
+    out = compiled_forward(table, ids, torch.tensor([0, 3]), None)
+    torch.testing.assert_close(out, torch.full((1, 64), 1.5))
+    return table
+
+
+@needs_thp
+def test_tables_are_advised_and_a_table_reusing_a_freed_address_is_advised_again(compiled):
+    before = _stats()
+    table = _first_lookup()
+    after = _stats()
+    assert after[0] == 1
+    assert after[1] - before[1] >= 2 * MIB, "the table was not advised"
+    if after[2] > before[2]:  # the collapse took (it may not where memory is fragmented)
+        assert huge_page_bytes(table) >= 2 * MIB
+
+    memory = mmap.mmap(-1, 8 * MIB)  # two tables, one after the other, at the same address
+    first = _first_lookup(memory)
+    advised = _stats()[1]
+    address = first.data_ptr()
+    del first  # (its storage dies; the memory stays, as a freed mapping glibc hands back)
+    second = _first_lookup(memory)
+    assert second.data_ptr() == address
+    assert _stats()[1] - advised >= 2 * MIB, "a new table where a freed one was is not advised"
+
+
+@needs_thp
+def test_switched_off_nothing_is_advised(compiled):
+    assert set_huge_pages(False) is True
+    before = _stats()
+    _first_lookup()  # (its memory may still be on huge pages a freed table left it: not asserted)
+    assert _stats()[1:] == before[1:]
+
+
+def test_env_var_turns_them_off_and_says_so(compiled, monkeypatch, caplog):
+    monkeypatch.setenv(_pages.ENV_VAR, "0")
+    with caplog.at_level(logging.INFO, logger="shardkit.kernels._pages"):
+        _pages.apply_env()
+    assert _stats()[0] == 0
+    assert caplog.messages == [
+        "2 MiB pages for compiled tables and optimizer state: off (SHARDKIT_HUGE_PAGES=0)"
+    ]
+    monkeypatch.setenv(_pages.ENV_VAR, "1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="shardkit.kernels._pages"):
+        _pages.apply_env()
+    assert _stats()[0] == 1
+    assert caplog.messages[0].startswith("2 MiB pages for compiled tables and optimizer state: ")
+    assert "on (transparent huge pages: " in caplog.messages[0] or THP not in ("always", "madvise")
+
+
+def test_env_var_that_is_neither_on_nor_off_is_refused(compiled, monkeypatch):
+    monkeypatch.setenv(_pages.ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=r"SHARDKIT_HUGE_PAGES='maybe' is neither on nor off; "):
+        _pages.apply_env()
+    assert _stats()[0] == 1
