@@ -132,14 +132,29 @@ def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
 def prefetch_batch(model: nn.Module, batch: Any) -> int:
     """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
     read them; returns how many were started."""
-    started = 0
-    for kjt in batch_kjts(batch):
-        keys = set(kjt.keys())
-        for module in model.modules():
-            if isinstance(module, ShardedCollection) and set(module.feature_names()) <= keys:
+    return len(_prefetch(model, batch, lead=None))
+
+
+def _prefetch(model: nn.Module, batch: Any, *, lead: nn.Module | None) -> list[nn.Module]:
+    """`prefetch_batch`, ``lead`` first (see [Note: deferred agreement]); the collections fed."""
+    kjts = batch_kjts(batch)
+    collections = [m for m in model.modules() if isinstance(m, ShardedCollection)]
+    collections.sort(key=lambda m: m is not lead)  # stable: the model's order after the lead
+    fed = []
+    for module in collections:
+        for kjt in kjts:
+            if set(module.feature_names()) <= set(kjt.keys()):
                 module.prefetch(kjt)
-                started += 1
-    return started
+                fed.append(module)
+    return fed
+
+
+def _lead(model: nn.Module, group: dist.ProcessGroup | None) -> ShardedCollection | None:
+    """The sharded collection whose input dist carries the agreement on data, if any (see
+    [Note: deferred agreement]): the model's first, when the ranks agree through the world."""
+    if group is not None or not dist.is_initialized():
+        return None
+    return next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
 
 
 def _to_device(batch: Any, device: torch.device | None) -> Any:
@@ -167,6 +182,8 @@ class _Pipeline(TrainPipeline):
         self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
         self._model_fwd = custom_model_fwd or model
         self._group = group
+        self._lead = _lead(model, group)  # None: agree by flags ([Note: deferred agreement])
+        self._lead_fed = True
         self._batch_count = 0
         self._next: Any = None
         self._connected = False
@@ -182,22 +199,50 @@ class _Pipeline(TrainPipeline):
             if batch is not None:
                 batch = _to_device(batch, self._device)
         with streams.distributing() if streams else contextlib.nullcontext():
-            flags = start_agreement(batch is not None, self._group)
-            fetched = Fetched(batch, flags, self._batch_count)
+            if self._lead is not None:
+                fetched = Fetched(batch, None, self._batch_count, carry=self._carry)
+            else:
+                flags = start_agreement(batch is not None, self._group)
+                fetched = Fetched(batch, flags, self._batch_count)
+            carried = fetched.carry is not None
             if self._agree_at_fetch():
                 batch = fetched.take()
             if batch is None:
                 return fetched
             self._batch_count += 1
-            self._started(batch)
+            self._started(batch, carried)
         return fetched
+
+    def _carry(self, batch: Any) -> None:
+        """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
+        (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
+        some have a batch."""
+        assert self._lead is not None
+        if batch is None:
+            self._lead.join_without_input(exhausted=True)
+            return
+        if self._lead not in _prefetch(self._model, batch, lead=self._lead):
+            self._lead_fed = False
+            self._lead.join_without_input(exhausted=False)
+
+    def _check_lead_used(self) -> None:
+        """After a synchronous step: fall back to flags if the lead's forward did not use what
+        was started for it (see [Note: deferred agreement]); every rank at the same batch."""
+        if self._lead is None or (self._lead_fed and not self._lead.unused_prefetches()):
+            return
+        logger.info(
+            "train pipeline: the model's first sharded collection was not fed the batch's own "
+            "KJT; the ranks agree on data by an all-gather per batch from now on"
+        )
+        self._lead = None
 
     def _agree_at_fetch(self) -> bool:
         """Whether the ranks must agree before `_fetch` returns (see [Note: deferred agreement])."""
         return False
 
-    def _started(self, batch: Any) -> None:
-        """What a pipeline starts for a fetched batch on the data-dist stream (nothing here)."""
+    def _started(self, batch: Any, carried: bool) -> None:
+        """What a pipeline starts for a fetched batch on the data-dist stream (nothing here);
+        ``carried``: its input dist started with the agreement."""
 
     def _step(self, batch: Any, between: Callable[[], None]) -> Any:
         """Forward (and, in training mode, backward and optimizer step) of ``batch``;
@@ -212,6 +257,8 @@ class _Pipeline(TrainPipeline):
         if training:
             torch.sum(losses, dim=0).backward()
             self._optimizer.step()
+        if not self._agree_at_fetch():
+            self._check_lead_used()
         return output
 
     def reset(self) -> None:
@@ -335,8 +382,8 @@ class TrainPipelineSparseDist(_Pipeline):
     def _agree_at_fetch(self) -> bool:
         return self._overlap  # its input dist starts now (see [Note: deferred agreement])
 
-    def _started(self, batch: Any) -> None:
-        if self._overlap:
+    def _started(self, batch: Any, carried: bool) -> None:
+        if self._overlap and not carried:
             prefetch_batch(self._model, batch)  # See [Note: pipelined input dist]
         self.contexts.append(self._context_type(index=self._batch_count - 1, version=1))
 
