@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -200,7 +201,8 @@ class _Pipeline(TrainPipeline):
                 batch = _to_device(batch, self._device)
         with streams.distributing() if streams else contextlib.nullcontext():
             if self._lead is not None:
-                fetched = Fetched(batch, None, self._batch_count, carry=self._carry)
+                carry = functools.partial(self._carry, self._lead)  # even after a fallback
+                fetched = Fetched(batch, None, self._batch_count, carry=carry)
             else:
                 flags = start_agreement(batch is not None, self._group)
                 fetched = Fetched(batch, flags, self._batch_count)
@@ -213,17 +215,16 @@ class _Pipeline(TrainPipeline):
             self._started(batch, carried)
         return fetched
 
-    def _carry(self, batch: Any) -> None:
+    def _carry(self, lead: ShardedCollection, batch: Any) -> None:
         """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
         (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
         some have a batch."""
-        assert self._lead is not None
         if batch is None:
-            self._lead.join_without_input(exhausted=True)
+            lead.join_without_input(exhausted=True)
             return
-        if self._lead not in _prefetch(self._model, batch, lead=self._lead):
+        if lead not in _prefetch(self._model, batch, lead=lead):
             self._lead_fed = False
-            self._lead.join_without_input(exhausted=False)
+            lead.join_without_input(exhausted=False)
 
     def _check_lead_used(self) -> None:
         """After a synchronous step: fall back to flags if the lead's forward did not use what

@@ -200,3 +200,51 @@ def _even_data(rank: int, world_size: int, overlap: bool):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_ranks_that_run_out_together_stop_together(run_ranks, overlap):
     assert run_ranks(_even_data, 2, overlap) == [3, 3]
+
+
+class _Dense(torch.nn.Module):
+    """A model without sharded collections: the ranks agree on data by flags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, batch: torch.Tensor):
+        losses = self.linear(batch).sum(0)
+        return losses, losses.detach()
+
+
+def _uneven_dense(rank: int, world_size: int, carried: bool):
+    torch.manual_seed(0)
+    if carried:  # a sharded model fed KJTs it builds itself: falls back to the flags
+        model = DistributedModelParallel(DLRMTrain(dlrm()))
+        batches = (_rebuilt(b) for b in _batches(rank, world_size, 3 if rank == 1 else 5))
+    else:
+        model = _Dense()
+        batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
+    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps, pipeline._lead is None
+
+
+def _rebuilt(batch: Batch) -> Batch:
+    """``batch`` whose KJT the model's forward gets as a copy (a new object each time)."""
+
+    class Copying(Batch):
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            return copy.copy(value) if name == "sparse_features" else value
+
+    return Copying(batch.dense_features, batch.sparse_features, batch.labels)
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["dense", "rebuilt_kjt"])
+def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carried):
+    """Pure dense models, and models whose collections are fed another KJT than the batch's,
+    agree by an all-gather (see [Note: deferred agreement]): the step after the data ends
+    on rank 1 raises on every rank."""
+    assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
