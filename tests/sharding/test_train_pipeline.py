@@ -248,3 +248,25 @@ def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carr
     agree by an all-gather (see [Note: deferred agreement]): the step after the data ends
     on rank 1 raises on every rank."""
     assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
+
+
+def test_headers_without_input_decide_the_same_on_every_rank():
+    """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
+    from shardkit.sharding._input_dist import (
+        _EXHAUSTED,
+        _NO_INPUT,
+        _OK,
+        InputError,
+        RanksExhaustedError,
+        SourceBatch,
+        _check_headers,
+    )
+
+    empty = SourceBatch(0, [], [], None)
+    with pytest.raises(RanksExhaustedError, match=r"rank\(s\) \[1\] have no batch left") as info:
+        _check_headers([[4, _OK], [0, _EXHAUSTED], [4, _NO_INPUT]], empty, 0)
+    assert info.value.ranks == [1]
+    _check_headers([[0, _EXHAUSTED], [0, _EXHAUSTED]], empty, 0)  # all ran out: stop quietly
+    _check_headers([[0, _NO_INPUT], [0, _NO_INPUT]], empty, 0)  # no input anywhere: agreed
+    with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
+        _check_headers([[0, _NO_INPUT], [4, _OK]], empty, 1)
