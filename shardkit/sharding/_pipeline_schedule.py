@@ -7,8 +7,9 @@ the kernels), or on CPU when each rank has a core its compute threads leave free
 transfer. Two single-threaded ranks on two cores have none: gloo's work lands on the core the
 other rank computes on, and starting the next batch's input dist early only adds a second
 synchronisation point per step (measured slower than the plain loop, `bench_dmp.py`). There the
-pipeline runs synchronously: each batch's input dist runs in its own forward, exactly a plain
-loop. `choose_overlap` decides once, at construction, with one INFO line; ``overlap=`` forces it.
+pipeline runs synchronously: each batch's input dist starts in its own step, just before its
+forward (the collectives of a plain loop, measured at its cost). `choose_overlap` decides
+once, at construction, with one INFO line; ``overlap=`` forces it.
 
 [Note: pipeline streams]
 On a GPU the fetch runs on two side streams, as TorchRec's pipeline does: the host-to-device

@@ -12,10 +12,11 @@ has. A collection's forward uses a prefetched input only for the very KJT object
 for (the way DLRM-style models pass ``batch.sparse_features`` on); a collection fed another KJT
 runs its input dist in its forward: correct, not overlapped.
 
-Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
-out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
-a collective the others never call ([Note: deferred agreement]: off the step's critical path
-where the pipeline runs synchronously).
+Every batch also has the ranks agree on whether each still has one: if some rank ran out
+while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
+collective the others never call ([Note: deferred agreement]: the flag rides the header of
+the input dist the pipeline starts, so it costs no collective of its own). So a synchronous
+pipeline, too, starts each batch's input dist itself, just before that batch's forward.
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
 ``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
