@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -46,13 +45,19 @@ from torch import nn
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._data_agreement import DataExhaustedError, Fetched, start_agreement
+from shardkit.sharding._pipeline_inputs import (
+    batch_kjts,
+    lead_collection,
+    prefetch_batch,
+    prefetch_into,
+    sharded_collections,
+)
 from shardkit.sharding._pipeline_schedule import (
     SideStreams,
     choose_overlap,
     host_cores,
     local_ranks,
 )
-from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = [
     "DataExhaustedError",
@@ -116,49 +121,6 @@ class TrainPipeline(abc.ABC):
         return None
 
 
-def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
-    """The KeyedJaggedTensors a batch holds (see [Note: pipelined input dist])."""
-    if isinstance(batch, KeyedJaggedTensor):
-        return [batch]
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, list | tuple):
-        values = list(batch)
-    elif dataclasses.is_dataclass(batch):
-        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
-    else:
-        values = list(getattr(batch, "__dict__", {}).values())
-    return [v for v in values if isinstance(v, KeyedJaggedTensor)]
-
-
-def prefetch_batch(model: nn.Module, batch: Any) -> int:
-    """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
-    read them; returns how many were started."""
-    return len(_prefetch(model, batch, lead=None))
-
-
-def _prefetch(model: nn.Module, batch: Any, *, lead: nn.Module | None) -> list[nn.Module]:
-    """`prefetch_batch`, ``lead`` first (see [Note: deferred agreement]); the collections fed."""
-    kjts = batch_kjts(batch)
-    collections = [m for m in model.modules() if isinstance(m, ShardedCollection)]
-    collections.sort(key=lambda m: m is not lead)  # stable: the model's order after the lead
-    fed = []
-    for module in collections:
-        for kjt in kjts:
-            if set(module.feature_names()) <= set(kjt.keys()):
-                module.prefetch(kjt)
-                fed.append(module)
-    return fed
-
-
-def _lead(model: nn.Module, group: dist.ProcessGroup | None) -> ShardedCollection | None:
-    """The sharded collection whose input dist carries the agreement on data, if any (see
-    [Note: deferred agreement]): the model's first, when the ranks agree through the world."""
-    if group is not None or not dist.is_initialized():
-        return None
-    return next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
-
-
 def _to_device(batch: Any, device: torch.device | None) -> Any:
     if device is None or not hasattr(batch, "to"):
         return batch
@@ -184,7 +146,10 @@ class _Pipeline(TrainPipeline):
         self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
         self._model_fwd = custom_model_fwd or model
         self._group = group
-        self._lead = _lead(model, group)  # None: agree by flags ([Note: deferred agreement])
+        self._lead = lead_collection(
+            model, group
+        )  # None: agree by flags ([Note: deferred agreement])
+        self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
         self._lead_fed = True
         self._batch_count = 0
         self._next: Any = None
@@ -223,7 +188,7 @@ class _Pipeline(TrainPipeline):
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
-        if lead not in _prefetch(self._model, batch, lead=lead):
+        if lead not in prefetch_into(self._collections, batch):
             self._lead_fed = False
             lead.join_without_input(exhausted=False)
 
