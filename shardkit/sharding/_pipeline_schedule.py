@@ -19,9 +19,11 @@ data-dist stream that waits only for that copy. So the input dist's host reads (
 backward queued on the main stream, and the host runs ahead. Before batch i+1's forward, the
 main stream waits for the data-dist stream, and every tensor made on a side stream is marked
 as used by the main stream (``record_stream``) so that the caching allocator does not reuse its
-memory early. Copies overlap compute only from pinned host memory (``batch.pin_memory()``, or
-a DataLoader with ``pin_memory=True``). On the CPU, or any other device, everything runs in
-order on the one stream and none of this applies.
+memory early. A synchronous pipeline starts each input dist on the main stream, just before
+the forward, after the main stream waits for the copy stream. Copies overlap compute only
+from pinned host memory (``batch.pin_memory()``, or a DataLoader with ``pin_memory=True``).
+On the CPU, or any other device, everything runs in order on the one stream and none of this
+applies.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class SideStreams:
         ready = torch.cuda.Event()
         ready.record(self.dist)
         self._ready.append(ready)
+
+    def wait_for_copy(self) -> None:
+        """The current stream waits for the batches' copies: where a synchronous pipeline
+        starts a batch's input dist on the main stream, before `hand_over`."""
+        torch.cuda.current_stream(self.device).wait_stream(self.copy)
 
     def hand_over(self, batch: Any) -> None:
         """The main stream takes the oldest fetched batch: it waits for that batch's input dist

@@ -185,6 +185,8 @@ class _Pipeline(TrainPipeline):
         """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
         (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
         some have a batch."""
+        if self._streams is not None:
+            self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
