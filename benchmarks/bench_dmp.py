@@ -341,7 +341,21 @@ def _time(step, args, input_wait: bool = False) -> dict:
         result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
     if input_wait:
         result["input_wait_ms"] = _input_wait_ms(step)
+    if args.profile:
+        result["profile"] = _profile(step, args.profile)
     return result
+
+
+def _profile(step, steps: int) -> str:
+    """The ops that cost this rank the most CPU time over ``steps`` steps (``--profile``): what
+    a step spends beside its kernels and its wire time (Python, copies, host reads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    return f"(over {steps} steps)\n{table}"
 
 
 def main() -> None:
@@ -364,6 +378,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, NCCL")  # fmt: skip
     parser.add_argument("--out", help="write the markdown report here (.json, .png beside it)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also print each contender's top ops by CPU time over STEPS "
+                        "profiled steps (rank 0)")  # fmt: skip
     args = parser.parse_args()
     try:
         import torchrec  # noqa: F401
@@ -398,6 +415,8 @@ def main() -> None:
                         f"{result['ms']:8.1f} ms/step  {result['cpu_ms']:8.1f} CPU ms/step",
                         flush=True,
                     )
+                    if "profile" in result:
+                        print(f"profile of {label} {library} {loop} {result['profile']}")
     report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, labels)}
     report["cpu"] = summarize(cpu_times, failed, labels)
     report["cases"] = labels

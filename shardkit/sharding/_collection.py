@@ -37,7 +37,12 @@ from shardkit.sharding._collection_state import (
 )
 from shardkit.sharding._device import resolve_device
 from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._input_dist import PendingInput, SourceBatch, exchange_start
+from shardkit.sharding._input_dist import (
+    PendingInput,
+    SourceBatch,
+    exchange_start,
+    exchange_status,
+)
 from shardkit.sharding._inputs import expanded_features, source_batch, variable_batch_inverse
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sharding._output_dist import HostGroups
@@ -307,6 +312,17 @@ class ShardedCollection(nn.Module):
         object uses it (see `TrainPipelineSparseDist`)."""
         self._prefetched.append(self.input_dist(features))
         del self._prefetched[:-_MAX_PREFETCHED]
+
+    def join_without_input(self, *, exhausted: bool) -> None:
+        """Take part in this collection's input dist with a header alone: no batch left
+        (``exhausted``), or none for this collection (see `exchange_status`)."""
+        exchange_status(
+            self._layout, self._env.rank, self._env.pg, exhausted=exhausted, device=self._device
+        )
+
+    def unused_prefetches(self) -> int:
+        """Prefetched inputs no forward has used yet."""
+        return len(self._prefetched)
 
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError

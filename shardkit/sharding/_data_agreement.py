@@ -1,17 +1,36 @@
 """Whether every rank still has a batch: the train pipelines' agreement, raised on every rank.
 
 [Note: deferred agreement]
-The flags are gathered asynchronously at fetch time and checked when the batch is taken, one
-step later, so the tiny all-gather runs beside the step instead of in its way. Every rank
-starts it at the same point of its sequence of collectives (a rank without a batch too, which
-then finishes the step it has), and every rank waits for it before the batch's first
-collective, so ranks that disagree all raise there: never a hang. Where the next batch's input
-dist starts at fetch time (the overlapping pipeline) the flags are checked at once instead: a
-rank must know before it starts a collective the others may not.
+Ranks must agree, batch by batch, on whether each still has one: a rank that ran out must not
+leave the others waiting in a collective it never calls. Two ways, chosen per pipeline:
+
+* By header (a model with a sharded collection, the default group): the flag rides the step's
+  first collective, which the pipeline itself starts, the input dist of the model's first
+  sharded collection (the lead). A rank with a batch starts that input dist (its header says
+  "ok"), one without joins the same header exchange with an "exhausted" header
+  (`ShardedCollection.join_without_input`), and every rank reads every header before the ids'
+  all-to-all: if only some ran out, every rank raises `DataExhaustedError` there; if all did,
+  the pipeline stops. No collective of its own, nothing beside the step. The input dist starts
+  where the pipeline takes the batch: at fetch where it overlaps (the next batch's ids travel
+  during this step), else just before the batch's forward, which then uses it (the same
+  collectives, in the same order, as a plain loop). A batch that feeds the lead nothing joins
+  with a "no input" header; where the lead's forward did not use its prefetched input (a model
+  that builds its own KJT), the pipeline falls back to the flags below from the next fetch on,
+  every rank at the same batch. Assumes what a prefetch does: every rank's batches hold the
+  same features; and that the lead's process group is the world, as a DMP's collections'
+  is by default (pass ``group=`` to the pipeline otherwise: it then agrees by flags).
+* By flags (no sharded collection, e.g. a pure dense model, or another group): the flags are
+  gathered asynchronously at fetch time and checked when the batch is taken, one step later,
+  so the tiny all-gather runs beside the step instead of in its way. Every rank starts it at
+  the same point of its sequence of collectives (a rank without a batch too, which then
+  finishes the step it has), and every rank waits for it before the batch's first
+  collective, so ranks that disagree all raise there: never a hang. Where the next batch's
+  input dist starts at fetch time (the overlapping pipeline) the flags are checked at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
+from shardkit.sharding._input_dist import RanksExhaustedError
 
 __all__ = ["DataExhaustedError", "Fetched", "start_agreement"]
 
@@ -41,6 +61,14 @@ def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle 
     return handle
 
 
+def _exhausted(empty: list[int], count: int) -> DataExhaustedError:
+    return DataExhaustedError(
+        f"rank(s) {empty} ran out of data after {count} batch(es) while the others have more; "
+        "every rank must see the same number of batches (drop the last partial batch, or "
+        "split the data evenly across ranks)"
+    )
+
+
 def _check_flags(handle: comm.Handle | None, count: int) -> None:
     """Wait for the flags; raise `DataExhaustedError` on every rank if only some have a batch."""
     if handle is None:
@@ -48,25 +76,29 @@ def _check_flags(handle: comm.Handle | None, count: int) -> None:
     flags = handle.wait().tolist()
     if all(flags) or not any(flags):
         return
-    empty = [r for r, f in enumerate(flags) if not f]
-    raise DataExhaustedError(
-        f"rank(s) {empty} ran out of data after {count} batch(es) while the others have more; "
-        "every rank must see the same number of batches (drop the last partial batch, or "
-        "split the data evenly across ranks)"
-    )
+    raise _exhausted([r for r, f in enumerate(flags) if not f], count)
 
 
 @dataclass
 class Fetched:
-    """A fetched batch (None: this rank has no more) and the ranks' flags on their way (see
-    [Note: deferred agreement])."""
+    """A fetched batch (None: this rank has no more) and how the ranks agree on it (see
+    [Note: deferred agreement]): its flags on their way, or ``carry``, which starts the
+    batch's input dist with the flag in its header (called with None: joins exhausted)."""
 
     batch: Any
     flags: comm.Handle | None
     count: int  # batches fetched before this one
+    carry: Callable[[Any], None] | None = None
 
     def take(self) -> Any:
-        """The batch (None when every rank has run out); raises if only some ranks have one."""
+        """The batch (None when every rank has run out); raises if only some ranks have one.
+        Agrees once: a second call returns the batch without a collective."""
         flags, self.flags = self.flags, None
         _check_flags(flags, self.count)
+        carry, self.carry = self.carry, None
+        if carry is not None:
+            try:
+                carry(self.batch)
+            except RanksExhaustedError as error:
+                raise _exhausted(error.ranks, self.count) from None
         return self.batch

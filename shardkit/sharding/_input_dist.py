@@ -8,6 +8,10 @@ Three all-to-alls per batch, all ranks in step:
    Every rank learns every other rank's batch size and whether its input was valid, so a bad
    input or a mismatch makes all ranks raise the same error instead of leaving some waiting;
    and how many ids it receives per (source, slot), on the host (see [Note: host-side sizes]).
+   A train pipeline's rank that has run out of batches sends a header alone, with status
+   "exhausted" (`exchange_status`), and every rank raises `RanksExhaustedError` naming it
+   before the ids' all-to-all: the ranks' agreement on data costs no collective of its own
+   ([Note: deferred agreement] in `_data_agreement`).
 2. int64 lengths then ids: for each slot bound for the destination (see [Note: routes]) its
    ``B`` bag lengths, then all the slots' ids.
 3. float32 per-id weights, when the collection has any (weighted input or MEAN pooling, whose
@@ -39,14 +43,33 @@ from shardkit.comm import Handle, label
 from shardkit.sharding._layout import Layout, Route, Slot, Unit
 from shardkit.sharding._row_buckets import bucket_rows
 
-__all__ = ["InputError", "Received", "SourceBatch", "exchange_start"]
+__all__ = [
+    "InputError",
+    "RanksExhaustedError",
+    "Received",
+    "SourceBatch",
+    "exchange_start",
+    "exchange_status",
+]
 
-# Header status codes (see [Note: input exchange]).
-_OK, _BAD_INPUT = 0, 1
+# Header status codes (see [Note: input exchange]): input sent; input refused; no batch left;
+# a batch, but no input for this collection (a header alone, see `exchange_status`).
+_OK, _BAD_INPUT, _EXHAUSTED, _NO_INPUT = 0, 1, 2, 3
 
 
 class InputError(ValueError):
     """Some rank's input to a sharded collection was refused; raised on every rank."""
+
+
+class RanksExhaustedError(RuntimeError):
+    """Some ranks sent an "exhausted" header while others sent a batch; raised on every rank.
+
+    ``ranks``: the ranks that ran out (the train pipeline names them in `DataExhaustedError`).
+    """
+
+    def __init__(self, ranks: list[int]) -> None:
+        super().__init__(f"rank(s) {ranks} have no batch left while the others have one")
+        self.ranks = ranks
 
 
 class OtherRankInputError(InputError):
@@ -186,6 +209,25 @@ def exchange_start(
     return PendingInput(finish, sent_counts, orders)
 
 
+def exchange_status(
+    layout: Layout,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    *,
+    exhausted: bool,
+    device: torch.device,
+) -> None:
+    """Take part in a collection's header exchange without input: this rank has no batch left
+    (``exhausted``) or its batch has nothing for this collection. Returns when every rank sent
+    the same status; raises `RanksExhaustedError` (some ranks have batches, some not) or
+    `InputError` otherwise, as every other rank does (see [Note: input exchange])."""
+    status = _EXHAUSTED if exhausted else _NO_INPUT
+    empty = SourceBatch(0, [], [], None, error=None)
+    sent_counts = [[0] * len(layout.slots_to(d)) for d in range(layout.world_size)]
+    header = _exchange_headers(empty, sent_counts, layout, rank, group, device, status=status)
+    _check_headers(header, empty, rank)
+
+
 def _exchange_headers(
     batch: SourceBatch,
     sent_counts: list[list[int]],
@@ -193,13 +235,17 @@ def _exchange_headers(
     rank: int,
     group: dist.ProcessGroup | None,
     device: torch.device,
+    *,
+    status: int | None = None,
 ) -> list[list[int]]:
     """Every source's header to this rank, read on the host: ``[W][2 + S + F]`` (see
-    [Note: input exchange]); the one device-to-host read of the receiver."""
-    status = _OK if batch.error is None else _BAD_INPUT
+    [Note: input exchange]); the one device-to-host read of the receiver. ``status``: a
+    header alone (`exchange_status`), with no bags."""
     num_features = 1 + max((u.feature_index for u in layout.units), default=-1)
     strides = batch.strides or [batch.batch_size] * num_features
-    if batch.error is not None:
+    if status is None:
+        status = _OK if batch.error is None else _BAD_INPUT
+    if status != _OK:
         strides = [0] * num_features
     rows = [[batch.batch_size, status, *per_slot, *strides] for per_slot in sent_counts]
     flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64)
@@ -293,8 +339,21 @@ def _split_unit(
 
 
 def _check_headers(headers: list[list[int]], batch: SourceBatch, rank: int) -> None:
-    """Raise the same error on every rank if any rank's input was bad or batch sizes differ."""
-    bad = [r for r, row in enumerate(headers) if row[1] != _OK]
+    """Raise the same error on every rank if any rank's input was bad or batch sizes differ,
+    or some ranks ran out of batches; return quietly where every rank sent a header alone."""
+    statuses = [row[1] for row in headers]
+    exhausted = [r for r, s in enumerate(statuses) if s == _EXHAUSTED]
+    if exhausted and len(exhausted) < len(statuses):
+        raise RanksExhaustedError(exhausted)
+    if len(set(statuses)) == 1 and statuses[0] in (_EXHAUSTED, _NO_INPUT):
+        return
+    absent = [r for r, s in enumerate(statuses) if s == _NO_INPUT]
+    if absent:
+        raise InputError(
+            f"rank(s) {absent} fed no input to this sharded collection while the others did; "
+            "every rank's batches must hold the same KeyedJaggedTensor features"
+        )
+    bad = [r for r, s in enumerate(statuses) if s != _OK]
     if bad:
         if batch.error is not None:
             raise InputError(batch.error)

@@ -7,8 +7,9 @@ the kernels), or on CPU when each rank has a core its compute threads leave free
 transfer. Two single-threaded ranks on two cores have none: gloo's work lands on the core the
 other rank computes on, and starting the next batch's input dist early only adds a second
 synchronisation point per step (measured slower than the plain loop, `bench_dmp.py`). There the
-pipeline runs synchronously: each batch's input dist runs in its own forward, exactly a plain
-loop. `choose_overlap` decides once, at construction, with one INFO line; ``overlap=`` forces it.
+pipeline runs synchronously: each batch's input dist starts in its own step, just before its
+forward (the collectives of a plain loop, measured at its cost). `choose_overlap` decides
+once, at construction, with one INFO line; ``overlap=`` forces it.
 
 [Note: pipeline streams]
 On a GPU the fetch runs on two side streams, as TorchRec's pipeline does: the host-to-device
@@ -18,9 +19,11 @@ data-dist stream that waits only for that copy. So the input dist's host reads (
 backward queued on the main stream, and the host runs ahead. Before batch i+1's forward, the
 main stream waits for the data-dist stream, and every tensor made on a side stream is marked
 as used by the main stream (``record_stream``) so that the caching allocator does not reuse its
-memory early. Copies overlap compute only from pinned host memory (``batch.pin_memory()``, or
-a DataLoader with ``pin_memory=True``). On the CPU, or any other device, everything runs in
-order on the one stream and none of this applies.
+memory early. A synchronous pipeline starts each input dist on the main stream, just before
+the forward, after the main stream waits for the copy stream. Copies overlap compute only
+from pinned host memory (``batch.pin_memory()``, or a DataLoader with ``pin_memory=True``).
+On the CPU, or any other device, everything runs in order on the one stream and none of this
+applies.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ class SideStreams:
         ready = torch.cuda.Event()
         ready.record(self.dist)
         self._ready.append(ready)
+
+    def wait_for_copy(self) -> None:
+        """The current stream waits for the batches' copies: where a synchronous pipeline
+        starts a batch's input dist on the main stream, before `hand_over`."""
+        torch.cuda.current_stream(self.device).wait_stream(self.copy)
 
     def hand_over(self, batch: Any) -> None:
         """The main stream takes the oldest fetched batch: it waits for that batch's input dist

@@ -130,6 +130,8 @@ class EvalPipelineSparseDist(TrainPipelineSparseDist):
     def _step(self, batch: Any, between: Callable[[], None]) -> Any:
         _, output = self._model_fwd(batch)
         between()
+        if not self._agree_at_fetch():
+            self._check_lead_used()  # See [Note: deferred agreement]
         return output
 
     def reset(self) -> None:

@@ -12,10 +12,11 @@ has. A collection's forward uses a prefetched input only for the very KJT object
 for (the way DLRM-style models pass ``batch.sparse_features`` on); a collection fed another KJT
 runs its input dist in its forward: correct, not overlapped.
 
-Every fetch also agrees across ranks on whether each rank still has a batch: if some rank ran
-out while others did not, all raise, naming the ranks, instead of some ranks waiting forever in
-a collective the others never call ([Note: deferred agreement]: off the step's critical path
-where the pipeline runs synchronously).
+Every batch also has the ranks agree on whether each still has one: if some rank ran out
+while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
+collective the others never call ([Note: deferred agreement]: the flag rides the header of
+the input dist the pipeline starts, so it costs no collective of its own). So a synchronous
+pipeline, too, starts each batch's input dist itself, just before that batch's forward.
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
 ``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,13 +45,19 @@ from torch import nn
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._data_agreement import DataExhaustedError, Fetched, start_agreement
+from shardkit.sharding._pipeline_inputs import (
+    batch_kjts,
+    lead_collection,
+    prefetch_batch,
+    prefetch_into,
+    sharded_collections,
+)
 from shardkit.sharding._pipeline_schedule import (
     SideStreams,
     choose_overlap,
     host_cores,
     local_ranks,
 )
-from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = [
     "DataExhaustedError",
@@ -114,34 +121,6 @@ class TrainPipeline(abc.ABC):
         return None
 
 
-def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
-    """The KeyedJaggedTensors a batch holds (see [Note: pipelined input dist])."""
-    if isinstance(batch, KeyedJaggedTensor):
-        return [batch]
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, list | tuple):
-        values = list(batch)
-    elif dataclasses.is_dataclass(batch):
-        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
-    else:
-        values = list(getattr(batch, "__dict__", {}).values())
-    return [v for v in values if isinstance(v, KeyedJaggedTensor)]
-
-
-def prefetch_batch(model: nn.Module, batch: Any) -> int:
-    """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
-    read them; returns how many were started."""
-    started = 0
-    for kjt in batch_kjts(batch):
-        keys = set(kjt.keys())
-        for module in model.modules():
-            if isinstance(module, ShardedCollection) and set(module.feature_names()) <= keys:
-                module.prefetch(kjt)
-                started += 1
-    return started
-
-
 def _to_device(batch: Any, device: torch.device | None) -> Any:
     if device is None or not hasattr(batch, "to"):
         return batch
@@ -167,6 +146,11 @@ class _Pipeline(TrainPipeline):
         self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
         self._model_fwd = custom_model_fwd or model
         self._group = group
+        self._lead = lead_collection(
+            model, group
+        )  # None: agree by flags ([Note: deferred agreement])
+        self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
+        self._lead_fed = True
         self._batch_count = 0
         self._next: Any = None
         self._connected = False
@@ -182,22 +166,52 @@ class _Pipeline(TrainPipeline):
             if batch is not None:
                 batch = _to_device(batch, self._device)
         with streams.distributing() if streams else contextlib.nullcontext():
-            flags = start_agreement(batch is not None, self._group)
-            fetched = Fetched(batch, flags, self._batch_count)
+            if self._lead is not None:
+                carry = functools.partial(self._carry, self._lead)  # even after a fallback
+                fetched = Fetched(batch, None, self._batch_count, carry=carry)
+            else:
+                flags = start_agreement(batch is not None, self._group)
+                fetched = Fetched(batch, flags, self._batch_count)
+            carried = fetched.carry is not None
             if self._agree_at_fetch():
                 batch = fetched.take()
             if batch is None:
                 return fetched
             self._batch_count += 1
-            self._started(batch)
+            self._started(batch, carried)
         return fetched
+
+    def _carry(self, lead: ShardedCollection, batch: Any) -> None:
+        """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
+        (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
+        some have a batch."""
+        if self._streams is not None:
+            self._streams.wait_for_copy()  # a synchronous take runs on the main stream
+        if batch is None:
+            lead.join_without_input(exhausted=True)
+            return
+        if lead not in prefetch_into(self._collections, batch):
+            self._lead_fed = False
+            lead.join_without_input(exhausted=False)
+
+    def _check_lead_used(self) -> None:
+        """After a synchronous step: fall back to flags if the lead's forward did not use what
+        was started for it (see [Note: deferred agreement]); every rank at the same batch."""
+        if self._lead is None or (self._lead_fed and not self._lead.unused_prefetches()):
+            return
+        logger.info(
+            "train pipeline: the model's first sharded collection was not fed the batch's own "
+            "KJT; the ranks agree on data by an all-gather per batch from now on"
+        )
+        self._lead = None
 
     def _agree_at_fetch(self) -> bool:
         """Whether the ranks must agree before `_fetch` returns (see [Note: deferred agreement])."""
         return False
 
-    def _started(self, batch: Any) -> None:
-        """What a pipeline starts for a fetched batch on the data-dist stream (nothing here)."""
+    def _started(self, batch: Any, carried: bool) -> None:
+        """What a pipeline starts for a fetched batch on the data-dist stream (nothing here);
+        ``carried``: its input dist started with the agreement."""
 
     def _step(self, batch: Any, between: Callable[[], None]) -> Any:
         """Forward (and, in training mode, backward and optimizer step) of ``batch``;
@@ -212,6 +226,8 @@ class _Pipeline(TrainPipeline):
         if training:
             torch.sum(losses, dim=0).backward()
             self._optimizer.step()
+        if not self._agree_at_fetch():
+            self._check_lead_used()
         return output
 
     def reset(self) -> None:
@@ -335,8 +351,8 @@ class TrainPipelineSparseDist(_Pipeline):
     def _agree_at_fetch(self) -> bool:
         return self._overlap  # its input dist starts now (see [Note: deferred agreement])
 
-    def _started(self, batch: Any) -> None:
-        if self._overlap:
+    def _started(self, batch: Any, carried: bool) -> None:
+        if self._overlap and not carried:
             prefetch_batch(self._model, batch)  # See [Note: pipelined input dist]
         self.contexts.append(self._context_type(index=self._batch_count - 1, version=1))
 

@@ -110,13 +110,15 @@ def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ra
 
 @pytest.mark.parametrize(
     "overlap, expected",
-    [(None, "forward"), (False, "forward")],
+    [(None, "prefetch"), (False, "prefetch")],
     ids=["default", "synchronous"],
 )
 def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
     """By default the test's ranks use every core of their share for compute (cores / ranks
     threads each), so overlap cannot help and the pipeline runs synchronously: each input dist
-    in its forward; overlap=False forces that anywhere."""
+    starts in its own step, just before its forward, carrying the ranks' agreement on data
+    ([Note: deferred agreement]; not one step ahead: the uneven-data test counts the steps);
+    overlap=False forces that anywhere."""
     for runs in run_ranks(_pipelined_vs_plain, 2, overlap):
         plain_losses, plain_state, plain_calls = runs["plain"]
         losses, state, calls = runs["pipelined"]
@@ -198,3 +200,73 @@ def _even_data(rank: int, world_size: int, overlap: bool):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_ranks_that_run_out_together_stop_together(run_ranks, overlap):
     assert run_ranks(_even_data, 2, overlap) == [3, 3]
+
+
+class _Dense(torch.nn.Module):
+    """A model without sharded collections: the ranks agree on data by flags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, batch: torch.Tensor):
+        losses = self.linear(batch).sum(0)
+        return losses, losses.detach()
+
+
+def _uneven_dense(rank: int, world_size: int, carried: bool):
+    torch.manual_seed(0)
+    if carried:  # a sharded model fed KJTs it builds itself: falls back to the flags
+        model = DistributedModelParallel(DLRMTrain(dlrm()))
+        batches = (_rebuilt(b) for b in _batches(rank, world_size, 3 if rank == 1 else 5))
+    else:
+        model = _Dense()
+        batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
+    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps, pipeline._lead is None
+
+
+def _rebuilt(batch: Batch) -> Batch:
+    """``batch`` whose KJT the model's forward gets as a copy (a new object each time)."""
+
+    class Copying(Batch):
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            return copy.copy(value) if name == "sparse_features" else value
+
+    return Copying(batch.dense_features, batch.sparse_features, batch.labels)
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["dense", "rebuilt_kjt"])
+def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carried):
+    """Pure dense models, and models whose collections are fed another KJT than the batch's,
+    agree by an all-gather (see [Note: deferred agreement]): the step after the data ends
+    on rank 1 raises on every rank."""
+    assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
+
+
+def test_headers_without_input_decide_the_same_on_every_rank():
+    """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
+    from shardkit.sharding._input_dist import (
+        _EXHAUSTED,
+        _NO_INPUT,
+        _OK,
+        InputError,
+        RanksExhaustedError,
+        SourceBatch,
+        _check_headers,
+    )
+
+    empty = SourceBatch(0, [], [], None)
+    with pytest.raises(RanksExhaustedError, match=r"rank\(s\) \[1\] have no batch left") as info:
+        _check_headers([[4, _OK], [0, _EXHAUSTED], [4, _NO_INPUT]], empty, 0)
+    assert info.value.ranks == [1]
+    _check_headers([[0, _EXHAUSTED], [0, _EXHAUSTED]], empty, 0)  # all ran out: stop quietly
+    _check_headers([[0, _NO_INPUT], [0, _NO_INPUT]], empty, 0)  # no input anywhere: agreed
+    with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
+        _check_headers([[0, _NO_INPUT], [4, _OK]], empty, 1)

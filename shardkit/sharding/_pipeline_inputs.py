@@ -1,0 +1,71 @@
+"""Which KeyedJaggedTensors of a batch feed which sharded collections: the train pipelines'
+prefetch (see [Note: pipelined input dist] in `_train_pipeline`), and the collection whose
+input dist carries the ranks' agreement on data ([Note: deferred agreement])."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from shardkit.sharding._collection import ShardedCollection
+from shardkit.sparse import KeyedJaggedTensor
+
+__all__ = [
+    "batch_kjts",
+    "lead_collection",
+    "prefetch_batch",
+    "prefetch_into",
+    "sharded_collections",
+]
+
+
+def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
+    """The KeyedJaggedTensors a batch holds (see [Note: pipelined input dist])."""
+    if isinstance(batch, KeyedJaggedTensor):
+        return [batch]
+    if isinstance(batch, dict):
+        values = list(batch.values())
+    elif isinstance(batch, list | tuple):
+        values = list(batch)
+    elif dataclasses.is_dataclass(batch):
+        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    else:
+        values = list(getattr(batch, "__dict__", {}).values())
+    return [v for v in values if isinstance(v, KeyedJaggedTensor)]
+
+
+def prefetch_batch(model: nn.Module, batch: Any) -> int:
+    """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
+    read them; returns how many were started."""
+    return len(prefetch_into(sharded_collections(model, lead=None), batch))
+
+
+def sharded_collections(model: nn.Module, *, lead: nn.Module | None) -> list[ShardedCollection]:
+    """The sharded collections of ``model``, ``lead`` first (see [Note: deferred agreement]),
+    then in the model's order."""
+    collections = [m for m in model.modules() if isinstance(m, ShardedCollection)]
+    return sorted(collections, key=lambda m: m is not lead)  # stable
+
+
+def prefetch_into(collections: list[ShardedCollection], batch: Any) -> list[ShardedCollection]:
+    """Start each collection's input dist on the batch's KJT that has its features, in order;
+    the collections fed."""
+    kjts = [(kjt, set(kjt.keys())) for kjt in batch_kjts(batch)]
+    fed = []
+    for module in collections:
+        for kjt, keys in kjts:
+            if keys.issuperset(module.feature_names()):
+                module.prefetch(kjt)
+                fed.append(module)
+    return fed
+
+
+def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> ShardedCollection | None:
+    """The sharded collection whose input dist carries the agreement on data, if any (see
+    [Note: deferred agreement]): the model's first, when the ranks agree through the world."""
+    if group is not None or not dist.is_initialized():
+        return None
+    return next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
