@@ -169,6 +169,11 @@ class ShardedCollection(nn.Module):
         return getattr(self, self._TABLES)
 
     @property
+    def sharding_env(self) -> ShardingEnv:
+        """The ranks this collection is sharded over, and their process group."""
+        return self._env
+
+    @property
     def unsharded_module_type(self) -> type[nn.Module]:
         """The type of the collection this one shards (TorchRec's `ShardedModule` property)."""
         return self._unsharded_module_type

@@ -17,8 +17,8 @@ leave the others waiting in a collective it never calls. Two ways, chosen per pi
   with a "no input" header; where the lead's forward did not use its prefetched input (a model
   that builds its own KJT), the pipeline falls back to the flags below from the next fetch on,
   every rank at the same batch. Assumes what a prefetch does: every rank's batches hold the
-  same features; and that the lead's process group is the world, as a DMP's collections'
-  is by default (pass ``group=`` to the pipeline otherwise: it then agrees by flags).
+  same features. The lead must be sharded over the whole world (a DMP's collections are by
+  default); one sharded over a subgroup, or a pipeline given ``group=``, agrees by flags.
 * By flags (no sharded collection, e.g. a pure dense model, or another group): the flags are
   gathered asynchronously at fetch time and checked when the batch is taken, one step later,
   so the tiny all-gather runs beside the step instead of in its way. Every rank starts it at

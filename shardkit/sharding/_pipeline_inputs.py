@@ -68,4 +68,7 @@ def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> Sharde
     [Note: deferred agreement]): the model's first, when the ranks agree through the world."""
     if group is not None or not dist.is_initialized():
         return None
-    return next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
+    lead = next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
+    if lead is None or lead.sharding_env.world_size != dist.get_world_size():
+        return None  # its header reaches only its own ranks: agree through the world by flags
+    return lead

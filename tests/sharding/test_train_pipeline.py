@@ -250,6 +250,31 @@ def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carr
     assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
 
 
+def _uneven_subgroups(rank: int, world_size: int):
+    """Each rank's DMP is sharded over a group of its own, so its input dist's header reaches
+    no other rank: the pipeline must agree by flags through the world."""
+    import torch.distributed as dist
+
+    from shardkit.types import ShardingEnv
+
+    groups = [dist.new_group([r]) for r in range(world_size)]
+    torch.manual_seed(0)
+    env = ShardingEnv.from_process_group(groups[rank])
+    model = DistributedModelParallel(DLRMTrain(dlrm()), env=env, local_world_size=1)
+    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = _batches(rank, world_size, 3 if rank == 1 else 5)
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps, pipeline._lead is None
+
+
+def test_ranks_agree_by_flags_when_the_collection_spans_a_subgroup(run_ranks):
+    assert run_ranks(_uneven_subgroups, 2) == [(3, True), (3, True)]
+
+
 def test_headers_without_input_decide_the_same_on_every_rank():
     """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
     from shardkit.sharding._input_dist import (
