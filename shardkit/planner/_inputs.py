@@ -79,10 +79,12 @@ class Topology:
 
     world_size: int
     compute_device: str
-    hbm_cap: int | None = None
-    ddr_cap: int | None = None
+    # [Note: filled-in fields] None means "not given"; __post_init__ replaces it with an int, so
+    # the attribute is an int on every constructed Topology (the ignores say only that).
+    hbm_cap: int = None  # type: ignore[assignment]
+    ddr_cap: int = None  # type: ignore[assignment]
     ssd_cap: int | None = None
-    local_world_size: int | None = None
+    local_world_size: int = None  # type: ignore[assignment]
     pod_size: int | None = None
     hbm_mem_bw: float = HBM_MEM_BW
     ddr_mem_bw: float = DDR_MEM_BW
