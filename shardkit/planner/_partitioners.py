@@ -65,7 +65,9 @@ class OrderedDeviceHardware:
 
 
 def _devices(topology: Topology) -> list[DeviceHardware]:
-    free = Storage(topology.hbm_cap, topology.ddr_cap)
+    hbm, ddr = topology.hbm_cap, topology.ddr_cap
+    assert hbm is not None and ddr is not None, "Topology.__post_init__ fills the capacities"
+    free = Storage(hbm, ddr)
     return [
         DeviceHardware(r, copy.copy(free), Perf(0, 0, 0, 0)) for r in range(topology.world_size)
     ]
@@ -86,7 +88,7 @@ class GreedyPerfPartitioner(Partitioner):
     ) -> list[ShardingOption]:
         placed = copy.deepcopy(proposal)
         devices = _devices(storage_constraint)
-        local = self._local = storage_constraint.local_world_size
+        local = self._local = storage_constraint.intra_group_size
         key = (lambda o: _bytes(o.total_storage)) if self._sort_by == SortBy.STORAGE else (
             lambda o: o.total_perf)  # fmt: skip
         for option in sorted(placed, key=key, reverse=True):

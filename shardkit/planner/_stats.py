@@ -238,7 +238,7 @@ class _Ledger:
         return tuple(
             RankStats(
                 rank,
-                rank // topology.local_world_size,
+                rank // topology.intra_group_size,
                 round(memory),
                 compute,
                 comms,
