@@ -19,7 +19,14 @@ from shardkit.comm._autograd import Handle, run
 from shardkit.comm._errors import collective_error
 from shardkit.comm._label import label
 from shardkit.comm._objects import object_device
-from shardkit.comm._ops import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
+from shardkit.comm._ops import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Broadcast,
+    ReduceOpLike,
+    ReduceScatter,
+)
 
 __all__ = [
     "all_gather_into_tensor",
@@ -123,7 +130,7 @@ def all_gather_into_tensor(
 def reduce_scatter_tensor(
     input: torch.Tensor,
     *,
-    op: dist.ReduceOp = dist.ReduceOp.SUM,
+    op: ReduceOpLike = dist.ReduceOp.SUM,
     input_split_sizes: Sizes | None = None,
     group: Group = None,
     async_op: bool = False,
@@ -168,7 +175,7 @@ def reduce_scatter_tensor(
 def all_reduce(
     input: torch.Tensor,
     *,
-    op: dist.ReduceOp = dist.ReduceOp.SUM,
+    op: ReduceOpLike = dist.ReduceOp.SUM,
     group: Group = None,
     async_op: bool = False,
     inplace: bool = False,
@@ -247,8 +254,8 @@ def _exchange_counts(in_splits: tuple[int, ...], group: Group) -> tuple[int, ...
 
 
 def _reduce_op(
-    name: str, op: dist.ReduceOp, x: torch.Tensor, num_ranks: int
-) -> tuple[dist.ReduceOp, float]:
+    name: str, op: ReduceOpLike, x: torch.Tensor, num_ranks: int
+) -> tuple[ReduceOpLike, float]:
     """AVG becomes SUM scaled by ``1 / num_ranks`` (same arithmetic on every backend)."""
     if op == dist.ReduceOp.AVG:
         if not (x.is_floating_point() or x.is_complex()):

@@ -106,6 +106,7 @@ class _Wait(torch.autograd.Function):
     def forward(ctx: Any, request: _Request, buffer: torch.Tensor) -> torch.Tensor:
         ctx.request = request
         ctx.buffer_meta = (buffer.dtype, buffer.device, buffer.shape)
+        assert request.forward is not None, "_Start launches the request before _Wait runs"
         return request.forward.finish()
 
     @staticmethod

@@ -45,7 +45,7 @@ def remember(*tensors: torch.Tensor) -> None:
         atexit.register(drain)
         _registered = True
     for tensor in tensors:
-        _RECENT.append((weakref.ref(tensor), tensor._use_count()))
+        _RECENT.append((weakref.ref(tensor), tensor._use_count()))  # type: ignore[attr-defined]  # no stub
 
 
 def drain(wait_s: float = EXIT_WAIT_S) -> bool:
@@ -59,7 +59,7 @@ def drain(wait_s: float = EXIT_WAIT_S) -> bool:
     while _RECENT:
         ref, before = _RECENT.pop()
         tensor = ref()
-        while tensor is not None and tensor._use_count() > before:
+        while tensor is not None and tensor._use_count() > before:  # type: ignore[attr-defined]
             if time.monotonic() >= deadline:
                 released = False
                 break

@@ -37,6 +37,9 @@ from shardkit.comm._label import label
 __all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Launched", "Reduce", "ReduceScatter"]
 
 Group = dist.ProcessGroup | None
+# torch's stubs type ``dist.ReduceOp.SUM`` and its kin as ``ReduceOp.RedOpType``, the enum that
+# ``dist.all_reduce`` and friends take alongside a ``ReduceOp`` instance.
+ReduceOpLike = dist.ReduceOp | dist.ReduceOp.RedOpType
 
 # Backends with a reduce_scatter_single of their own; any other uses the all-to-all fallback.
 _HAS_REDUCE_SCATTER = frozenset({"gloo", "nccl"})
@@ -162,7 +165,7 @@ class ReduceScatter:
     """Reduce the inputs of all ranks and keep chunk ``r`` (``input_split_sizes[r]`` rows) on r."""
 
     group: Group
-    op: dist.ReduceOp
+    op: ReduceOpLike
     input_split_sizes: tuple[int, ...]
     scale: float = 1.0
     via_all_to_all: bool | None = None  # None: by backend (_NATIVE_REDUCE_SCATTER)
@@ -233,7 +236,7 @@ class AllReduce:
     """Every rank gets the reduction of all ranks' tensors."""
 
     group: Group
-    op: dist.ReduceOp
+    op: ReduceOpLike
     scale: float = 1.0
     inplace: bool = False
     name: ClassVar[str] = "all_reduce"
@@ -332,7 +335,7 @@ def _compose(
     return lambda t: then(first(t))
 
 
-def _op_name(op: dist.ReduceOp) -> str:
+def _op_name(op: ReduceOpLike) -> str:
     for name in ("SUM", "MAX", "MIN", "PRODUCT"):
         if op == getattr(dist.ReduceOp, name):
             return name

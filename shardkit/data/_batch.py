@@ -71,7 +71,7 @@ class Batch:
             weights=_maybe(self.weights, torch.Tensor.pin_memory),
         )
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
+    def record_stream(self, stream: torch.Stream) -> None:
         """Mark every tensor as in use by ``stream`` (after a copy on a side stream)."""
         self.dense_features.record_stream(stream)
         self.sparse_features.record_stream(stream)

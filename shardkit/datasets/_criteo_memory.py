@@ -16,6 +16,7 @@ inside each batch. ``hashes`` folds each sparse column's ids modulo its table si
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ class InMemoryBinaryCriteoIterDataPipe(IterableDataset):
             self.arrays = _shuffled_share(paths, rank, world_size)
             self.rank, self.world_size = 0, 1
         else:
-            mode = "r" if mmap_mode else None
+            mode: Literal["r"] | None = "r" if mmap_mode else None
             self.arrays = [[np.load(local(f), mmap_mode=mode) for f in p] for p in paths]
         self._split_stage()
         if not mmap_mode and self.hashes is not None:

@@ -83,11 +83,8 @@ class CriteoIterDataPipe(IterDataPipe):
         paths: Iterable[str] = self.paths
         if worker is not None:
             paths = [p for i, p in enumerate(paths) if i % worker.num_workers == worker.id]
-        rows: Iterable[Any] = ReadLinesFromCSV(LoadFiles(paths, mode="r", **self.open_kw),
-                                               delimiter="\t")  # fmt: skip
-        if self.row_mapper:
-            rows = dp.iter.Mapper(rows, self.row_mapper)
-        yield from rows
+        lines = ReadLinesFromCSV(LoadFiles(paths, mode="r", **self.open_kw), delimiter="\t")
+        yield from dp.iter.Mapper(lines, self.row_mapper) if self.row_mapper else lines
 
 
 def criteo_terabyte(paths: Iterable[str], *,

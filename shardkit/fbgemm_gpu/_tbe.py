@@ -106,7 +106,12 @@ class _BatchedTables(nn.Module):
     def split_embedding_weights(self) -> list[torch.Tensor]:
         """Each table's weights ``[rows, dim]`` (live: writing into them changes the tables)."""
         bags = self._collection.embedding_bags
-        return [bags[f"t{i}"].weight.detach() for i in range(self._num_tables)]
+        weights = []
+        for i in range(self._num_tables):
+            weight = bags[f"t{i}"].weight
+            assert isinstance(weight, torch.Tensor), "a table holds its rows as weight"
+            weights.append(weight.detach())
+        return weights
 
 
 class SplitTableBatchedEmbeddingBagsCodegen(_BatchedTables):

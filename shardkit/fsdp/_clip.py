@@ -42,7 +42,9 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, norm_type: float = 2.0) 
     for group, grads in grouped:
         local = _power_sum(grads, p, device=device)
         op = dist.ReduceOp.MAX if math.isinf(p) else dist.ReduceOp.SUM
-        parts.append(comm.all_reduce(local, op=op, group=group))
+        reduced = comm.all_reduce(local, op=op, group=group)
+        assert isinstance(reduced, torch.Tensor)
+        parts.append(reduced)
     parts.append(_power_sum(whole, p, device=device))
     stacked = torch.stack([part.to(torch.float32).reshape(()) for part in parts])
     total = stacked.max() if math.isinf(p) else stacked.sum() ** (1.0 / p)
@@ -72,9 +74,9 @@ def _grads(
             entry = grouped.setdefault(id(group), (group, []))
             if grad is not None:
                 entry[1].append(grad)
-    for param in module.parameters():
-        if id(param) not in managed and param.grad is not None:
-            whole.append(local_of(param.grad))
+    for other in module.parameters():
+        if id(other) not in managed and other.grad is not None:
+            whole.append(local_of(other.grad))
     return list(grouped.values()), whole
 
 

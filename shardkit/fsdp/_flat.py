@@ -297,7 +297,7 @@ class FlatBucket:
             self._reduce_inputs.append(flat)  # the backend reads it until the wait
             start = self.offsets[0][index]
             handles.append(self._reduce_scatter(flat, out[start : start + numel]))
-        self._reduce = handles  # type: ignore[assignment]
+        self._reduce = handles
         self._reduce_out = out
 
     def _reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor) -> comm.Handle:

@@ -65,8 +65,8 @@ def materialize(
     device = device or compute_device()
     count = 0
     for current in module.modules():
-        own = [(attr, owner.get((id(current), attr))) for attr in current._parameters]
-        own = [(attr, p) for attr, p in own if p is not None and p.local.is_meta]
+        own = [(attr, p) for attr in current._parameters
+               if (p := owner.get((id(current), attr))) is not None and p.local.is_meta]  # fmt: skip
         meta_buffers = [a for a, b in current._buffers.items() if b is not None and b.is_meta]
         if not own and not meta_buffers:
             continue
@@ -97,9 +97,9 @@ def _materialize_one(
         module._buffers[attr] = torch.empty_like(module._buffers[attr], device=device)  # type: ignore[arg-type]
     if init_fn is not None:
         init_fn(module)
-    elif hasattr(module, "reset_parameters"):
+    elif (reset := getattr(module, "reset_parameters", None)) is not None:
         with torch.no_grad():
-            module.reset_parameters()
+            reset()
     else:
         names = [attr for attr, _, _ in own] + meta_buffers
         raise ValueError(
@@ -108,11 +108,11 @@ def _materialize_one(
             " or init_fn= (materialize) that initialises one module's own parameters"
         )
     for attr, param, group in own:
-        full = module._parameters[attr]
-        assert full is not None
+        initialised = module._parameters[attr]
+        assert initialised is not None
         if sync:
-            _broadcast(full.detach(), param)
-        group.load(param, full.detach().to(device))
+            _broadcast(initialised.detach(), param)
+        group.load(param, initialised.detach().to(device))
     if sync:
         for attr in meta_buffers:
             buffer = module._buffers[attr]

@@ -158,7 +158,7 @@ class StoragePool:
             return
         if tensor.device.type == "cpu" and _CAN_MOVE_STORAGE and len(self._free) < self.max_entries:
             holder = torch.UntypedStorage(0, device=tensor.device)
-            storage._swap_data_ptr_(holder)  # holder now owns the memory; storage has none
+            storage._swap_data_ptr_(holder)  # type: ignore[attr-defined]  # no stub; holder owns it
             self._free.append(holder)
             return
         storage.resize_(0)
@@ -169,7 +169,7 @@ class StoragePool:
         storage = tensor.untyped_storage()
         for index, holder in enumerate(self._free):
             if holder.nbytes() == nbytes and holder.device == tensor.device:
-                storage._swap_data_ptr_(self._free.pop(index))
+                storage._swap_data_ptr_(self._free.pop(index))  # type: ignore[attr-defined]
                 return True
         storage.resize_(nbytes)
         return False

@@ -135,13 +135,20 @@ def compute_device(device_id: int | str | torch.device | None = None) -> torch.d
 _DEFAULT_MESHES: dict[tuple[int, str], Any] = {}
 
 
+def _world() -> dist.ProcessGroup:
+    """The default group (``dist.group.WORLD`` is typed Optional: None before it is set up)."""
+    world = dist.group.WORLD
+    assert world is not None, "the default process group is initialised before FSDP runs"
+    return world
+
+
 def default_mesh(device_type: str) -> Any:
     """A 1-D mesh of every rank (FSDP2's default), one per process group and device type."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    key = (id(dist.group.WORLD), device_type)
+    key = (id(_world()), device_type)
     if key not in _DEFAULT_MESHES:
-        _DEFAULT_MESHES[key] = DeviceMesh.from_group(dist.group.WORLD, device_type)
+        _DEFAULT_MESHES[key] = DeviceMesh.from_group(_world(), device_type)
     return _DEFAULT_MESHES[key]
 
 
@@ -160,7 +167,7 @@ def mesh_info_of(mesh: Any) -> MeshInfo:
         group = mesh.get_group()
         return MeshInfo(group, group, None, device, mesh)
     whole = mesh.size() == dist.get_world_size()
-    world = dist.group.WORLD if whole else mesh._flatten().get_group()
+    world = _world() if whole else mesh._flatten().get_group()
     return MeshInfo(world, mesh.get_group(1), mesh.get_group(0), device, mesh)
 
 
@@ -177,14 +184,14 @@ def make_mesh_info(
             f"sharding_strategy must be a shardkit.fsdp.ShardingStrategy, got {strategy!r}; "
             "use e.g. ShardingStrategy.FULL_SHARD"
         )
-    world = dist.group.WORLD
+    world = _world()
     if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         shard, replicate = _hybrid_groups(process_group, device_mesh)
         return MeshInfo(world, shard, replicate, device)
     group = _flat_group(strategy, process_group, device_mesh)
     if strategy is ShardingStrategy.NO_SHARD:
-        replicate = group if dist.get_world_size(group) > 1 else None
-        return MeshInfo(group, None, replicate, device)
+        replicas = group if dist.get_world_size(group) > 1 else None
+        return MeshInfo(group, None, replicas, device)
     return MeshInfo(group, group, None, device)
 
 
@@ -201,7 +208,7 @@ def _flat_group(strategy: ShardingStrategy, process_group: Any, device_mesh: Any
                 "mesh; a 2-D (replicate, shard) mesh is for HYBRID_SHARD"
             )
         return device_mesh.get_group()
-    return process_group if process_group is not None else dist.group.WORLD
+    return process_group if process_group is not None else _world()
 
 
 def _hybrid_groups(process_group: Any, device_mesh: Any) -> tuple[Group, Group]:

@@ -87,7 +87,7 @@ def copy_into_storage(target: torch.Tensor, values: torch.Tensor) -> None:
     storage = target.untyped_storage()
     needed = (target.storage_offset() + target.numel()) * target.element_size()
     if storage.nbytes() < needed:
-        storage.resize_(needed)
+        storage.resize_(needed)  # type: ignore[arg-type]  # a SymInt only under tracing
     with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(target):
         target.copy_(values)
 

@@ -348,8 +348,8 @@ def _strip_prefix(module: nn.Module, sd: dict[str, Any], prefix: str, _meta: Any
     sd.clear()
     for key, value in items:
         sd[prefix + key[len(inner) :] if key.startswith(inner) else key] = value
-    metadata = getattr(sd, "_metadata", None)
-    for key in list(metadata or ()):
+    metadata = getattr(sd, "_metadata", None) or {}  # None or empty: nothing to rename
+    for key in list(metadata):
         if key == f"{prefix}{WRAPPED}":
             del metadata[key]
         elif key.startswith(inner):

@@ -88,4 +88,5 @@ class ShardedGradScaler(torch.amp.GradScaler):
             local += value.detach().to("cpu", torch.float32).reshape(1)
         device = self._scale.device if self._scale is not None else local.device
         agreed = comm.all_reduce(local.to(device), op=dist.ReduceOp.MAX, group=self.process_group)
+        assert isinstance(agreed, torch.Tensor)
         state["found_inf_per_device"] = {agreed.device: agreed}

@@ -63,12 +63,7 @@ def init_from_env(
     if is_initialized():
         raise RuntimeError("shardkit's process group is already set up in this process")
     variables = _read(os.environ if environ is None else environ)
-    rank, world_size, local_rank, local_world_size = (
-        variables["RANK"],
-        variables["WORLD_SIZE"],
-        variables["LOCAL_RANK"],
-        variables["LOCAL_WORLD_SIZE"],
-    )
+    rank, world_size, local_rank, local_world_size = _ranks(variables)
     backend, device = select_backend_and_device(local_rank, local_world_size, backend)
     if device.type == "cuda":
         import torch
@@ -160,11 +155,17 @@ def _read(environ: Mapping[str, str]) -> dict[str, int | str]:
     return values
 
 
-def _check(values: Mapping[str, int | str]) -> None:
+def _ranks(values: Mapping[str, int | str]) -> tuple[int, int, int, int]:
+    """RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, which `_read` made ints."""
     rank, world_size = values["RANK"], values["WORLD_SIZE"]
     local_rank, local_world_size = values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"]
     assert isinstance(rank, int) and isinstance(world_size, int)
     assert isinstance(local_rank, int) and isinstance(local_world_size, int)
+    return rank, world_size, local_rank, local_world_size
+
+
+def _check(values: Mapping[str, int | str]) -> None:
+    rank, world_size, local_rank, local_world_size = _ranks(values)
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK ({rank}) must be in [0, WORLD_SIZE={world_size})")
     if not 0 <= local_rank < local_world_size:

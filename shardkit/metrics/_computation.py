@@ -112,6 +112,8 @@ class RecMetricComputation(nn.Module, abc.ABC):
         enable_pt2_compile: accepted; shardkit does not compile metric updates.
     """
 
+    has_valid_update: torch.Tensor  # [n_tasks] uint8, a state when should_validate_update
+
     def __init__(self, my_rank: int, batch_size: int, n_tasks: int, window_size: int,
                  compute_on_all_ranks: bool = False, should_validate_update: bool = False,
                  compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION,

@@ -132,13 +132,15 @@ class AUCMetricComputation(RecMetricComputation):
             getattr(self, n) or [torch.zeros(self._n_tasks, 0)]
             for n in (PREDICTIONS, LABELS, WEIGHTS)
         ]
-        reports = [MetricComputationReport(MetricName.AUC, MetricPrefix.WINDOW,
-                                           compute_auc(self._n_tasks, *parts, self._apply_bin))]  # fmt: skip
+        preds, labels, weights = parts
+        reports = [MetricComputationReport(
+            MetricName.AUC, MetricPrefix.WINDOW,
+            compute_auc(self._n_tasks, preds, labels, weights, self._apply_bin))]  # fmt: skip
         if self._grouped_auc:
             keys = _cat(getattr(self, GROUPING_KEYS) or [torch.zeros(1, 0)])[0]
             reports.append(MetricComputationReport(
                 MetricName.GROUPED_AUC, MetricPrefix.WINDOW,
-                compute_auc_per_group(self._n_tasks, *parts, keys)))  # fmt: skip
+                compute_auc_per_group(self._n_tasks, preds, labels, weights, keys)))  # fmt: skip
         return reports
 
     def reset(self) -> None:

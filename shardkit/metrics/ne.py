@@ -79,8 +79,8 @@ class NEMetricComputation(RecMetricComputation):
 
     def __init__(self, *args: Any, include_logloss: bool = False,
                  allow_missing_label_with_zero_weight: bool = False, **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(*args, allow_missing_label_with_zero_weight=allow_missing_label_with_zero_weight,
-                         **kwargs)  # fmt: skip
+        kwargs["allow_missing_label_with_zero_weight"] = allow_missing_label_with_zero_weight
+        super().__init__(*args, **kwargs)
         self._include_logloss = include_logloss
         self.eta = 1e-12
         for name in _STATES:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -104,6 +104,12 @@ class RecMetric(nn.Module):
             for config in ([self._tasks] if fused else self._tasks)
         )  # fmt: skip
 
+    @property
+    def _computations(self) -> list[RecMetricComputation]:
+        """``_metrics_computations`` (TorchRec's attribute), typed: torch's stubs type a
+        ``ModuleList``'s items as ``nn.Module``."""
+        return cast("list[RecMetricComputation]", list(self._metrics_computations))
+
     def _get_task_kwargs(self, task_config: RecTaskInfo | list[RecTaskInfo]) -> dict[str, Any]:
         """Per-task arguments for the computation (a hook for subclasses)."""
         return {}
@@ -140,15 +146,15 @@ class RecMetric(nn.Module):
         else:
             self._update_unfused(predictions, labels, weights, **kwargs)
 
-    def _update_fused(self, predictions, labels, weights, **kwargs: Any) -> None:  # type: ignore[no-untyped-def]
+    def _update_fused(self, predictions, labels, weights, **kwargs: Any) -> None:
         names = [t.name for t in self._tasks]
         stack = lambda x: x if isinstance(x, torch.Tensor) else torch.stack([x[n] for n in names])  # noqa: E731
         preds, labs = stack(predictions).view(len(names), -1), stack(labels).view(len(names), -1)
         weights = torch.ones_like(preds) if weights is None else stack(weights).view(len(names), -1)
-        self._feed(self._metrics_computations[0], preds, labs, weights, **kwargs)
+        self._feed(self._computations[0], preds, labs, weights, **kwargs)
 
-    def _update_unfused(self, predictions, labels, weights, **kwargs: Any) -> None:  # type: ignore[no-untyped-def]
-        for task, computation in zip(self._tasks, self._metrics_computations):
+    def _update_unfused(self, predictions, labels, weights, **kwargs: Any) -> None:
+        for task, computation in zip(self._tasks, self._computations):
             if task.name not in predictions or predictions[task.name].numel() == 0:
                 continue
             preds = predictions[task.name].reshape(1, -1)
@@ -169,7 +175,7 @@ class RecMetric(nn.Module):
             valid = torch.count_nonzero(weights, dim=-1) > 0  # [n_tasks]
             if not valid.any():
                 return
-            computation.has_valid_update.logical_or_(valid)  # type: ignore[operator]
+            computation.has_valid_update.logical_or_(valid)
         computation.update(predictions=predictions, labels=labels, weights=weights, **kwargs)
 
     # -- compute -------------------------------------------------------------------------
@@ -177,7 +183,7 @@ class RecMetric(nn.Module):
     def _reports(self, scope: str) -> Iterator[tuple[RecTaskInfo, MetricComputationReport, Any]]:
         """(task, report, value) of every computation; ``scope`` "" or "local_"."""
         fused = self._compute_mode in _FUSED
-        for index, computation in enumerate(self._metrics_computations):
+        for index, computation in enumerate(self._computations):
             computation.pre_compute()
             for report in getattr(computation, scope + "compute")():
                 if fused:
@@ -211,16 +217,16 @@ class RecMetric(nn.Module):
         return self._keyed("local_")
 
     def sync(self) -> None:
-        for computation in self._metrics_computations:
+        for computation in self._computations:
             computation.sync()
 
     def unsync(self) -> None:
-        for computation in self._metrics_computations:
+        for computation in self._computations:
             if computation._is_synced:
                 computation.unsync()
 
     def reset(self) -> None:
-        for computation in self._metrics_computations:
+        for computation in self._computations:
             computation.reset()
 
     def get_required_inputs(self) -> set[str]:
@@ -246,30 +252,35 @@ class RecMetricList(nn.Module):
         return len(self.rec_metrics)
 
     def __getitem__(self, index: int) -> nn.Module:
-        return self.rec_metrics[index]
+        return self._metrics[index]
+
+    @property
+    def _metrics(self) -> list[RecMetric]:
+        """``rec_metrics``, typed (as `RecMetric._computations`)."""
+        return cast("list[RecMetric]", list(self.rec_metrics))
 
     def get_required_inputs(self) -> list[str] | None:
         return self.required_inputs
 
     def update(self, *, predictions: RecModelOutput, labels: RecModelOutput,
                weights: RecModelOutput | None, **kwargs: Any) -> None:  # fmt: skip
-        for metric in self.rec_metrics:
+        for metric in self._metrics:
             metric.update(predictions=predictions, labels=labels, weights=weights, **kwargs)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        return {k: v for metric in self.rec_metrics for k, v in metric.compute().items()}
+        return {k: v for metric in self._metrics for k, v in metric.compute().items()}
 
     def local_compute(self) -> dict[str, torch.Tensor]:
-        return {k: v for metric in self.rec_metrics for k, v in metric.local_compute().items()}
+        return {k: v for metric in self._metrics for k, v in metric.local_compute().items()}
 
     def sync(self) -> None:
-        for metric in self.rec_metrics:
+        for metric in self._metrics:
             metric.sync()
 
     def unsync(self) -> None:
-        for metric in self.rec_metrics:
+        for metric in self._metrics:
             metric.unsync()
 
     def reset(self) -> None:
-        for metric in self.rec_metrics:
+        for metric in self._metrics:
             metric.reset()

@@ -51,6 +51,13 @@ class ThroughputMetric(nn.Module):
 
     _namespace = MetricNamespace.THROUGHPUT
     _metric_name = MetricName.THROUGHPUT
+    # buffers, registered in __init__ (annotated so that mypy sees tensors, not Module attributes)
+    total_examples: torch.Tensor
+    warmup_examples: torch.Tensor
+    time_lapse_after_warmup: torch.Tensor
+    attempt_examples: torch.Tensor
+    attempt_warmup_examples: torch.Tensor
+    attempt_time_lapse_after_warmup: torch.Tensor
 
     def __init__(self, *, batch_size: int, world_size: int, window_seconds: int,
                  warmup_steps: int = 100,

@@ -116,6 +116,8 @@ class InteractionArch(nn.Module):
     """The dense vector and every pairwise dot product of ``[dense, sparse_1..F]``:
     ``[B, D] x [B, F, D] -> [B, D + (F + 1) F / 2]``."""
 
+    triu_indices: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, num_sparse_features: int) -> None:
         super().__init__()
         self.F: int = num_sparse_features
@@ -243,9 +245,10 @@ class DLRM(nn.Module):
         """``torch.compile`` the dense, interaction and over arches (once)."""
         if self._cuda_graph_enabled:
             return
-        self.dense_arch = torch.compile(self.dense_arch, mode=compile_mode)
-        self.inter_arch = torch.compile(self.inter_arch, mode=compile_mode)
-        self.over_arch = torch.compile(self.over_arch, mode=compile_mode)
+        # torch.compile's stub returns a plain callable; given a Module it returns a Module
+        self.dense_arch = torch.compile(self.dense_arch, mode=compile_mode)  # type: ignore[assignment]
+        self.inter_arch = torch.compile(self.inter_arch, mode=compile_mode)  # type: ignore[assignment]
+        self.over_arch = torch.compile(self.over_arch, mode=compile_mode)  # type: ignore[assignment]
         self._cuda_graph_enabled = True
 
     def forward(

@@ -112,12 +112,16 @@ class BatchedTables:
         """Compiled: as `backward`, and d loss / d per_sample_weights ``[N]`` fp32 when asked."""
         optimizer = self.optimizer
         args = (self.weight, ids, offsets, per_sample_weights, grad_out)
-        wants = {"grad_per_sample_weights": grad_per_sample_weights, "batch_size": batch_size}
+        wants_grad = grad_per_sample_weights
         if optimizer is not None:
             optimizer.begin_step()
-            grad_weights = kernels.fused_backward(*args, optimizer, **wants)
+            grad_weights = kernels.fused_backward(
+                *args, optimizer, grad_per_sample_weights=wants_grad, batch_size=batch_size
+            )
             return [None] * (len(self.row_starts) - 1), grad_weights
-        grad, grad_weights = kernels.dense_backward(*args, **wants)
+        grad, grad_weights = kernels.dense_backward(
+            *args, grad_per_sample_weights=wants_grad, batch_size=batch_size
+        )
         return self._split(grad), grad_weights
 
     def apply_gradient(
@@ -240,6 +244,7 @@ def _eager_backward(
     if wants_grad_weights:
         # d out[bag] / d w_i = weight[ids[i]]; read the weights before the update changes them
         rows = tables.weight.index_select(0, ids).float()
+        assert bag_of is not None, "per-sample weights come with bags (offsets)"
         grad_weights = (grad_out.index_select(0, bag_of) * rows).sum(1)
     return tables.backward(ids, bag_of, per_sample_weights, grad_out), grad_weights
 

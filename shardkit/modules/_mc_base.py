@@ -27,6 +27,9 @@ class ManagedCollisionModule(nn.Module):
         output_segments: the row bounds the module's state can be split at.
     """
 
+    _output_segments_tensor: torch.Tensor  # buffers, registered in __init__
+    _current_iter_tensor: torch.Tensor
+
     def __init__(self, device: torch.device | str | None, output_segments: Sequence[int]) -> None:
         super().__init__()
         device = torch.device(device) if device is not None else torch.device("cpu")

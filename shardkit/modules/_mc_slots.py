@@ -87,7 +87,7 @@ class Slots:
         self.slot_bucket = torch.repeat_interleave(
             torch.arange(len(lengths), device=device), lengths
         )  # [S] local bucket of each slot
-        self._search: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._search: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def reset(self) -> None:
         """Every slot empty, slot ``p`` mapped to row ``bounds[0] + p``."""
@@ -225,14 +225,20 @@ def _filtered(slots: Slots, policy: MCHEvictionPolicy, window: Window) -> Window
     if not policy.has_threshold_filter:
         return window
     if len(slots.bounds) == 2:
-        return window.subset(policy.filter(window.counts))
+        return window.subset(_passed(policy, window.counts))
     bucket = slots.local_bucket(window.ids)
     keep = torch.zeros_like(window.ids, dtype=torch.bool)
     for b in range(len(slots.bounds) - 1):
         at = (bucket == b).nonzero().squeeze(1)
         if at.numel():
-            keep[at] = policy.filter(window.counts[at])
+            keep[at] = _passed(policy, window.counts[at])
     return window.subset(keep)
+
+
+def _passed(policy: MCHEvictionPolicy, counts: torch.Tensor) -> torch.Tensor:
+    mask = policy.filter(counts)
+    assert mask is not None, "called only when the policy has a threshold filter"
+    return mask
 
 
 def _select(

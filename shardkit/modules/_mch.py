@@ -48,6 +48,9 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             ``W`` ranks will need ``buckets`` divisible by ``W``.
     """
 
+    _mch_sorted_raw_ids: torch.Tensor  # buffers, registered in __init__
+    _mch_remapped_ids_mapping: torch.Tensor
+
     def __init__(
         self,
         zch_size: int,

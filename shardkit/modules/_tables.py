@@ -88,7 +88,7 @@ class TableDict(nn.ModuleDict):
         if name in self.__dict__.get("_modules", {}) and not isinstance(value, nn.Module):
             object.__setattr__(self, name, value)
         else:
-            super().__setattr__(name, value)
+            super().__setattr__(name, value)  # type: ignore[arg-type]  # stub: Tensor | Module
 
 
 class TableWeight(nn.Module):
@@ -162,7 +162,7 @@ class TableStack:
         )
 
     def needs_rebuild(self) -> bool:
-        current = [None] * len(self.configs)
+        current: list[FusedOptimizerConfig | None] = [None] * len(self.configs)
         for group in self.groups:
             for index in group.table_indices:
                 current[index] = group.config

@@ -181,6 +181,7 @@ class EmbeddingBagCollection(_Collection):
     """
 
     _TABLES = "embedding_bags"
+    embedding_bags: TableDict  # set by _Collection.__init__
 
     def __init__(
         self,
@@ -242,6 +243,7 @@ class EmbeddingCollection(_Collection):
     """
 
     _TABLES = "embeddings"
+    embeddings: TableDict  # set by _Collection.__init__
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ __all__ = [
 
 
 def apply_feature_processors_to_kjt(
-    features: KeyedJaggedTensor, feature_processors: Mapping[str, nn.Module]
+    features: KeyedJaggedTensor, feature_processors: Mapping[str, nn.Module] | nn.ModuleDict
 ) -> KeyedJaggedTensor:
     """``features`` with the weights each key's processor gives (1.0 for keys without one)."""
     by_key = features.to_dict()

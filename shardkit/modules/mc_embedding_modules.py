@@ -94,8 +94,9 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
         for name, rows in evictions.items():
             if rows is None or rows.numel() == 0:
                 continue
-            tables = (
-                module.embedding_bags if hasattr(module, "embedding_bags") else module.embeddings
+            # duck-typed: a quantized collection (serving) holds its tables under the same names
+            tables = getattr(
+                module, "embedding_bags" if hasattr(module, "embedding_bags") else "embeddings"
             )
             weight = tables[name].weight
             if not isinstance(weight, nn.Parameter):

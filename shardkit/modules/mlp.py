@@ -88,9 +88,11 @@ class MLP(nn.Module):
         layers = []
         for index, out_size in enumerate(layer_sizes):
             last = index == len(layer_sizes) - 1
-            act = nn.Identity() if last and not activation_on_last else None
-            if act is None:
-                act = _activation(activation, out_size, device)
+            act = (
+                nn.Identity()
+                if last and not activation_on_last
+                else _activation(activation, out_size, device)
+            )
             in_features = layer_sizes[index - 1] if index else in_size
             layers.append(
                 Perceptron(

@@ -76,7 +76,7 @@ def _perf(compute: float, comms: float, topology: Topology) -> Perf:
 def _sharding_option(spec: TableSpec, option: Option, module: nn.Module, batch_size: int,
                      topology: Topology) -> ShardingOption:  # fmt: skip
     child = module.get_submodule(spec.path)
-    tensor = dict(child.named_parameters()).get(f"{_tables_attr(child)}.{spec.name}.weight")
+    tensor = dict(child.named_parameters())[f"{_tables_attr(child)}.{spec.name}.weight"]
     shards = [
         Shard(list(sizes), list(offsets), _storage(kind.cost.memory, topology),
               _perf(kind.cost.compute, kind.cost.comms, topology))

@@ -121,7 +121,8 @@ def _fixes(table, option, free, topology, reservation, batch_size) -> list[str]:
     others, _ = table_options(0, table, topology, free, table.sharder_choices)
     allowed = {t for t, _ in table.choices}
     excluded = sorted(
-        {o.sharding_type for o in others if o.sharding_type not in allowed}, key=TYPE_ORDER.get
+        {o.sharding_type for o in others if o.sharding_type not in allowed},
+        key=TYPE_ORDER.__getitem__,
     )
     if excluded:
         needs = [

@@ -156,7 +156,7 @@ def _too_big(sharding_type: ShardingType, needs: int, available: int) -> str:
 def _layouts(table: TableSpec, sharding_type: ShardingType, topology: Topology) -> list | str:
     """[(row_groups, col_groups), ...] this type can use for the table, or why none."""
     rows, dim = table.num_embeddings, table.embedding_dim
-    world, local, hosts = topology.world_size, topology.local_world_size, topology.num_hosts
+    world, local, hosts = topology.world_size, topology.intra_group_size, topology.num_hosts
     whole_rows, whole_cols = ((1, rows),), ((1, dim),)
     widest = dim // table.min_partition  # most column shards of >= min_partition columns
     if table.optimizer.scales_by_row_norms and sharding_type in _SPLIT_COLUMNS:

@@ -164,6 +164,6 @@ def _comms(
     if sharding_type == ShardingType.ROW_WISE:
         return input_dist + 2 * output_bytes / world_bw + copy
     # table-row-wise and grid: reduce-scatter in the host, then 1/L of it across hosts
-    local = topology.local_world_size
+    local = topology.intra_group_size
     across = output_bytes / local / topology.inter_host_bw if topology.num_hosts > 1 else 0.0
     return input_dist + 2 * (output_bytes / topology.intra_host_bw + across) + copy

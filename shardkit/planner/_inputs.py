@@ -111,7 +111,7 @@ class Topology:
         self._fill_capacities()
         _check_int("hbm_cap", self.hbm_cap, 0)
         _check_int("ddr_cap", self.ddr_cap, 0)
-        if self.world_size % self.local_world_size:
+        if self.world_size % self.intra_group_size:
             raise ValueError(
                 f"world_size ({self.world_size}) must be a multiple of local_world_size "
                 f"({self.local_world_size}): every host holds the same number of ranks; use a "
@@ -138,7 +138,7 @@ class Topology:
             if host is None:
                 ddr_cap, sources["ddr_cap"] = DDR_CAP, "TorchRec's default: the OS does not say"
             else:
-                ddr_cap = host // self.local_world_size
+                ddr_cap = host // self.intra_group_size
                 sources["ddr_cap"] = (
                     f"this machine's {format_bytes(host)} / {self.local_world_size} local ranks"
                 )
@@ -171,17 +171,21 @@ class Topology:
 
     @property
     def num_hosts(self) -> int:
-        return self.world_size // self.local_world_size
+        return self.world_size // self.intra_group_size
 
     @property
     def intra_group_size(self) -> int:
-        """TorchRec's name for the ranks joined by the fast intra-host links."""
+        """TorchRec's name for the ranks joined by the fast intra-host links: ``local_world_size``
+        as an int (``__post_init__`` replaces a None, "not given")."""
+        assert self.local_world_size is not None, "__post_init__ resolves local_world_size"
         return self.local_world_size
 
     @property
     def memory_per_rank(self) -> int:
         """Bytes of the memory tables live in: HBM on ``"cuda"``, host memory on ``"cpu"``."""
-        return self.hbm_cap if self.compute_device == "cuda" else self.ddr_cap
+        cap = self.hbm_cap if self.compute_device == "cuda" else self.ddr_cap
+        assert cap is not None, "__post_init__ fills the capacities not given"
+        return cap
 
     @property
     def memory_kind(self) -> str:
@@ -195,7 +199,7 @@ class Topology:
     def comm_bw(self, num_ranks: int) -> float:
         """Bandwidth of a collective among ``num_ranks`` consecutive ranks starting at a host's
         first: the intra-host links if they are all on one host, else the inter-host ones."""
-        return self.intra_host_bw if num_ranks <= self.local_world_size else self.inter_host_bw
+        return self.intra_host_bw if num_ranks <= self.intra_group_size else self.inter_host_bw
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -130,7 +130,7 @@ def _place_on_hosts(
     topology: Topology,
     available: int,
 ) -> None:
-    local = topology.local_world_size
+    local = topology.intra_group_size
     host_cost = [
         sum(placement.cost[h * local : (h + 1) * local]) for h in range(topology.num_hosts)
     ]
@@ -268,7 +268,7 @@ def build_plan(
 ) -> ShardingPlan:
     """The plan of a placed proposal, modules and tables in their original order."""
     places = [
-        placement(topology.compute_device, rank, topology.local_world_size)
+        placement(topology.compute_device, rank, topology.intra_group_size)
         for rank in range(topology.world_size)
     ]
     modules: dict[str, EmbeddingModuleShardingPlan] = {}

@@ -8,6 +8,7 @@ import copy
 import enum
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,9 @@ class OrderedDeviceHardware:
 
 
 def _devices(topology: Topology) -> list[DeviceHardware]:
-    free = Storage(topology.hbm_cap, topology.ddr_cap)
+    hbm, ddr = topology.hbm_cap, topology.ddr_cap
+    assert hbm is not None and ddr is not None, "Topology.__post_init__ fills the capacities"
+    free = Storage(hbm, ddr)
     return [
         DeviceHardware(r, copy.copy(free), Perf(0, 0, 0, 0)) for r in range(topology.world_size)
     ]
@@ -85,7 +88,7 @@ class GreedyPerfPartitioner(Partitioner):
     ) -> list[ShardingOption]:
         placed = copy.deepcopy(proposal)
         devices = _devices(storage_constraint)
-        local = self._local = storage_constraint.local_world_size
+        local = self._local = storage_constraint.intra_group_size
         key = (lambda o: _bytes(o.total_storage)) if self._sort_by == SortBy.STORAGE else (
             lambda o: o.total_perf)  # fmt: skip
         for option in sorted(placed, key=key, reverse=True):
@@ -111,13 +114,15 @@ class GreedyPerfPartitioner(Partitioner):
         free = {d.rank: d.storage for d in devices if d.rank in candidates}
         ranks: list[int] = []
         for shard in option.shards:
+            storage = shard.storage
+            assert storage is not None, "enumerated shards carry their storage estimate"
             fits = [d for d in devices if d.rank in free and d.rank not in ranks
-                    and shard.storage.fits_in(free[d.rank])]  # fmt: skip
+                    and storage.fits_in(free[d.rank])]  # fmt: skip
             if not fits:
                 _raise_no_fit(f"no rank has room for a shard {shard.size} of table {option.fqn!r}")
             best = min(fits, key=lambda d: self._rank_key(d, self._local))
             ranks.append(best.rank)
-            free[best.rank] = free[best.rank] - shard.storage
+            free[best.rank] = free[best.rank] - storage
         return ranks
 
     def _host(self, option: ShardingOption, devices: list[DeviceHardware], local: int) -> list[int]:
@@ -176,7 +181,7 @@ def _kl_divergence(p: list[float]) -> float:
 
 
 # name -> (measure, its keyword arguments), as TorchRec's stats table reports them
-IMBALANCE_STAT_MEASURE = {
+IMBALANCE_STAT_MEASURE: dict[str, tuple[Callable[..., float], dict[str, Any]]] = {
     "Total Variation": (_total_variation, {}),
     "Total Distance": (_total_distance, {}),
     "Chi Divergence": (_chi_divergence, {}),

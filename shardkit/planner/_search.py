@@ -263,7 +263,7 @@ def _place(option: Option, state: _State, topology: Topology, available: int, ph
     order = _order(state, phase)
     if option.partition == Partition.DEVICE:
         return _on_devices(option.shards(), range(topology.world_size), state, available, order)
-    local = topology.local_world_size
+    local = topology.intra_group_size
     shards = option.shards()
     blocks = [shards]
     if option.partition == Partition.GRID:
@@ -293,7 +293,7 @@ def _on_devices(shards: list[Kind], candidates, state: _State, available: int, o
 
 
 def _on_a_host(block: list[Kind], state: _State, topology: Topology, available: int, used, order):
-    local = topology.local_world_size
+    local = topology.intra_group_size
     hosts = [h for h in range(topology.num_hosts) if h not in used]
     hosts.sort(key=lambda h: (sum(order(r)[0] for r in range(h * local, (h + 1) * local)), h))
     for host in hosts:

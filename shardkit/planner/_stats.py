@@ -169,7 +169,9 @@ class PlanStats:
         return format_columns(rows, left=set())
 
     def _table_rows(self, module: str | None) -> list[str]:
-        rows = [("table", "rows x dim", "type", "kernel", "ranks", "shards", "memory", "cost ms")]
+        rows: list[tuple[str, ...]] = [
+            ("table", "rows x dim", "type", "kernel", "ranks", "shards", "memory", "cost ms")
+        ]
         groups: dict[str, list[tuple[str, ...]]] = {}
         for t in self.tables:
             if module is not None and t.module != module:
@@ -236,7 +238,7 @@ class _Ledger:
         return tuple(
             RankStats(
                 rank,
-                rank // topology.local_world_size,
+                rank // topology.intra_group_size,
                 round(memory),
                 compute,
                 comms,
@@ -312,9 +314,13 @@ def _account(
         shapes = [((table.num_embeddings, table.embedding_dim), rank) for rank in range(world)]
     else:
         assert sharding.sharding_spec is not None
-        shapes = [(tuple(s.shard_sizes), s.placement.rank()) for s in sharding.sharding_spec.shards]
+        shapes = [
+            ((s.shard_sizes[0], s.shard_sizes[1]), s.placement.rank())
+            for s in sharding.sharding_spec.shards
+        ]
     memo: dict[tuple[int, int], ShardCost] = {}
-    memory, cost, runs = 0, 0.0, []
+    runs: list[tuple[int, int, int]] = []
+    memory, cost = 0, 0.0
     for (rows, cols), rank in shapes:
         if not 0 <= rank < world:
             raise ValueError(

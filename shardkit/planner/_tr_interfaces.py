@@ -179,7 +179,8 @@ class EmbeddingPlannerBase(ShardingPlanner):
                 "collective_plan needs sharders, e.g. [EmbeddingBagCollectionSharder()]"
             )
         planned = plan_on_rank_zero(
-            lambda: PlanResult(self.plan(module, sharders), None),
-            process_group(pg),  # type: ignore[arg-type]
+            # A TorchRec-style plan() has no estimates; plan_on_rank_zero passes the None on.
+            lambda: PlanResult(self.plan(module, sharders), None),  # type: ignore[arg-type]
+            process_group(pg),
         )
         return planned.plan

@@ -38,6 +38,8 @@ QuantizedWeights = Mapping[str, tuple[torch.Tensor, torch.Tensor | None]]
 class _Table(nn.Module):
     """Holds one table's stored rows as buffer ``weight`` (a view, see [Note: quantized stacks])."""
 
+    weight: torch.Tensor
+
     def __init__(self, config: BaseEmbeddingConfig, weight: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
@@ -110,6 +112,7 @@ class EmbeddingBagCollection(_QuantCollection):
     """
 
     _TABLES = "embedding_bags"
+    embedding_bags: nn.ModuleDict  # set by _QuantCollection.__init__
 
     def __init__(
         self,
@@ -137,7 +140,7 @@ class EmbeddingBagCollection(_QuantCollection):
 
     @classmethod
     def from_float(
-        cls, module: nn.Module, use_precomputed_fake_quant: bool = False
+        cls, module: EmbeddingBagCollectionInterface, use_precomputed_fake_quant: bool = False
     ) -> EmbeddingBagCollection:
         """The quantized copy of a float `shardkit.EmbeddingBagCollection` whose ``qconfig``
         (a `QuantConfig`) gives the storage types."""
@@ -182,6 +185,7 @@ class EmbeddingCollection(_QuantCollection):
     """
 
     _TABLES = "embeddings"
+    embeddings: nn.ModuleDict  # set by _QuantCollection.__init__
 
     def __init__(
         self,
@@ -208,7 +212,7 @@ class EmbeddingCollection(_QuantCollection):
 
     @classmethod
     def from_float(
-        cls, module: nn.Module, use_precomputed_fake_quant: bool = False
+        cls, module: EmbeddingCollectionInterface, use_precomputed_fake_quant: bool = False
     ) -> EmbeddingCollection:
         """The quantized copy of a float `shardkit.EmbeddingCollection` (see the bag one)."""
         configs = quantized_configs(module.embedding_configs(), _qconfig(module))

@@ -19,6 +19,9 @@ import torch
 from torch import nn
 
 from shardkit.modules import EmbeddingBagConfig, EmbeddingConfig
+from shardkit.modules import fp_embedding_modules as fp
+from shardkit.modules import mc_embedding_modules as mc
+from shardkit.modules.mc_modules import ManagedCollisionCollection
 from shardkit.quant._collections import (
     EmbeddingBagCollection,
     EmbeddingCollection,
@@ -93,7 +96,9 @@ class FeatureProcessedEmbeddingBagCollection(EmbeddingBagCollection):
 
     @classmethod
     def from_float(  # type: ignore[override]
-        cls, module: nn.Module, use_precomputed_fake_quant: bool = False
+        cls,
+        module: fp.FeatureProcessedEmbeddingBagCollection,
+        use_precomputed_fake_quant: bool = False,
     ) -> FeatureProcessedEmbeddingBagCollection:
         """From a float `shardkit.modules.fp_embedding_modules.FeatureProcessedEmbeddingBagCollection`
         whose ``qconfig`` gives the storage types; its processors are kept (not copied)."""
@@ -105,10 +110,13 @@ class FeatureProcessedEmbeddingBagCollection(EmbeddingBagCollection):
 class _ServesRemapped:
     """What both managed-collision collections add: a remapper kept in eval, in front."""
 
-    _managed_collision_collection: nn.Module
+    _managed_collision_collection: ManagedCollisionCollection
 
     def _keep_remapper(
-        self, managed_collision_collection: nn.Module | None, configs, return_remapped: bool
+        self,
+        managed_collision_collection: ManagedCollisionCollection | None,
+        configs,
+        return_remapped: bool,
     ) -> None:
         if managed_collision_collection is None:
             raise ValueError(f"{type(self).__name__} needs managed_collision_collection")
@@ -152,7 +160,7 @@ class QuantManagedCollisionEmbeddingBagCollection(_ServesRemapped, EmbeddingBagC
         register_tbes: bool = False,
         quant_state_dict_split_scale_bias: bool = False,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
-        managed_collision_collection: nn.Module | None = None,
+        managed_collision_collection: ManagedCollisionCollection | None = None,
         return_remapped_features: bool = False,
         cache_features_order: bool = False,
         *,
@@ -167,11 +175,13 @@ class QuantManagedCollisionEmbeddingBagCollection(_ServesRemapped, EmbeddingBagC
 
     @classmethod
     def from_float(  # type: ignore[override]
-        cls, module: nn.Module, return_remapped_features: bool = False
+        cls,
+        module: mc.ManagedCollisionEmbeddingBagCollection,
+        return_remapped_features: bool = False,
     ) -> QuantManagedCollisionEmbeddingBagCollection:
         """From a float `ManagedCollisionEmbeddingBagCollection` whose ``qconfig`` gives the
         storage types; its remapper (trained) is kept."""
-        ebc = module._embedding_module
+        ebc = module._embedding_bag_collection
         kwargs = _quantized_tables(module, ebc, ebc.embedding_bag_configs())
         return cls(is_weighted=ebc.is_weighted(),
                    managed_collision_collection=module._managed_collision_collection,
@@ -192,7 +202,7 @@ class QuantManagedCollisionEmbeddingCollection(_ServesRemapped, EmbeddingCollect
         register_tbes: bool = False,
         quant_state_dict_split_scale_bias: bool = False,
         row_alignment: int = DEFAULT_ROW_ALIGNMENT,
-        managed_collision_collection: nn.Module | None = None,
+        managed_collision_collection: ManagedCollisionCollection | None = None,
         return_remapped_features: bool = False,
         cache_features_order: bool = False,
         *,
@@ -207,10 +217,10 @@ class QuantManagedCollisionEmbeddingCollection(_ServesRemapped, EmbeddingCollect
 
     @classmethod
     def from_float(  # type: ignore[override]
-        cls, module: nn.Module, return_remapped_features: bool = False
+        cls, module: mc.ManagedCollisionEmbeddingCollection, return_remapped_features: bool = False
     ) -> QuantManagedCollisionEmbeddingCollection:
         """From a float `ManagedCollisionEmbeddingCollection` (see the bag one)."""
-        ec = module._embedding_module
+        ec = module._embedding_collection
         need_indices = getattr(ec, "need_indices", lambda: False)()
         kwargs = _quantized_tables(module, ec, ec.embedding_configs())
         return cls(need_indices=need_indices,

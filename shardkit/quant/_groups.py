@@ -66,10 +66,15 @@ class Stacks:
     def restack(self) -> None:
         """Copy every table into its stack's buffer; point the tables' buffers at their rows."""
         for stack in self.stacks:
-            parts = [self.holders[self.configs[i].name].weight for i in stack.tables]
+            parts = [self._rows(i) for i in stack.tables]
             stack.buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
             for index, start, end in zip(stack.tables, stack.row_starts, stack.row_starts[1:]):
                 self.holders[self.configs[index].name].weight = stack.buffer[start:end]
+
+    def _rows(self, index: int) -> torch.Tensor:
+        rows = self.holders[self.configs[index].name].weight
+        assert isinstance(rows, torch.Tensor), "a table holder keeps its rows as buffer weight"
+        return rows
 
     def permute(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """The input's keys in stack order (a feature missing from the input is refused)."""

@@ -80,7 +80,8 @@ def pack(weight: torch.Tensor, data_type: DataType) -> torch.Tensor:
     if data_type == DataType.FP16:
         return weight.half().contiguous()
     if weight.device.type == "meta":
-        shape, dtype = packed_shape(*weight.shape, data_type)
+        rows, dim = weight.shape
+        shape, dtype = packed_shape(rows, dim, data_type)
         return torch.empty(shape, dtype=dtype, device="meta")
     weight = weight.float().contiguous().cpu()
     if data_type == DataType.INT8:

@@ -27,14 +27,17 @@ TableWeights = tuple[torch.Tensor, torch.Tensor | None]
 def _tables(model: nn.Module) -> Iterator[tuple[BaseEmbeddingConfig, torch.Tensor]]:
     """Every quantized table of ``model``: its config and its stored rows (a live view)."""
     for module in model.modules():
+        configs: list[BaseEmbeddingConfig]
         if isinstance(module, EmbeddingBagCollection):
-            configs, tables = module.embedding_bag_configs(), module.embedding_bags
+            configs, tables = list(module.embedding_bag_configs()), module.embedding_bags
         elif isinstance(module, EmbeddingCollection):
-            configs, tables = module.embedding_configs(), module.embeddings
+            configs, tables = list(module.embedding_configs()), module.embeddings
         else:
             continue
         for config in configs:
-            yield config, tables[config.name].weight
+            rows = tables[config.name].weight
+            assert isinstance(rows, torch.Tensor), "a table holder keeps its rows as buffer weight"
+            yield config, rows
 
 
 def table_weights(model: nn.Module) -> dict[str, TableWeights]:

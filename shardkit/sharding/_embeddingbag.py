@@ -46,7 +46,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
             ids, offsets, weights = shard_group_input(shard_group, received)
             out = lookup(shard_group.tables, ids, offsets, weights, shard_group.params)
             rows.setdefault(shard_group.spec.output_class, []).append(out)
-        sources, first_rows = [], {}
+        sources: list[torch.Tensor] = []
+        first_rows = {}
         for output_class in self._classes:
             got, first = distribute(
                 output_class,

@@ -76,7 +76,9 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
             processed, error = features, refused
         failed = torch.zeros(self._env.world_size)
         failed[self._env.rank] = float(error is not None)
-        failed = comm.all_reduce(failed, group=self._env.pg)  # the ranks agree first
+        agreed = comm.all_reduce(failed, group=self._env.pg)  # the ranks agree first
+        assert isinstance(agreed, torch.Tensor)
+        failed = agreed
         if error is not None:
             raise InputError(f"rank {self._env.rank}: {error}") from error
         if bool(failed.any()):
@@ -127,7 +129,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
         if any(f not in keys for f in self._feature_names):
             return features  # the input dist refuses it on every rank, naming the keys
         order = [keys.index(f) for f in self._feature_names]
-        return apply_feature_processors_to_kjt(features.permute(order), processors)  # type: ignore[arg-type]
+        return apply_feature_processors_to_kjt(features.permute(order), processors)
 
 
 class FeatureProcessedEmbeddingBagCollectionSharder(BaseEmbeddingSharder):

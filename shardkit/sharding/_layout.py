@@ -186,6 +186,7 @@ def _column_blocks(
     kind = sharding.sharding_type
     if kind == ShardingType.DATA_PARALLEL:
         return [(0, dim, (), None)]
+    assert sharding.sharding_spec is not None, "every sharding but data-parallel has a spec"
     shards = [
         ShardSlice(
             table=config.name,

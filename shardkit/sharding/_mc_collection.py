@@ -88,7 +88,9 @@ def mc_tables(
     """Every table's `McTable` from its unsharded remapper and its (bucket-aligned) plan."""
     out = {}
     for name, module in modules.items():
-        shards = sorted(plan[name].sharding_spec.shards, key=lambda s: s.shard_offsets[0])
+        spec = plan[name].sharding_spec
+        assert spec is not None, "managed-collision tables are row-wise or table-wise"
+        shards = sorted(spec.shards, key=lambda s: s.shard_offsets[0])
         owners = [s.placement.rank() for s in shards]
         bounds = [s.shard_offsets[0] for s in shards] + [module.output_size()]
         out[name] = McTable(name, module.output_size(), owners, bounds, module.buckets())
@@ -128,6 +130,7 @@ def _on_bucket_bounds(
             "table_wise"
         )
     segments = module.output_segments()
+    assert sharding.sharding_spec is not None, "row-wise shardings have a spec"
     shards = sorted(sharding.sharding_spec.shards, key=lambda s: s.shard_offsets[0])
     step = buckets // world_size
     moved = []
@@ -193,8 +196,9 @@ class ShardedManagedCollisionCollection(nn.Module):
         ids, owners, counts = self._route(features, values, error)
         sent = counts.sum(1)
         header = torch.cat([counts, torch.tensor([[int(error is not None)]] * len(counts))], 1)
-        received_header = comm.all_to_all_single(header.flatten(), group=self._env.pg)
-        received_header = received_header.view(self._env.world_size, -1)
+        got_header = comm.all_to_all_single(header.flatten(), group=self._env.pg)
+        assert isinstance(got_header, torch.Tensor)
+        received_header = got_header.view(self._env.world_size, -1)
         _agree(received_header[:, -1], error, self._env.rank)
         received_counts = received_header[:, :-1]
         order = torch.argsort(owners, stable=True)  # by rank, then (as sent) by table
@@ -204,6 +208,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             output_split_sizes=received_counts.sum(1).tolist(),
             group=self._env.pg,
         )
+        assert isinstance(received, torch.Tensor)
         rows = self._remap(received, received_counts, reset)
         back = comm.all_to_all_single(
             rows,
@@ -211,6 +216,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             output_split_sizes=sent.tolist(),
             group=self._env.pg,
         )
+        assert isinstance(back, torch.Tensor)
         remapped = torch.empty_like(back)
         remapped[order] = back
         return _with_values(features, remapped.to(features.values().dtype))

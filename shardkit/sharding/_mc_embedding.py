@@ -124,7 +124,7 @@ class _McSharder(_CollectionSharder):
         if e_sharder is None:
             super().__init__()
         else:
-            super().__init__(e_sharder.fused_params, e_sharder._shardable_params)
+            super().__init__(e_sharder.fused_params, shardable_params=e_sharder._shardable_params)
 
     def sharding_types(self, compute_device_type: str) -> list[ShardingType]:
         return [ShardingType.TABLE_WISE, ShardingType.ROW_WISE]

@@ -214,7 +214,9 @@ def _world() -> dist.ProcessGroup:
             "shardkit.launch.spawn (or init_from_env under torchrun), or call "
             "torch.distributed.init_process_group() first, even for one rank"
         )
-    return dist.group.WORLD
+    world = dist.group.WORLD
+    assert world is not None, "initialised: checked above"
+    return world
 
 
 def _local_world_size(world_size: int) -> int:

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.modules import EmbeddingTableConfig, PoolingType, get_embedding_names_by_table
+from shardkit.modules import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingTableConfig,
+    PoolingType,
+    get_embedding_names_by_table,
+)
+from shardkit.modules.embedding_modules import EmbeddingCollectionInterface
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from shardkit.streamable import Multistreamable
 from shardkit.types import (
@@ -27,6 +33,7 @@ from shardkit.types import (
     LazyGetItemMixin,
     ParameterSharding,
     ShardMetadata,
+    ShardPlacement,
 )
 
 __all__ = [
@@ -203,7 +210,7 @@ def _infos(module: nn.Module, plan: Mapping[str, ParameterSharding], configs: li
 
 
 def create_sharding_infos_by_sharding_device_group(
-    module: nn.Module, table_name_to_parameter_sharding: Mapping[str, ParameterSharding],
+    module: EmbeddingBagCollectionInterface, table_name_to_parameter_sharding: Mapping[str, ParameterSharding],
     prefix: str, fused_params: Mapping[str, Any] | None, suffix: str | None = "weight",
 ) -> dict[tuple, list[EmbeddingShardingInfo]]:  # fmt: skip
     """An EmbeddingBagCollection's tables grouped by (sharding type, device type)."""
@@ -212,7 +219,7 @@ def create_sharding_infos_by_sharding_device_group(
 
 
 def create_ec_sharding_infos(
-    module: nn.Module, table_name_to_parameter_sharding: Mapping[str, ParameterSharding],
+    module: EmbeddingCollectionInterface, table_name_to_parameter_sharding: Mapping[str, ParameterSharding],
     fused_params: Mapping[str, Any] | None,
 ) -> dict[tuple, list[EmbeddingShardingInfo]]:  # fmt: skip
     """An EmbeddingCollection's tables grouped by (sharding type, device type)."""
@@ -226,7 +233,8 @@ def replace_placement_with_meta_device(sharding_infos: list[EmbeddingShardingInf
         spec = info.param_sharding.sharding_spec
         if spec is None:
             continue
-        shards = [ShardMetadata(s.shard_offsets, s.shard_sizes, f"rank:{s.placement.rank()}/meta")
+        shards = [ShardMetadata(s.shard_offsets, s.shard_sizes,
+                                ShardPlacement.parse(f"rank:{s.placement.rank()}/meta"))
                   for s in spec.shards]  # fmt: skip
         info.param_sharding = replace(info.param_sharding,
                                       sharding_spec=EnumerableShardingSpec(shards))  # fmt: skip

@@ -5,6 +5,7 @@ strings."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ def get_module_to_default_sharders() -> dict[type[nn.Module], ModuleSharder]:
 
 def get_sharding_constructor_from_type(sharding_type: ShardingType | str) -> Callable:
     """The generator constructor of a sharding type (``ROW_WISE`` -> `row_wise`...)."""
-    constructors = {
+    constructors: dict[ShardingType, Callable[..., Any]] = {
         ShardingType.TABLE_WISE: table_wise,
         ShardingType.ROW_WISE: row_wise,
         ShardingType.COLUMN_WISE: column_wise,

@@ -96,9 +96,11 @@ def all_to_all(
     """`comm.all_to_all_single` of ``x`` ``[N, cols]``, compressed by ``codecs`` when given."""
     splits = (list(input_split_sizes), list(output_split_sizes))
     if codecs is None:
-        return comm.all_to_all_single(
+        out = comm.all_to_all_single(
             x, input_split_sizes=splits[0], output_split_sizes=splits[1], group=group
         )
+        assert isinstance(out, torch.Tensor)
+        return out
     return _AllToAll.apply(x, codecs, splits, group)
 
 
@@ -107,7 +109,9 @@ def reduce_scatter(
 ) -> torch.Tensor:
     """`comm.reduce_scatter_tensor` (SUM, even chunks) of ``x``, compressed by ``codecs``."""
     if codecs is None:
-        return comm.reduce_scatter_tensor(x, group=group)
+        out = comm.reduce_scatter_tensor(x, group=group)
+        assert isinstance(out, torch.Tensor)
+        return out
     return _ReduceScatter.apply(x, codecs, group)
 
 
@@ -118,7 +122,7 @@ def _send(x: torch.Tensor, codec: Any, collective) -> torch.Tensor:
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, codecs, splits, group):  # type: ignore[override]
+    def forward(ctx, x, codecs, splits, group):
         ctx.codecs, ctx.splits, ctx.group = codecs, splits, group
         return _send(
             x,
@@ -129,7 +133,7 @@ class _AllToAll(torch.autograd.Function):
         )
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         splits = ctx.splits
         back = _send(
             grad,
@@ -154,12 +158,12 @@ def _summed(x: torch.Tensor, codec: Any, group: dist.ProcessGroup | None) -> tor
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, codecs, group):  # type: ignore[override]
+    def forward(ctx, x, codecs, group):
         ctx.codecs, ctx.group = codecs, group
         return _summed(x, codecs.forward, group)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         group = ctx.group
         back = _send(
             grad, ctx.codecs.backward, lambda t: comm.all_gather_into_tensor(t, group=group)

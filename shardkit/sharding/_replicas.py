@@ -119,7 +119,9 @@ def build_replica_groups(
                 "them (row_wise) or plan them DENSE"
             )
         tables = stack_tables(rows, dim, dtype=dtype, device=device, optimizer=optimizer)
-        params, features, bases = [], [], []
+        params: list[nn.Parameter] = []
+        features: list[int] = []
+        bases: list[int] = []
         for index, view, base in zip(indices, tables.table_views(), tables.row_starts):
             with torch.no_grad():
                 _initial(configs[index], view, weights[configs[index].name])
@@ -131,7 +133,9 @@ def build_replica_groups(
         groups.append(ReplicaGroup(tables, names, params, features, bases))
         _note_lazy(names, optimizer)
         if dist.is_initialized() and dist.get_world_size(process_group) > 1:
-            first = dist.get_global_rank(process_group or dist.group.WORLD, 0)
+            pg = process_group or dist.group.WORLD
+            assert pg is not None, "dist is initialised (checked above)"
+            first = dist.get_global_rank(pg, 0)
             comm.broadcast(tables.weight, src=first, group=process_group, inplace=True)
     return groups
 
@@ -188,8 +192,10 @@ def replica_lookup(
         process_group: the ranks that hold the replicas.
     """
     counts = [v.numel() for v in values]
-    ids, offsets = kernel_input(torch.cat(values), torch.cat(lengths), group.row_bases, counts)
-    psw = None if weights is None else torch.cat(weights)
+    ids, offsets = kernel_input(
+        torch.cat(list(values)), torch.cat(list(lengths)), group.row_bases, counts
+    )
+    psw = None if weights is None else torch.cat(list(weights))
     training = torch.is_grad_enabled() and any(p.requires_grad for p in group.params)
     if not training:  # evaluation: this rank's bags only, nothing to exchange
         return lookup(group.tables, ids, offsets, psw, [], batch_size=batch_size)
@@ -215,7 +221,9 @@ class _Step:
     def start(self) -> None:
         """Start gathering every rank's id count (see [Note: sparse data-parallel tables])."""
         count = torch.tensor([self.ids.numel()], dtype=torch.int64, device=self.ids.device)
-        self.counts = comm.all_gather_into_tensor(count, group=self.process_group, async_op=True)
+        counts = comm.all_gather_into_tensor(count, group=self.process_group, async_op=True)
+        assert isinstance(counts, comm.Handle)
+        self.counts = counts
 
 
 class _ReplicaLookup(torch.autograd.Function):

@@ -48,9 +48,11 @@ def distribute_rows(
     world = len(specs_per_rank)
     counts = received.counts  # [W][S] ids per (source, slot), host-side
     per_source: list[list[torch.Tensor]] = [[] for _ in range(world)]
-    for spec, out in rows:
+    for spec, looked_up in rows:
         positions = [received.slots.index(s) for s in spec.slots]
-        pieces = torch.split(out, [sum(per_slot[p] for p in positions) for per_slot in counts])
+        pieces = torch.split(
+            looked_up, [sum(per_slot[p] for p in positions) for per_slot in counts]
+        )
         for source in range(world):
             per_source[source].append(pieces[source])
     send_sizes = [sum(p.shape[0] for p in parts) for parts in per_source]

@@ -35,7 +35,9 @@ def _env_and_device(
                 "shard()/shard_modules() need a process group (or env=ShardingEnv...): start "
                 "ranks with shardkit.launch.spawn, or call torch.distributed.init_process_group"
             )
-        env = ShardingEnv.from_process_group(dist.group.WORLD)
+        world = dist.group.WORLD
+        assert world is not None, "initialised: checked above"
+        env = ShardingEnv.from_process_group(world)
     if device is None:
         device = torch.device(torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     return env, torch.device(resolve_device(device))

@@ -153,6 +153,7 @@ def column_wise(
                     f"table's {cols} columns"
                 )
         else:
+            assert ranks is not None, "checked above: exactly one of ranks and size_per_rank"
             owners = list(ranks)
             if not owners or len(owners) > cols:
                 raise ValueError(

@@ -255,7 +255,7 @@ class JaggedTensor:
         return JaggedTensor(self._values.pin_memory(), pin(self._weights), pin(self._lengths),
                             pin(self._offsets))  # fmt: skip
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
+    def record_stream(self, stream: torch.Stream) -> None:
         """Mark every tensor as in use by ``stream`` (see `torch.Tensor.record_stream`)."""
         for tensor in self._tensors():
             if tensor is not None:

@@ -170,7 +170,7 @@ class KeyedTensor:
             index_per_key=self._index_per_key,
         )
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
+    def record_stream(self, stream: torch.Stream) -> None:
         """Mark ``values`` as in use by ``stream``."""
         self._values.record_stream(stream)
 

@@ -403,7 +403,7 @@ class KeyedJaggedTensor:
         """A copy in pinned host memory, metadata kept."""
         return self._moved(lambda t: t.pin_memory())
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
+    def record_stream(self, stream: torch.Stream) -> None:
         """Mark values, weights, lengths and offsets as in use by ``stream``."""
         for tensor in (self._values, self._weights, self._lengths, self._offsets):
             if tensor is not None:

@@ -106,6 +106,7 @@ def unflatten_kjt_list(
     out = []
     for j, keys in enumerate(contexts):
         vals, weights, lengths, offsets, strides, inverse = values[j * _FIELDS : (j + 1) * _FIELDS]
+        assert vals is not None, "a flattened KJT always has values"
         out.append(
             KeyedJaggedTensor(
                 keys, vals, weights, lengths, offsets,

@@ -90,7 +90,7 @@ def build_data(
         return _synthetic_data(config, rank, world_size)
     criteo = CriteoConfig(num_embeddings=config.num_embeddings, format=config.criteo_format,
                           id_mapping=config.id_mapping)  # fmt: skip
-    train = CriteoReader(
+    criteo_train = CriteoReader(
         config.data_path, config=criteo, batch_size=b, rank=rank, world_size=world_size
     )
     val_path = config.data_val_path or config.data_path
@@ -100,9 +100,10 @@ def build_data(
             "--data-val-path for held-out data",
             [str(p) for p in config.data_path],
         )
-    val = CriteoReader(val_path, config=criteo, batch_size=b, rank=rank, world_size=world_size,
-                       last_batch=LastBatch.PAD)  # fmt: skip
-    return Data(criteo.keys, criteo.num_embeddings_per_feature, criteo.num_dense, train, val)
+    criteo_val = CriteoReader(val_path, config=criteo, batch_size=b, rank=rank,
+                              world_size=world_size, last_batch=LastBatch.PAD)  # fmt: skip
+    return Data(criteo.keys, criteo.num_embeddings_per_feature, criteo.num_dense, criteo_train,
+                criteo_val)  # fmt: skip
 
 
 def _synthetic_data(config: TrainConfig, rank: int, world_size: int) -> Data:
@@ -176,17 +177,12 @@ def build_model(config: TrainConfig, data: Data, *, device: str = "meta") -> DLR
         for name, features, rows, pooling in specs
     ]  # fmt: skip
     ebc = EmbeddingBagCollection(tables=tables, device=device)
-    common = {
-        "embedding_bag_collection": ebc,
-        "dense_in_features": data.num_dense,
-        "dense_arch_layer_sizes": list(config.dense_arch),
-        "over_arch_layer_sizes": list(config.over_arch),
-    }
+    dense, over = list(config.dense_arch), list(config.over_arch)
     if config.model == ModelKind.DCN:
-        model: nn.Module = DLRM_DCN(**common, dcn_num_layers=config.dcn_layers,
-                                    dcn_low_rank_dim=config.dcn_rank)  # fmt: skip
+        model: DLRM = DLRM_DCN(ebc, data.num_dense, dense, over, dcn_num_layers=config.dcn_layers,
+                               dcn_low_rank_dim=config.dcn_rank)  # fmt: skip
     else:
-        model = DLRM(**common)
+        model = DLRM(ebc, data.num_dense, dense, over)
     return DLRMTrain(model)
 
 

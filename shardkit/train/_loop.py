@@ -205,7 +205,9 @@ class _Timed:
         rate = self.samples / self.seconds if self.seconds > 0 else float("inf")
         share = self.seconds / max(epoch_seconds, 1e-9)
         mine = torch.tensor([-rate, share, epoch_seconds], dtype=torch.float64, device=device)
-        worst = comm.all_reduce(mine, op=torch.distributed.ReduceOp.MAX).cpu()
+        worst = comm.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+        assert isinstance(worst, torch.Tensor)
+        worst = worst.cpu()
         world_size = torch.distributed.get_world_size()
         return -float(worst[0]) * world_size, float(worst[1]), float(worst[2])
 

@@ -134,7 +134,7 @@ class DMPCollectionContext(DMPCollectionConfig):
                    "hash_zch_modules")  # fmt: skip
         state = {name: kwargs.pop(name, None) for name in runtime}
         super().__init__(module, plan, sharding_group_size, **kwargs)
-        empty = {"modules_to_sync": [], "hash_zch_modules": [], "weights_by_dtype": {},
+        empty: dict[str, list[Any] | dict[Any, Any]] = {"modules_to_sync": [], "hash_zch_modules": [], "weights_by_dtype": {},
                  "optimizer_tensors_by_dtype": {}}  # fmt: skip
         for name, value in state.items():
             setattr(self, name, empty.get(name) if value is None else value)

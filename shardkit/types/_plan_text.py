@@ -66,7 +66,10 @@ def short_sharding(sharding: ParameterSharding) -> str:
     return f"{sharding.sharding_type.value} on {where}"
 
 
-def layout_text(modules: Mapping[str | None, Mapping[str, ParameterSharding]]) -> str:
+_Tables = Mapping[str, ParameterSharding]  # table name -> its sharding
+
+
+def layout_text(modules: Mapping[str, _Tables] | Mapping[str | None, _Tables]) -> str:
     """The layout of the tables of ``modules`` (module path, None if unknown -> table name ->
     sharding): per rank, its shards and parameters; per module, each table's type, kernel,
     ranks and shards."""
@@ -100,7 +103,7 @@ def _ranks(sharding: ParameterSharding) -> list[int]:
 
 
 def _rank_rows(
-    modules: Mapping[str | None, Mapping[str, ParameterSharding]], world: int
+    modules: Mapping[str, _Tables] | Mapping[str | None, _Tables], world: int
 ) -> list[str]:
     shards, parameters, replicas = [0] * world, [0] * world, [0] * world
     for tables in modules.values():

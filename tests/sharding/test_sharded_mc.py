@@ -13,6 +13,7 @@ import torch
 from shardkit import checkpoint
 from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
+    EmbeddingBagCollectionSharder,
     InputError,
     ManagedCollisionEmbeddingBagCollectionSharder,
     ShardedManagedCollisionEmbeddingBagCollection,
@@ -192,6 +193,14 @@ def test_buckets_that_ranks_cannot_share_are_refused():
 def test_unknown_compressed_comms_are_refused():
     with pytest.raises(ValueError, match=r"qcomm_codecs_registry.*leave it None"):
         ManagedCollisionEmbeddingBagCollectionSharder(qcomm_codecs_registry={})
+
+
+def test_a_sharder_built_from_an_inner_sharder_keeps_its_tables_and_no_codecs():
+    inner = EmbeddingBagCollectionSharder({"learning_rate": 0.5}, shardable_params=["goods"])
+    sharder = ManagedCollisionEmbeddingBagCollectionSharder(inner)
+    assert sharder.qcomm_codecs_registry is None
+    assert sharder.fused_params == {"learning_rate": 0.5}
+    assert list(sharder.shardable_parameters(mc_module())) == ["goods"]
 
 
 def _missing_key_on_one_rank(rank, world_size):
