@@ -34,7 +34,7 @@ _INEXACT = {"SGD": "EXACT_SGD", "ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD"}
 class _EmbOptimTypeMeta(enum.EnumMeta):
     """FBGEMM's other member names: the exact twin, or an error that says what to use."""
 
-    def __getattr__(cls, name: str):  # type: ignore[override]
+    def __getattr__(cls, name: str):
         if name in _INEXACT:
             return cls[_INEXACT[name]]
         if name in _FBGEMM_ONLY_RULES:
@@ -218,8 +218,9 @@ class FusedOptimizerConfig:
 
 def _lars_keys(fused_params: Mapping[str, Any]) -> set[str]:
     """LARS_SGD's own keys, known when the fused optimizer is LARS_SGD."""
+    optimizer = fused_params.get("optimizer")
     try:
-        lars = EmbOptimType.parse(fused_params.get("optimizer")) == EmbOptimType.LARS_SGD
+        lars = optimizer is not None and EmbOptimType.parse(optimizer) == EmbOptimType.LARS_SGD
     except ValueError:
         lars = False
     return {"momentum", "eta"} if lars else set()

@@ -65,7 +65,7 @@ def apply_optimizer_in_backward(
         _apply_optimizer_in_backward(optimizer_class, dense, dict(optimizer_kwargs))
 
 
-def fused_config_of(param: torch.nn.Parameter) -> FusedOptimizerConfig | None:
+def fused_config_of(param: torch.Tensor) -> FusedOptimizerConfig | None:
     """The fused optimizer asked for ``param`` (a table) with any of the three functions of
     [Note: in-backward markers], or None."""
     config = getattr(param, _ATTR, None)
@@ -80,4 +80,5 @@ def fused_config_of(param: torch.nn.Parameter) -> FusedOptimizerConfig | None:
             f"an embedding table was given {len(classes)} in-backward optimizers {names}; the "
             "embedding kernel fuses one: call apply_optimizer_in_backward once per table"
         )
-    return FusedOptimizerConfig.from_optimizer_class(classes[0], param._optimizer_kwargs[0])
+    kwargs = param._optimizer_kwargs[0]  # type: ignore[attr-defined]  # a marker set with classes
+    return FusedOptimizerConfig.from_optimizer_class(classes[0], kwargs)

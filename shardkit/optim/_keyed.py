@@ -141,7 +141,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"the saved param group {names!r} lacks {missing}")
             for k in group:
                 if k != "params":
-                    group[k] = copy.deepcopy(by_names[names][k])  # type: ignore[index]
+                    group[k] = copy.deepcopy(by_names[names][k])
 
     def post_load_state_dict(self) -> None:
         """Called after ``load_state_dict`` (warm-up optimizers re-derive their rate here)."""

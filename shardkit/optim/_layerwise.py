@@ -160,12 +160,14 @@ class _RowRuleOptimizer(torch.optim.Optimizer):
             for name, shape in shapes(*weight.shape).items():
                 state[name] = torch.zeros(shape, device=param.device)
         state["step"] += 1
-        if param.grad.is_sparse:
-            grad = param.grad.coalesce()
+        grad = param.grad
+        assert grad is not None  # step() updates only the parameters that have a gradient
+        if grad.is_sparse:
+            grad = grad.coalesce()
             rows, grads = grad.indices()[0], grad.values().reshape(-1, weight.shape[1]).float()
         else:
             rows = torch.arange(weight.shape[0], device=param.device)
-            grads = param.grad.reshape(weight.shape).float()
+            grads = grad.reshape(weight.shape).float()
         moments = {k: v for k, v in state.items() if k != "step"}
         weights = weight.index_select(0, rows).float()
         step = rule(moments, rows, grads, weights, group, int(state["step"]))

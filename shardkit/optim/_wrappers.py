@@ -73,8 +73,8 @@ class OptimizerWrapper(KeyedOptimizer):
         init_optimizer_hooks(self)
         self._optimizer = optimizer
         self.params = optimizer.params
-        self.state = optimizer.state  # type: ignore[assignment]
-        self.param_groups = optimizer.param_groups  # type: ignore[assignment]
+        self.state = optimizer.state
+        self.param_groups = optimizer.param_groups
         self.defaults: dict[str, Any] = {"_save_param_groups": False}
 
     def __repr__(self) -> str:
@@ -91,8 +91,8 @@ class OptimizerWrapper(KeyedOptimizer):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._optimizer.load_state_dict(state_dict)
-        self.state = self._optimizer.state  # type: ignore[assignment]
-        self.param_groups = self._optimizer.param_groups  # type: ignore[assignment]
+        self.state = self._optimizer.state
+        self.param_groups = self._optimizer.param_groups
         self.post_load_state_dict()
 
     def post_load_state_dict(self) -> None:

@@ -157,8 +157,8 @@ class WarmupOptimizer(OptimizerWrapper):
         self._iteration, self._stage = 0, 0
         self._set_lr()  # a fused optimizer steps in the first backward, before step()
 
-    @property
-    def state(self) -> dict[Any, Any]:  # type: ignore[override]
+    @property  # type: ignore[override]  # read-only here: the inner state plus the warm-up's
+    def state(self) -> dict[Any, Any]:
         warmup = torch.tensor([self._iteration, self._stage], dtype=torch.long)
         return {**self._optimizer.state, self._warmup_param: {"warmup": warmup}}
 
@@ -169,7 +169,7 @@ class WarmupOptimizer(OptimizerWrapper):
     def _set_lr(self) -> None:
         lr = self._lr * self._stages[self._stage].multiplier(self._iteration)
         for group in self.param_groups:
-            group[self._lr_param] = lr  # type: ignore[index]
+            group[self._lr_param] = lr
 
     def step(self, closure: Any = None) -> Any:
         loss = super().step(closure)
