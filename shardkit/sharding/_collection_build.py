@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from shardkit.modules import BaseEmbeddingConfig, data_type_to_dtype, fused_tables
-from shardkit.optim import FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.optim import EmbOptimType, FusedOptimizer, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._layout import ShardSlice
 from shardkit.sharding._replicas import ReplicaGroup
 from shardkit.sharding._shard_groups import ShardGroup
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # The fused optimizer of a FUSED table nobody chose one for (FBGEMM's and TorchRec's default).
-DEFAULT_FUSED = FusedOptimizerConfig("exact_sgd", learning_rate=0.01)
+DEFAULT_FUSED = FusedOptimizerConfig(EmbOptimType.EXACT_SGD, learning_rate=0.01)
 
 
 def table_keys(
@@ -47,7 +47,7 @@ def table_keys(
     default = None
     if fused_params is not None:
         default = FusedOptimizerConfig.from_fused_params(fused_params)
-    keys = []
+    keys: list[tuple[torch.dtype, FusedOptimizerConfig | None]] = []
     for config, param in zip(configs, weights):
         dtype = data_type_to_dtype(config.data_type)
         if plan[config.name].compute_kernel != EmbeddingComputeKernel.FUSED:

@@ -87,10 +87,11 @@ class DefaultDataParallelWrapper(DataParallelWrapper):
         self._ignore = set(params_to_ignore or [])
 
     def wrap(self, dmp: nn.Module, env: ShardingEnv, device: torch.device) -> None:
-        module = dmp._dmp_wrapped_module
+        module, sharded_names = dmp._dmp_wrapped_module, dmp.sharded_parameter_names
+        assert isinstance(module, nn.Module) and callable(sharded_names)  # dmp: a DMP
         if isinstance(module, DistributedDataParallel):
             return
-        ignore = set(dmp.sharded_parameter_names()) | self._ignore
+        ignore = set(sharded_names()) | self._ignore
         wrapped = wrap_data_parallel(module, env, device, ignore, **self._kwargs)
         if self._precision is not None and isinstance(wrapped, DistributedDataParallel):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -63,7 +63,10 @@ class FullyShardDataParallelWrapper(DataParallelWrapper):
             self._kwargs["offload_policy"] = offload_policy
 
     def wrap(self, dmp: nn.Module, env: ShardingEnv, device: torch.device) -> None:
-        module = dmp._dmp_wrapped_module
+        module, sharded_paths = dmp._dmp_wrapped_module, dmp._sharded_paths
+        sharded_names = dmp.sharded_parameter_names
+        assert isinstance(module, nn.Module) and isinstance(sharded_paths, list)  # dmp: a DMP
+        assert callable(sharded_names)
         if isinstance(module, FSDPModule) or getattr(dmp, "_dense_fully_sharded", False):
             return  # init_data_parallel() may be called again
         dmp._dense_fully_sharded = True
@@ -72,13 +75,13 @@ class FullyShardDataParallelWrapper(DataParallelWrapper):
                 "fully sharding the dense part needs a ShardingEnv with a process group"
             )
         mesh = _mesh_of(env, device)
-        shards = set(dmp.sharded_parameter_names())
+        shards = set(sharded_names())
         inside = [
             (f"{path}.{name}" if path else name, param)
-            for path in dmp._sharded_paths
+            for path in sharded_paths
             for name, param in module.get_submodule(path).named_parameters()
         ]
-        paths = dense_unit_paths(module, dmp._sharded_paths)
+        paths = dense_unit_paths(module, sharded_paths)
         for path in paths:
             fully_shard(module.get_submodule(path), mesh=mesh, **self._kwargs)
         ignored = [param for _, param in inside]
@@ -124,6 +127,7 @@ def average_gradients(params: list[torch.Tensor], env: ShardingEnv) -> None:
         return
 
     def hook(param: torch.Tensor) -> None:
+        assert param.grad is not None  # a post-accumulate-grad hook: the gradient is there
         comm.all_reduce(param.grad, op=dist.ReduceOp.AVG, group=env.pg, inplace=True)
 
     for param in params:
@@ -133,4 +137,5 @@ def average_gradients(params: list[torch.Tensor], env: ShardingEnv) -> None:
 def _mesh_of(env: ShardingEnv, device: torch.device) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
+    assert env.pg is not None  # wrap() raised first
     return DeviceMesh.from_group(env.pg, device.type)
