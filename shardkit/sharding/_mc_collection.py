@@ -40,6 +40,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 
 from shardkit import comm
 from shardkit.modules import BaseEmbeddingConfig
+from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
 from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._state import quiet_sharded_tensor
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
@@ -83,7 +84,7 @@ class McTable:
 
 
 def mc_tables(
-    modules: Mapping[str, nn.Module], plan: Mapping[str, ParameterSharding]
+    modules: Mapping[str, ManagedCollisionModule], plan: Mapping[str, ParameterSharding]
 ) -> dict[str, McTable]:
     """Every table's `McTable` from its unsharded remapper and its (bucket-aligned) plan."""
     out = {}
@@ -252,8 +253,9 @@ class ShardedManagedCollisionCollection(nn.Module):
             table = self._tables[config.name]
             if len(table.owners) > 1:
                 local = self._managed_collision_modules[config.name]
-                part = local.preprocess({config.name: _jagged(part)})[config.name]
-                part = part.values().to(torch.int64)
+                assert isinstance(local, MCHManagedCollisionModule)  # row-wise: aligned_plan
+                jagged = local.preprocess({config.name: _jagged(part)})[config.name]
+                part = jagged.values().to(torch.int64)
                 owner = table.owner_of(local.bucket_of(part))
             else:
                 owner = torch.full_like(part, table.owners[0])
@@ -275,6 +277,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             if config.name not in self._managed_collision_modules:
                 continue
             module = self._managed_collision_modules[config.name]
+            assert isinstance(module, ManagedCollisionModule)  # see _local_module
             at = (table_of == index).nonzero().squeeze(1)
             features = {config.name: _jagged(received[at])}
             if len(self._tables[config.name].owners) == 1:
@@ -314,7 +317,9 @@ def _agree(status: torch.Tensor, error: str | None, rank: int) -> None:
         )
 
 
-def _local_module(original: Any, table: McTable, run: int, device: torch.device) -> nn.Module:
+def _local_module(
+    original: Any, table: McTable, run: int, device: torch.device
+) -> ManagedCollisionModule:
     """This rank's remapper: rows ``[bounds[run], bounds[run + 1])``, its state copied."""
     start, end = table.bounds[run], table.bounds[run + 1]
     local = original.rebuild_with_output_id_range((start, end), device=device)
@@ -367,7 +372,7 @@ def _sharded_slots(table: McTable, local: torch.Tensor, env: ShardingEnv) -> Sha
         size=torch.Size([table.num_rows]),
         tensor_properties=TensorProperties(dtype=local.dtype, layout=torch.strided),
     )
-    run = table.run_of(env.rank)
+    run = table.owners.index(env.rank)  # only this rank's remappers are saved: it owns a run
     with quiet_sharded_tensor():
         return ShardedTensor._init_from_local_shards_and_global_metadata(
             [Shard(tensor=local, metadata=meta(run))], metadata, process_group=env.pg
