@@ -88,7 +88,7 @@ class sharded_model_copy:
                 return tensor.detach().to(device)
             return tensor.detach().clone()
 
-        def copy_param(param: nn.Parameter, memo: dict) -> nn.Parameter:
+        def copy_param(param: torch.Tensor, memo: dict) -> nn.Parameter:
             return nn.Parameter(copy_tensor(param, memo), requires_grad=param.requires_grad)
 
         torch.Tensor.__deepcopy__ = copy_tensor  # type: ignore[method-assign]
@@ -107,10 +107,10 @@ class sharded_model_copy:
                 group_class.__deepcopy__ = saved
 
 
-def _process_group_classes() -> list[type]:
+def _process_group_classes() -> list[type[Any]]:
     import torch.distributed as dist
 
-    found = [dist.ProcessGroup]
+    found: list[type[Any]] = [dist.ProcessGroup]
     c10d = torch._C._distributed_c10d
     for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
         if hasattr(c10d, name):
