@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
-from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
@@ -24,7 +23,7 @@ class _CollectionSharder(BaseEmbeddingSharder):
     """Shards ``unsharded`` modules into ``sharded`` ones."""
 
     unsharded: type[nn.Module]
-    sharded: type[ShardedCollection]
+    sharded: type[nn.Module]  # a ShardedCollection, or a managed-collision one around it
 
     @property
     def module_type(self) -> type[nn.Module]:

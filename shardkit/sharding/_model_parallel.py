@@ -26,6 +26,7 @@ from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
 from shardkit.sharding._device import resolve_device as device_of
 from shardkit.sharding._sharding_plan import get_default_sharders
+from shardkit.sharding._sharding_sharder import ShardingSharder
 from shardkit.types import ModuleSharder, ShardingEnv, ShardingEnv2D, ShardingPlan
 
 __all__ = ["DistributedModelParallel"]
@@ -104,15 +105,16 @@ class DistributedModelParallel(nn.Module):
     def _shard(self, module: nn.Module, gradient_division: bool) -> nn.Module:
         by_type = {sharder.module_type: sharder for sharder in self._sharders}
         targets = [
-            (path, child)
+            (path, child, plan)
             for path, child in module.named_modules()
-            if type(child) in by_type and self.plan.get_plan_for_module(path) is not None
+            if type(child) in by_type and (plan := self.plan.get_plan_for_module(path)) is not None
         ]
-        for path, child in targets:
+        for path, child, plan in targets:
             sharder = by_type[type(child)]
+            assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
             sharded = sharder.shard(
                 child,
-                self.plan.get_plan_for_module(path),
+                plan,
                 self._env,
                 self.device,
                 path,
@@ -124,7 +126,9 @@ class DistributedModelParallel(nn.Module):
                 return sharded
             parent, _, name = path.rpartition(".")
             setattr(module.get_submodule(parent), name, sharded)
-        logger.info("sharded %d module(s): %s", len(targets), [p or "<root>" for p, _ in targets])
+        logger.info(
+            "sharded %d module(s): %s", len(targets), [p or "<root>" for p, _, _ in targets]
+        )
         return module
 
     def sharded_parameter_names(self) -> list[str]:
@@ -176,7 +180,8 @@ class DistributedModelParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._dmp_wrapped_module(*args, **kwargs)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    # ignore[override]: *args and **kwargs forward torch's overloads, which mypy cannot match
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
