@@ -17,6 +17,7 @@ from shardkit.sharding._comm_helpers import get_local_size
 from shardkit.sharding._model_parallel import _materialize
 from shardkit.sharding._plan_helpers import get_module_to_default_sharders
 from shardkit.sharding._sharding_plan import get_default_sharders
+from shardkit.sharding._sharding_sharder import ShardingSharder
 from shardkit.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingPlan
 
 __all__ = ["shard", "shard_modules"]
@@ -78,6 +79,7 @@ def shard(
         else g(tables[name], local, env.world_size, device.type, sharder)
         for name, g in generators.items()
     }  # fmt: skip
+    assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
     return sharder.shard(module, module_plan, env, device, local_world_size=local)
 
 
@@ -105,10 +107,11 @@ def shard_modules(
             if env.pg is not None
             else planner.plan(module, sharders)
         )
-    if type(module) in by_type:
-        return by_type[type(module)].shard(
-            module, plan.get_plan_for_module(""), env, device, "", local_world_size=local
-        )
+    root_plan = plan.get_plan_for_module("")
+    if type(module) in by_type and root_plan is not None:  # no plan: not sharded, as a child
+        sharder = by_type[type(module)]
+        assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
+        return sharder.shard(module, root_plan, env, device, "", local_world_size=local)
     _replace(module, "", by_type, plan, env, device, local)
     if init_params and device.type != "meta":
         _materialize(module, device)
