@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
@@ -53,8 +54,9 @@ class FSDPModule:
         if cls is FSDPModule:
             raise TypeError("FSDPModule is not built directly: call fully_shard(module)")
         original = cls.__mro__[cls._orig_cls_mro_index]  # See [Note: class swap]
+        assert issubclass(original, nn.Module)  # fully_shard swaps the class of a module
         instance = original.__new__(original)
-        instance.__init__(*args, **kwargs)
+        original.__init__(instance, *args, **kwargs)
         return instance
 
     def __deepcopy__(self, memo: Any) -> NoReturn:
@@ -65,7 +67,9 @@ class FSDPModule:
         )
 
     def _units(self, recurse: bool) -> list[FSDPState]:
-        modules = self.modules() if recurse else [self]  # type: ignore[attr-defined]
+        module = self
+        assert isinstance(module, nn.Module)  # See [Note: class swap]
+        modules = module.modules() if recurse else [module]
         return [state for m in modules if isinstance(m, FSDPModule) and (state := get_state(m))]
 
     def reshard(self) -> None:
@@ -187,7 +191,8 @@ for _name, _why in {
 def _units_of(modules: Iterable[Any]) -> list[FSDPState]:
     out = []
     for module in modules:
-        state = get_state(module) if isinstance(module, FSDPModule) else None
+        unit = isinstance(module, nn.Module) and isinstance(module, FSDPModule)
+        state = get_state(module) if unit else None
         if state is None:
             raise ValueError(
                 f"expected modules that fully_shard was applied to, got {type(module).__name__}; "
@@ -212,7 +217,7 @@ def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:
         args, kwargs = state._pre_forward(self, args, kwargs)
         return state._post_forward(self, args, original(*args, **kwargs))
 
-    setattr(module, method_name, wrapped.__get__(module, type(module)))
+    setattr(module, method_name, types.MethodType(wrapped, module))
 
 
 def share_comm_ctx(modules: list[FSDPModule]) -> None:
