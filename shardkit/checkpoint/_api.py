@@ -181,7 +181,7 @@ def load(
     if not state["rng"]:
         del state["rng"]
     if "extra" in metadata:
-        state["extra"] = torch.empty(metadata["extra"].size, dtype=torch.uint8)
+        state["extra"] = _empty_extra(metadata)
     else:
         del state["extra"]
     with quiet_sharded_tensor():
@@ -210,6 +210,13 @@ def load(
     return extra
 
 
+def _empty_extra(metadata: dict[str, Any]) -> torch.Tensor:
+    """A tensor to read ``extra`` into: `save` writes it as a ``[bytes]`` uint8 tensor."""
+    entry = metadata["extra"]
+    assert isinstance(entry, TensorStorageMetadata)  # a verified shardkit checkpoint's
+    return torch.empty(entry.size, dtype=torch.uint8)
+
+
 def read_extra(path: str | os.PathLike) -> dict[str, Any]:
     """The ``extra`` values a checkpoint was saved with (a ``step-*`` directory, or a root with
     ``latest``), read in this process alone (no process group, no model): what a job needs to
@@ -219,7 +226,7 @@ def read_extra(path: str | os.PathLike) -> dict[str, Any]:
     metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     if "extra" not in metadata:
         return {}
-    state = {"extra": torch.empty(metadata["extra"].size, dtype=torch.uint8)}
+    state = {"extra": _empty_extra(metadata)}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(directory), no_dist=True)
