@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
@@ -31,7 +30,7 @@ class PooledGroup:
 
     dtype: torch.dtype
     features_of: list[list[str]]
-    local: nn.Module | None
+    local: QuantEmbeddingBagCollection | None
 
 
 def pooled_groups(
@@ -67,7 +66,7 @@ def pooled_groups(
 
 def _subset(
     state: Mapping[str, torch.Tensor], configs: list[Any], weighted: bool, dtype: torch.dtype
-) -> nn.Module:
+) -> QuantEmbeddingBagCollection:
     """The tables ``configs`` of ``state``, pooling in float32 and giving ``dtype``."""
     local = QuantEmbeddingBagCollection(configs, weighted, device="cpu", output_dtype=dtype)
     names = {c.name for c in configs}

@@ -135,7 +135,9 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         if not missing:
             missing = _out_of_range(by_key, self._blocks)
         batch = torch.tensor([features.stride() if not missing else -1])
-        batches = comm.all_gather_into_tensor(batch, group=self._group).tolist()
+        gathered = comm.all_gather_into_tensor(batch, group=self._group)
+        assert isinstance(gathered, torch.Tensor)  # synchronous
+        batches = gathered.tolist()
         if min(batches) < 0:
             bad = [r for r, b in enumerate(batches) if b < 0]
             raise ValueError(
@@ -170,7 +172,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         sent_ids = [int(sum(x.sum() for x in lengths[_span(self._features_of, d)]))
                     for d in range(self._world)]  # fmt: skip
         counts = torch.tensor(sent_ids)
-        got_counts = comm.all_to_all_single(counts, group=self._group).tolist()
+        got_counts = _exchange(counts, None, None, self._group).tolist()
         got_ids = _exchange(torch.cat(ids), sent_ids, got_counts, self._group)
         got_weights = None
         if self._is_weighted:
@@ -230,10 +232,12 @@ def _span(features_of: list[list[str]], dest: int) -> slice:
     return slice(start, start + len(features_of[dest]))
 
 
-def _exchange(x: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
-    return comm.all_to_all_single(
-        x, input_split_sizes=send, output_split_sizes=receive, group=group
-    )
+def _exchange(
+    x: torch.Tensor, send: list[int] | None, receive: list[int] | None, group
+) -> torch.Tensor:
+    out = comm.all_to_all_single(x, input_split_sizes=send, output_split_sizes=receive, group=group)
+    assert isinstance(out, torch.Tensor)  # synchronous
+    return out
 
 
 def _per_source(names, batches, lengths, ids, weights) -> list[dict[str, Any]]:
@@ -277,6 +281,7 @@ def _placement(module, configs, placement, row_wise, budget_bytes, world):
 
 def _stored_bytes(module: QuantEmbeddingBagCollection, table: str) -> int:
     weight = module.embedding_bags[table].weight
+    assert isinstance(weight, torch.Tensor)  # a quantized table's buffer
     return weight.numel() * weight.element_size()
 
 

@@ -116,7 +116,7 @@ def quantize_embeddings(
         EmbeddingCollection: QuantEmbeddingCollection,
         **(additional_mapping or {}),
     }
-    targets = {EmbeddingBagCollection, *(additional_qconfig_spec_keys or ())}
+    targets: set[type[nn.Module]] = {EmbeddingBagCollection, *(additional_qconfig_spec_keys or ())}
     if not inplace:
         module = copy.deepcopy(module)
     return _swap(module, targets, mapping, qconfig)
