@@ -72,10 +72,15 @@ def save(
         optimizer: the dense parameters' optimizer (sharded tables' fused optimizers are
             saved with the model).
         extra: picklable values every rank agrees on (data position, epoch, ...).
-        keep: how many checkpoints to keep.
+        keep: how many checkpoints to keep (>= 1): this one and the ``keep - 1`` highest
+            steps of the others.
     Returns:
         the checkpoint's directory.
     """
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(
+            f"keep must be an int >= 1 (this checkpoint and keep - 1 others), got {keep!r}"
+        )
     rank = dist.get_rank(group)
     temporary, final = _broadcast_paths(root, step, rank, group)
     with sharded_view(model):

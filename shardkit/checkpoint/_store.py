@@ -79,7 +79,7 @@ def write_manifest(directory: Path, files: dict[str, dict[str, Any]], info: dict
 
 def commit(temporary: Path, final: Path, *, keep: int) -> Path:
     """Publish a complete checkpoint: rename it into place, point ``latest`` at it, and drop
-    all but the ``keep`` newest. See [Note: atomic checkpoints]."""
+    all but it and the ``keep - 1`` highest other steps. See [Note: atomic checkpoints]."""
     aside = None
     if final.exists():  # a save of the same step again: keep the old one until the new is in
         aside = final.with_name(f".old-{final.name}")
@@ -103,8 +103,9 @@ def commit(temporary: Path, final: Path, *, keep: int) -> Path:
     os.replace(pointer, root / "latest")
     for stale in root.glob(".old-step-*"):  # a re-save that died between its renames
         shutil.rmtree(stale, ignore_errors=True)
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in steps[: max(0, len(steps) - keep)]:
+    # This one stays whatever its number (a resume from an earlier step saves a lower one)
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != final.name)
+    for old in steps[: max(0, len(steps) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -17,6 +17,7 @@ Everything stays on the ids' device; the host reads no size here (see
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 
@@ -52,6 +53,7 @@ def bucket_rows(
         grouped by shard; the weights in that order (or None); ``order`` ``[n]``, the
         permutation of ``values`` that groups them.
     """
+    _check_starts(row_starts, max_partition_shards)
     if max_partition_shards is None:
         max_partition_shards = PARTITION_MAX_SHARDS
     if len(row_starts) <= max_partition_shards:
@@ -60,6 +62,20 @@ def bucket_rows(
         shard_lengths, rebased, order = _sort(lengths, values, list(row_starts))
     sorted_weights = None if weights is None else weights.index_select(0, order)
     return shard_lengths, rebased, sorted_weights, order
+
+
+def _check_starts(row_starts: Sequence[int], max_partition_shards: int | None) -> None:
+    """Refuse shard starts the two paths would read differently (host ints: no device read)."""
+    starts = list(row_starts)
+    if not starts or starts[0] != 0 or any(b < a for a, b in pairwise(starts)):
+        raise ValueError(
+            f"row_starts must be the shards' first rows, ascending from 0, got "
+            f"{starts}; give one start per shard, e.g. [0, 50, 100] for 3 shards of 150 rows"
+        )
+    if max_partition_shards is not None and max_partition_shards < 0:
+        raise ValueError(
+            f"max_partition_shards must be >= 0 (0: always the sort), got {max_partition_shards}"
+        )
 
 
 def _partition(

@@ -100,3 +100,19 @@ def _resave_dies_then_load(rank: int, world_size: int, root: str):
 
 def test_load_after_a_resave_died_between_its_renames_reads_the_old_copy(run_ranks, tmp_path):
     run_ranks(_resave_dies_then_load, 1, str(tmp_path))
+
+
+def test_a_lower_step_saved_after_a_resume_is_kept_and_latest(tmp_path):
+    """Steps 8 and 10, then a resume from an earlier checkpoint saves step 6 (keep=2): step 6
+    and the highest other (10) stay, and ``latest`` names step 6."""
+    for step in (8, 10, 6):
+        temporary = _checkpoint(tmp_path / f".tmp-step-{step:08d}", str(step))
+        _store.commit(temporary, tmp_path / f"step-{step:08d}", keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000006",
+                                                         "step-00000010"]  # fmt: skip
+    assert (_store.latest(tmp_path) / "data").read_text() == "6"
+
+
+def test_save_refuses_keep_below_one(tmp_path):
+    with pytest.raises(ValueError, match=r"keep must be an int >= 1 \(this checkpoint and"):
+        ckpt.save(tmp_path, step=1, model=torch.nn.Linear(1, 1), keep=0)

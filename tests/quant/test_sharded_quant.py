@@ -152,6 +152,10 @@ def _serve_row_wise(rank, world_size, weighted, mean, row_wise, budget, half=Fal
     assert out.keys() == expected.keys() and out.values().dtype == expected.values().dtype
     if half:  # the row-wise parts in float32 (added before one cast), table-wise rows in half
         assert sent == {torch.float32, torch.half}, sent
+    names = [c.name for c in sharded.embedding_bag_configs()]  # this rank's, in table order
+    assert names == sorted(names), names
+    buffers = {k.split(".")[-2] for k in sharded.state_dict()}  # registered: all of its tables
+    assert buffers == set(names) and len(buffers) > 0, (buffers, names)
     bound = _order_bound(reference, kjt)
     for f, got in out.to_dict().items():
         want = expected.to_dict()[f]

@@ -49,3 +49,19 @@ def test_bucket_rows_matches_the_spec(monkeypatch, partition, row_starts, num_id
     torch.testing.assert_close(rebased, want_rebased)
     torch.testing.assert_close(order, want_order)
     torch.testing.assert_close(sorted_weights, weights[want_order])
+
+
+@pytest.mark.parametrize(
+    ("row_starts", "partition", "match"),
+    [
+        ([2, 5], None, r"ascending from 0, got \[2, 5\]"),
+        ([0, 5, 3], None, r"ascending from 0, got \[0, 5, 3\]"),
+        ([], None, r"ascending from 0, got \[\]"),
+        ([0, 5], -1, r"max_partition_shards must be >= 0 \(0: always the sort\), got -1"),
+    ],
+)
+def test_bucket_rows_refuses_starts_the_paths_would_read_differently(row_starts, partition, match):
+    values, lengths = torch.tensor([0, 4, 6]), torch.tensor([2, 1])
+    with pytest.raises(ValueError, match=match):
+        bucket_rows(values, lengths=lengths, weights=None, row_starts=row_starts,
+                    max_partition_shards=partition)  # fmt: skip
