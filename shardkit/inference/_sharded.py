@@ -116,7 +116,8 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         )
         # Registered, so state_dict, buffers and .to() see this rank's tables
         self._local = nn.ModuleList([g.local for g in self._groups if g.local is not None])
-        served = {c.name: c for m in self._local for c in m.embedding_bag_configs()}
+        served = {c.name: c for g in self._groups if g.local is not None
+                  for c in g.local.embedding_bag_configs()}  # fmt: skip
         self._local_configs = [served[c.name] for c in mine]  # in table order
         logger.info("rank %d serves quantized tables %s", self._rank, [c.name for c in mine])
 
