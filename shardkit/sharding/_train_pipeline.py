@@ -182,17 +182,20 @@ class _Pipeline(TrainPipeline):
         return fetched
 
     def _carry(self, lead: ShardedCollection, batch: Any) -> None:
-        """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
-        (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
-        some have a batch."""
+        """Start ``batch``'s input dist with this rank's flag in the lead's header (see
+        [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
+        have a batch. The lead's header exchange is every rank's first collective: a rank that
+        ran out joins it alone, so nothing may start before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
-        if lead not in prefetch_into(self._collections, batch):
+        if not prefetch_into([lead], batch):
             self._lead_fed = False
             lead.join_without_input(exhausted=False)
+        if self._agree_at_fetch():  # overlapping: the other collections' ids travel now too
+            prefetch_into(self._collections[1:], batch)  # a synchronous forward starts its own
 
     def _check_lead_used(self) -> None:
         """After a synchronous step: fall back to flags if the lead's forward did not use what

@@ -12,6 +12,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
+from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
@@ -20,6 +21,7 @@ from shardkit.sharding import (
     TrainPipelineSparseDist,
 )
 from shardkit.sharding._pipeline_schedule import choose_overlap
+from shardkit.sparse import KeyedJaggedTensor
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
@@ -273,6 +275,50 @@ def _uneven_subgroups(rank: int, world_size: int):
 
 def test_ranks_agree_by_flags_when_the_collection_spans_a_subgroup(run_ranks):
     assert run_ranks(_uneven_subgroups, 2) == [(3, True), (3, True)]
+
+
+class _TwoCollections(torch.nn.Module):
+    """The first collection (the lead) fed a KJT the forward builds, the second the batch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
+        # another header size than the lead's: a mismatched first collective aborts on gloo
+        self.second = EmbeddingBagCollection(tables=[_table("t1", ["b", "c"]), _table("t2", ["d"])])
+
+    def forward(self, batch: KeyedJaggedTensor):
+        own = KeyedJaggedTensor(
+            keys=["a"], values=batch.values()[:2] % 10, lengths=torch.tensor([1, 1])
+        )
+        loss = self.first(own).values().sum() + self.second(batch).values().sum()
+        return loss.reshape(1), loss.detach()
+
+
+def _table(name: str, features: list[str]) -> EmbeddingBagConfig:
+    return EmbeddingBagConfig(name=name, embedding_dim=2, num_embeddings=10, feature_names=features)
+
+
+def _lead_not_fed(rank: int, world_size: int, overlap: bool):
+    """Rank 1 has no batch at all: its first collective, the lead's header exchange, must be
+    every rank's first collective too, before the second collection's input dist."""
+    torch.manual_seed(0)
+    model = DistributedModelParallel(_TwoCollections())
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
+    )
+    kjt = KeyedJaggedTensor(
+        keys=["b", "c", "d"], values=torch.arange(6), lengths=torch.ones(6, dtype=torch.int64)
+    )
+    batches = iter([kjt] * (0 if rank == 1 else 3))
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 0"):
+        pipeline.progress(batches)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
+def test_a_rank_out_of_data_stops_every_rank_where_the_batch_does_not_feed_the_lead(
+    run_ranks, overlap
+):
+    run_ranks(_lead_not_fed, 2, overlap)
 
 
 def test_headers_without_input_decide_the_same_on_every_rank():
