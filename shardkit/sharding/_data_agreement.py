@@ -40,25 +40,38 @@ import torch.distributed as dist
 from shardkit import comm
 from shardkit.sharding._input_dist import RanksExhaustedError
 
-__all__ = ["DataExhaustedError", "Fetched", "start_agreement"]
+__all__ = ["DataExhaustedError", "Fetched", "any_rank", "start_agreement"]
 
 
 class DataExhaustedError(RuntimeError):
     """Some ranks ran out of batches while others had more."""
 
 
-def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle | None:
-    """Start gathering every rank's "I have a batch" flag (None without a process group).
-    The flags travel on the device the group carries (a GPU's for NCCL)."""
-    if not dist.is_initialized():
-        return None
+def _flag(value: bool, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``value`` as a one-element tensor on the device the group carries (a GPU's for NCCL)."""
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([int(have)], dtype=torch.int64, device=device)
-    handle = comm.all_gather_into_tensor(flag, group=group, async_op=True)
+    return torch.tensor([int(value)], dtype=torch.int64, device=device)
+
+
+def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle | None:
+    """Start gathering every rank's "I have a batch" flag (None without a process group)."""
+    if not dist.is_initialized():
+        return None
+    handle = comm.all_gather_into_tensor(_flag(have, group), group=group, async_op=True)
     assert isinstance(handle, comm.Handle)
     return handle
+
+
+def any_rank(value: bool, group: dist.ProcessGroup | None) -> bool:
+    """Whether ``value`` holds on any rank of ``group`` (one all-reduce; every rank must call
+    it at the same point); ``value`` itself without a process group."""
+    if not dist.is_initialized():
+        return value
+    flag = comm.all_reduce(_flag(value, group), op=dist.ReduceOp.MAX, group=group)
+    assert isinstance(flag, torch.Tensor)
+    return bool(flag.item())
 
 
 def _exhausted(empty: list[int], count: int) -> DataExhaustedError:

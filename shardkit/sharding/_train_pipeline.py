@@ -44,7 +44,12 @@ from torch import nn
 
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import DataExhaustedError, Fetched, start_agreement
+from shardkit.sharding._data_agreement import (
+    DataExhaustedError,
+    Fetched,
+    any_rank,
+    start_agreement,
+)
 from shardkit.sharding._pipeline_inputs import (
     batch_kjts,
     lead_collection,
@@ -151,6 +156,7 @@ class _Pipeline(TrainPipeline):
         )  # None: agree by flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
         self._lead_fed = True
+        self._lead_checked = False
         self._batch_count = 0
         self._next: Any = None
         self._connected = False
@@ -198,9 +204,14 @@ class _Pipeline(TrainPipeline):
             prefetch_into(self._collections[1:], batch)  # a synchronous forward starts its own
 
     def _check_lead_used(self) -> None:
-        """After a synchronous step: fall back to flags if the lead's forward did not use what
-        was started for it (see [Note: deferred agreement]); every rank at the same batch."""
-        if self._lead is None or (self._lead_fed and not self._lead.unused_prefetches()):
+        """After the first synchronous step: fall back to flags, on every rank at once, if on
+        any rank the lead's forward did not use what was started for it (see
+        [Note: deferred agreement]); one all-reduce, once."""
+        if self._lead is None or self._lead_checked:
+            return
+        self._lead_checked = True
+        unused = not self._lead_fed or self._lead.unused_prefetches() > 0
+        if not any_rank(unused, self._group):
             return
         logger.info(
             "train pipeline: the model's first sharded collection was not fed the batch's own "

@@ -278,19 +278,24 @@ def test_ranks_agree_by_flags_when_the_collection_spans_a_subgroup(run_ranks):
 
 
 class _TwoCollections(torch.nn.Module):
-    """The first collection (the lead) fed a KJT the forward builds, the second the batch's."""
+    """The first collection (the lead) fed a KJT the forward builds, the second the batch's;
+    or (``builds_lead=False``) the lead fed the batch's KJT, the second a copy of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, builds_lead: bool = True) -> None:
         super().__init__()
+        self.builds_lead = builds_lead
         self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
         # another header size than the lead's: a mismatched first collective aborts on gloo
         self.second = EmbeddingBagCollection(tables=[_table("t1", ["b", "c"]), _table("t2", ["d"])])
 
     def forward(self, batch: KeyedJaggedTensor):
-        own = KeyedJaggedTensor(
-            keys=["a"], values=batch.values()[:2] % 10, lengths=torch.tensor([1, 1])
-        )
-        loss = self.first(own).values().sum() + self.second(batch).values().sum()
+        if self.builds_lead:
+            own = KeyedJaggedTensor(
+                keys=["a"], values=batch.values()[:2] % 10, lengths=torch.tensor([1, 1])
+            )
+            loss = self.first(own).values().sum() + self.second(batch).values().sum()
+        else:
+            loss = self.first(batch).values().sum() + self.second(copy.copy(batch)).values().sum()
         return loss.reshape(1), loss.detach()
 
 
@@ -319,6 +324,49 @@ def test_a_rank_out_of_data_stops_every_rank_where_the_batch_does_not_feed_the_l
     run_ranks, overlap
 ):
     run_ranks(_lead_not_fed, 2, overlap)
+
+
+def _second_fed_a_copy(rank: int, world_size: int):
+    """Synchronous: only the lead's input dist starts before the forward; the second
+    collection, fed another KJT than the batch's, runs its own in its forward."""
+    model = DistributedModelParallel(_TwoCollections(builds_lead=False))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b", "c", "d"], values=torch.arange(8), lengths=torch.ones(8, dtype=torch.int64)
+    )
+    batches = iter([kjt] * 3)
+    with pytest.raises(StopIteration):
+        while True:
+            pipeline.progress(batches)
+    return model.module.second.unused_prefetches(), pipeline._lead is not None
+
+
+def test_a_synchronous_pipeline_starts_no_input_dist_a_forward_does_not_use(run_ranks):
+    assert run_ranks(_second_fed_a_copy, 2) == [(0, True), (0, True)]
+
+
+def _lead_unused_on_one_rank(rank: int, world_size: int):
+    """Rank 1 alone finds the lead's prefetched input unused after the first step: every rank
+    falls back to the flags at once (one rank alone would leave the others in the lead's
+    header exchange), and the data ending early on rank 1 still stops every rank."""
+    torch.manual_seed(0)
+    model = DistributedModelParallel(DLRMTrain(dlrm()))
+    pipeline = TrainPipelineBase(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if rank == 1:
+        pipeline._lead.unused_prefetches = lambda: 1
+    batches = _batches(rank, world_size, 3 if rank == 1 else 5)
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps, pipeline._lead is None
+
+
+def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
+    assert run_ranks(_lead_unused_on_one_rank, 2) == [(3, True), (3, True)]
 
 
 def test_headers_without_input_decide_the_same_on_every_rank():
