@@ -71,6 +71,13 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
             return original(features)
 
         sharded.input_dist = record
+        step = optimizer.step
+
+        def record_step(step=step, calls=calls):
+            calls.append("step")
+            return step()
+
+        optimizer.step = record_step
         losses = []
         if mode == "plain":
             for batch in _batches(rank, world_size, 6):
@@ -106,20 +113,17 @@ def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ra
         assert losses == pytest.approx(plain_losses, abs=1e-6)
         for key in plain_state:
             torch.testing.assert_close(state[key], plain_state[key])
-        assert plain_calls == ["forward"] * 6
-        assert calls == ["prefetch"] * 6, "every batch's ids were sent ahead of its forward"
+        assert plain_calls == ["forward", "step"] * 6
+        # every batch's ids were sent ahead of its forward, during the previous batch's step
+        assert calls == ["prefetch"] + ["prefetch", "step"] * 5 + ["step"]
 
 
-@pytest.mark.parametrize(
-    "overlap, expected",
-    [(None, "prefetch"), (False, "prefetch")],
-    ids=["default", "synchronous"],
-)
-def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
+@pytest.mark.parametrize("overlap", [None, False], ids=["default", "synchronous"])
+def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap):
     """By default the test's ranks use every core of their share for compute (cores / ranks
     threads each), so overlap cannot help and the pipeline runs synchronously: each input dist
-    starts in its own step, just before its forward, carrying the ranks' agreement on data
-    ([Note: deferred agreement]; not one step ahead: the uneven-data test counts the steps);
+    starts in its own step, just before its forward (after the previous batch's optimizer
+    step, not during it), carrying the ranks' agreement on data ([Note: deferred agreement]);
     overlap=False forces that anywhere."""
     for runs in run_ranks(_pipelined_vs_plain, 2, overlap):
         plain_losses, plain_state, plain_calls = runs["plain"]
@@ -127,8 +131,8 @@ def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
         assert losses == pytest.approx(plain_losses, abs=1e-6)
         for key in plain_state:
             torch.testing.assert_close(state[key], plain_state[key])
-        assert plain_calls == ["forward"] * 6
-        assert calls == [expected] * 6
+        assert plain_calls == ["forward", "step"] * 6
+        assert calls == ["prefetch", "step"] * 6, "each batch's ids were sent after the last step"
 
 
 def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
@@ -224,7 +228,9 @@ def _uneven_dense(rank: int, world_size: int, carried: bool):
     else:
         model = _Dense()
         batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
-    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
     steps = 0
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
         while True:
@@ -263,7 +269,9 @@ def _uneven_subgroups(rank: int, world_size: int):
     torch.manual_seed(0)
     env = ShardingEnv.from_process_group(groups[rank])
     model = DistributedModelParallel(DLRMTrain(dlrm()), env=env, local_world_size=1)
-    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
     steps = 0
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
