@@ -4,19 +4,22 @@
 [Note: pipelined input dist]
 Each `TrainPipelineSparseDist.progress` call first fetches the next batch and starts its input
 dist (the header all-to-all, then the ids all-to-alls left in flight) on every sharded
-collection of the model, then runs forward, backward and the optimizer step of the current
-batch, whose ids arrived during the previous step. Which KJT goes to which collection is read
-off the batch: every KeyedJaggedTensor the batch holds (``batch.sparse_features``, a dataclass
-field or attribute, a dict value) is prefetched for every sharded collection whose features it
-has. A collection's forward uses a prefetched input only for the very KJT object it was started
-for (the way DLRM-style models pass ``batch.sparse_features`` on); a collection fed another KJT
-runs its input dist in its forward: correct, not overlapped.
+collection of the model a batch's KJT can feed, then runs forward, backward and the optimizer
+step of the current batch, whose ids arrived during the previous step. Which KJT goes to which
+collection is read off the batch: every KeyedJaggedTensor the batch holds
+(``batch.sparse_features``, a dataclass field or attribute, a dict value) is prefetched for
+every sharded collection whose features it has, except a collection nested inside another
+sharded module (a managed-collision or feature-processed collection's own, which sees what
+that module made of the batch). A collection's forward uses a prefetched input only for the
+very KJT object it was started for (the way DLRM-style models pass ``batch.sparse_features``
+on); a collection fed another KJT runs its input dist in its forward: correct, not overlapped.
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
 collective the others never call ([Note: deferred agreement]: the flag rides the header of
-the input dist the pipeline starts, so it costs no collective of its own). So a synchronous
-pipeline, too, starts each batch's input dist itself, just before that batch's forward.
+the lead collection's input dist, which the pipeline starts first). So a synchronous pipeline,
+too, starts the lead's input dist itself, just before that batch's forward (the other
+collections start theirs in their forwards).
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
 ``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
