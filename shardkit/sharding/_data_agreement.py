@@ -78,9 +78,9 @@ def any_rank(value: bool, group: dist.ProcessGroup | None) -> bool:
     it at the same point); ``value`` itself without a process group."""
     if not dist.is_initialized():
         return value
-    flag = comm.all_reduce(_flag(value, group), op=dist.ReduceOp.MAX, group=group)
-    assert isinstance(flag, torch.Tensor)
-    return bool(flag.item())
+    count = comm.all_reduce(_flag(value, group), group=group)  # how many ranks say so
+    assert isinstance(count, torch.Tensor)
+    return bool(count.item())
 
 
 def _exhausted(empty: list[int], count: int) -> DataExhaustedError:
