@@ -6,26 +6,35 @@ leave the others waiting in a collective it never calls. Two ways, chosen per pi
 
 * By header (a model with a sharded collection, the default group): the flag rides the step's
   first collective, which the pipeline itself starts, the input dist of the model's first
-  sharded collection (the lead). A rank with a batch starts that input dist (its header says
-  "ok"), one without joins the same header exchange with an "exhausted" header
-  (`ShardedCollection.join_without_input`), and every rank reads every header before the ids'
-  all-to-all: if only some ran out, every rank raises `DataExhaustedError` there; if all did,
-  the pipeline stops. No collective of its own, nothing beside the step. The input dist starts
+  sharded collection a batch's KJT can feed (the lead; not one nested inside another sharded
+  module, such as a managed-collision collection's, which sees remapped ids). A rank with a
+  batch starts that input dist (its header says "ok"), one without joins the same header
+  exchange with an "exhausted" header (`ShardedCollection.join_without_input`), and every
+  rank reads every header before the ids' all-to-all: if only some ran out, every rank raises
+  `DataExhaustedError` there; if all did, the pipeline stops. So the lead's header exchange
+  must be every rank's first collective of the batch: the pipeline decides whether the batch
+  feeds the lead before it starts any other collection's input dist. The input dist starts
   where the pipeline takes the batch: at fetch where it overlaps (the next batch's ids travel
-  during this step), else just before the batch's forward, which then uses it (the same
-  collectives, in the same order, as a plain loop). A batch that feeds the lead nothing joins
-  with a "no input" header; where the lead's forward did not use its prefetched input (a model
-  that builds its own KJT), the pipeline falls back to the flags below from the next fetch on,
-  every rank at the same batch. Assumes what a prefetch does: every rank's batches hold the
-  same features. The lead must be sharded over the whole world (a DMP's collections are by
-  default); one sharded over a subgroup, or a pipeline given ``group=``, agrees by flags.
-* By flags (no sharded collection, e.g. a pure dense model, or another group): the flags are
-  gathered asynchronously at fetch time and checked when the batch is taken, one step later,
-  so the tiny all-gather runs beside the step instead of in its way. Every rank starts it at
-  the same point of its sequence of collectives (a rank without a batch too, which then
-  finishes the step it has), and every rank waits for it before the batch's first
-  collective, so ranks that disagree all raise there: never a hang. Where the next batch's
-  input dist starts at fetch time (the overlapping pipeline) the flags are checked at once.
+  during this step; the other collections' start right after the lead's), else just before
+  the batch's forward, which then uses it (the same collectives, in the same order, as a
+  plain loop; only the lead's starts early, the others start in their forwards). Where the
+  batch feeds the lead, that costs no collective of its own. A batch that feeds the lead
+  nothing joins with a "no input" header: a header-only exchange per batch, the one cost of
+  its own where the pipeline overlaps. Synchronous, after the first step, the ranks decide
+  once, by one all-reduce, whether the lead's forward left its prefetched input unused on any
+  rank (a model that builds its own KJT); if so every rank falls back to the flags below from
+  the next fetch on, and never switches again. Assumes what a prefetch does: every rank's
+  batches hold the same features. The lead must be sharded over the whole world (a DMP's
+  collections are by default); one sharded over a subgroup, or a pipeline given ``group=``,
+  agrees by flags.
+* By flags (no lead: a pure dense model, one whose collections all sit inside other sharded
+  modules, or another group): the flags are gathered asynchronously at fetch time and checked
+  when the batch is taken, one step later, so the tiny all-gather runs beside the step
+  instead of in its way. Every rank starts it at the same point of its sequence of
+  collectives (a rank without a batch too, which then finishes the step it has), and every
+  rank waits for it before the batch's first collective, so ranks that disagree all raise
+  there: never a hang. Where the next batch's input dist starts at fetch time (the
+  overlapping pipeline) the flags are checked at once.
 """
 
 from __future__ import annotations
@@ -40,25 +49,38 @@ import torch.distributed as dist
 from shardkit import comm
 from shardkit.sharding._input_dist import RanksExhaustedError
 
-__all__ = ["DataExhaustedError", "Fetched", "start_agreement"]
+__all__ = ["DataExhaustedError", "Fetched", "any_rank", "start_agreement"]
 
 
 class DataExhaustedError(RuntimeError):
     """Some ranks ran out of batches while others had more."""
 
 
-def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle | None:
-    """Start gathering every rank's "I have a batch" flag (None without a process group).
-    The flags travel on the device the group carries (a GPU's for NCCL)."""
-    if not dist.is_initialized():
-        return None
+def _flag(value: bool, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``value`` as a one-element tensor on the device the group carries (a GPU's for NCCL)."""
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([int(have)], dtype=torch.int64, device=device)
-    handle = comm.all_gather_into_tensor(flag, group=group, async_op=True)
+    return torch.tensor([int(value)], dtype=torch.int64, device=device)
+
+
+def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle | None:
+    """Start gathering every rank's "I have a batch" flag (None without a process group)."""
+    if not dist.is_initialized():
+        return None
+    handle = comm.all_gather_into_tensor(_flag(have, group), group=group, async_op=True)
     assert isinstance(handle, comm.Handle)
     return handle
+
+
+def any_rank(value: bool, group: dist.ProcessGroup | None) -> bool:
+    """Whether ``value`` holds on any rank of ``group`` (one all-reduce; every rank must call
+    it at the same point); ``value`` itself without a process group."""
+    if not dist.is_initialized():
+        return value
+    count = comm.all_reduce(_flag(value, group), group=group)  # how many ranks say so
+    assert isinstance(count, torch.Tensor)
+    return bool(count.item())
 
 
 def _exhausted(empty: list[int], count: int) -> DataExhaustedError:

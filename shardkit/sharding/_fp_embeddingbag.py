@@ -24,6 +24,7 @@ from shardkit.modules.fp_embedding_modules import (
     apply_feature_processors_to_kjt,
 )
 from shardkit.optim import FusedOptimizer
+from shardkit.sharding._embedding_types import ShardedEmbeddingModule
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._input_dist import InputError
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -130,6 +131,11 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
             return features  # the input dist refuses it on every rank, naming the keys
         order = [keys.index(f) for f in self._feature_names]
         return apply_feature_processors_to_kjt(features.permute(order), processors)
+
+
+# A sharded module (TorchRec's is): the train pipelines prefetch into none of the collections
+# inside it, which see processed features (see [Note: pipelined input dist]).
+ShardedEmbeddingModule.register(ShardedFeatureProcessedEmbeddingBagCollection)
 
 
 class FeatureProcessedEmbeddingBagCollectionSharder(BaseEmbeddingSharder):

@@ -26,6 +26,7 @@ from shardkit.optim import FusedOptimizer
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sharding._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._embedding_sharders import _CollectionSharder
+from shardkit.sharding._embedding_types import ShardedEmbeddingModule
 from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection, aligned_plan
 from shardkit.sharding._state import reset_rows
@@ -81,6 +82,11 @@ class _ShardedMc(nn.Module):
     @torch.no_grad()
     def _reset(self, table: str, rows: torch.Tensor) -> None:
         reset_rows(self._embedding_module, self._configs[table], rows)
+
+
+# A sharded module (TorchRec's are): the train pipelines prefetch into none of the collections
+# inside it, which see remapped ids (see [Note: pipelined input dist]).
+ShardedEmbeddingModule.register(_ShardedMc)
 
 
 class ShardedManagedCollisionEmbeddingBagCollection(_ShardedMc):

@@ -12,6 +12,7 @@ from torch import nn
 
 from shardkit.sharding._collection import ShardedCollection
 from shardkit.sparse import KeyedJaggedTensor
+from shardkit.types import ShardedModule
 
 __all__ = [
     "batch_kjts",
@@ -44,10 +45,22 @@ def prefetch_batch(model: nn.Module, batch: Any) -> int:
 
 
 def sharded_collections(model: nn.Module, *, lead: nn.Module | None) -> list[ShardedCollection]:
-    """The sharded collections of ``model``, ``lead`` first (see [Note: deferred agreement]),
-    then in the model's order."""
-    collections = [m for m in model.modules() if isinstance(m, ShardedCollection)]
+    """The sharded collections of ``model`` a batch's KJT can feed, ``lead`` first (see
+    [Note: deferred agreement]), then in the model's order: those nested inside another
+    sharded module (a managed-collision or feature-processed collection's own) see what that
+    module made of the batch (remapped ids, weights), never the batch's KJT itself."""
+    collections = [m for m in _outer_modules(model) if isinstance(m, ShardedCollection)]
     return sorted(collections, key=lambda m: m is not lead)  # stable
+
+
+def _outer_modules(module: nn.Module) -> list[nn.Module]:
+    """``module`` and its submodules, in order, but not those inside a sharded module."""
+    found = [module]
+    if isinstance(module, ShardedModule):
+        return found
+    for child in module.children():
+        found += _outer_modules(child)
+    return found
 
 
 def prefetch_into(collections: list[ShardedCollection], batch: Any) -> list[ShardedCollection]:
@@ -65,10 +78,11 @@ def prefetch_into(collections: list[ShardedCollection], batch: Any) -> list[Shar
 
 def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> ShardedCollection | None:
     """The sharded collection whose input dist carries the agreement on data, if any (see
-    [Note: deferred agreement]): the model's first, when the ranks agree through the world."""
+    [Note: deferred agreement]): the model's first the batch can feed, when the ranks agree
+    through the world."""
     if group is not None or not dist.is_initialized():
         return None
-    lead = next((m for m in model.modules() if isinstance(m, ShardedCollection)), None)
+    lead = next(iter(sharded_collections(model, lead=None)), None)
     if lead is None or lead.sharding_env.world_size != dist.get_world_size():
         return None  # its header reaches only its own ranks: agree through the world by flags
     return lead

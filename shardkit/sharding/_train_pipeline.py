@@ -4,19 +4,22 @@
 [Note: pipelined input dist]
 Each `TrainPipelineSparseDist.progress` call first fetches the next batch and starts its input
 dist (the header all-to-all, then the ids all-to-alls left in flight) on every sharded
-collection of the model, then runs forward, backward and the optimizer step of the current
-batch, whose ids arrived during the previous step. Which KJT goes to which collection is read
-off the batch: every KeyedJaggedTensor the batch holds (``batch.sparse_features``, a dataclass
-field or attribute, a dict value) is prefetched for every sharded collection whose features it
-has. A collection's forward uses a prefetched input only for the very KJT object it was started
-for (the way DLRM-style models pass ``batch.sparse_features`` on); a collection fed another KJT
-runs its input dist in its forward: correct, not overlapped.
+collection of the model a batch's KJT can feed, then runs forward, backward and the optimizer
+step of the current batch, whose ids arrived during the previous step. Which KJT goes to which
+collection is read off the batch: every KeyedJaggedTensor the batch holds
+(``batch.sparse_features``, a dataclass field or attribute, a dict value) is prefetched for
+every sharded collection whose features it has, except a collection nested inside another
+sharded module (a managed-collision or feature-processed collection's own, which sees what
+that module made of the batch). A collection's forward uses a prefetched input only for the
+very KJT object it was started for (the way DLRM-style models pass ``batch.sparse_features``
+on); a collection fed another KJT runs its input dist in its forward: correct, not overlapped.
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
 collective the others never call ([Note: deferred agreement]: the flag rides the header of
-the input dist the pipeline starts, so it costs no collective of its own). So a synchronous
-pipeline, too, starts each batch's input dist itself, just before that batch's forward.
+the lead collection's input dist, which the pipeline starts first). So a synchronous pipeline,
+too, starts the lead's input dist itself, just before that batch's forward (the other
+collections start theirs in their forwards).
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
 ``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
@@ -44,7 +47,12 @@ from torch import nn
 
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import DataExhaustedError, Fetched, start_agreement
+from shardkit.sharding._data_agreement import (
+    DataExhaustedError,
+    Fetched,
+    any_rank,
+    start_agreement,
+)
 from shardkit.sharding._pipeline_inputs import (
     batch_kjts,
     lead_collection,
@@ -151,6 +159,7 @@ class _Pipeline(TrainPipeline):
         )  # None: agree by flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
         self._lead_fed = True
+        self._lead_checked = False
         self._batch_count = 0
         self._next: Any = None
         self._connected = False
@@ -182,22 +191,30 @@ class _Pipeline(TrainPipeline):
         return fetched
 
     def _carry(self, lead: ShardedCollection, batch: Any) -> None:
-        """Start ``batch``'s input dist, the lead's first, with this rank's flag in the header
-        (see [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only
-        some have a batch."""
+        """Start ``batch``'s input dist with this rank's flag in the lead's header (see
+        [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
+        have a batch. The lead's header exchange is every rank's first collective: a rank that
+        ran out joins it alone, so nothing may start before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
-        if lead not in prefetch_into(self._collections, batch):
+        if not prefetch_into([lead], batch):
             self._lead_fed = False
             lead.join_without_input(exhausted=False)
+        if self._agree_at_fetch():  # overlapping: the other collections' ids travel now too
+            prefetch_into(self._collections[1:], batch)  # a synchronous forward starts its own
 
     def _check_lead_used(self) -> None:
-        """After a synchronous step: fall back to flags if the lead's forward did not use what
-        was started for it (see [Note: deferred agreement]); every rank at the same batch."""
-        if self._lead is None or (self._lead_fed and not self._lead.unused_prefetches()):
+        """After the first synchronous step: fall back to flags, on every rank at once, if on
+        any rank the lead's forward did not use what was started for it (see
+        [Note: deferred agreement]); one all-reduce, once."""
+        if self._lead is None or self._lead_checked:
+            return
+        self._lead_checked = True
+        unused = not self._lead_fed or self._lead.unused_prefetches() > 0
+        if not any_rank(unused, self._group):
             return
         logger.info(
             "train pipeline: the model's first sharded collection was not fed the batch's own "

@@ -12,6 +12,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
+from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
@@ -20,6 +21,7 @@ from shardkit.sharding import (
     TrainPipelineSparseDist,
 )
 from shardkit.sharding._pipeline_schedule import choose_overlap
+from shardkit.sparse import KeyedJaggedTensor
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
@@ -69,6 +71,13 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
             return original(features)
 
         sharded.input_dist = record
+        step = optimizer.step
+
+        def record_step(step=step, calls=calls):
+            calls.append("step")
+            return step()
+
+        optimizer.step = record_step
         losses = []
         if mode == "plain":
             for batch in _batches(rank, world_size, 6):
@@ -104,20 +113,17 @@ def test_pipeline_trains_like_a_plain_loop_with_input_dist_one_step_ahead(run_ra
         assert losses == pytest.approx(plain_losses, abs=1e-6)
         for key in plain_state:
             torch.testing.assert_close(state[key], plain_state[key])
-        assert plain_calls == ["forward"] * 6
-        assert calls == ["prefetch"] * 6, "every batch's ids were sent ahead of its forward"
+        assert plain_calls == ["forward", "step"] * 6
+        # every batch's ids were sent ahead of its forward, during the previous batch's step
+        assert calls == ["prefetch"] + ["prefetch", "step"] * 5 + ["step"]
 
 
-@pytest.mark.parametrize(
-    "overlap, expected",
-    [(None, "prefetch"), (False, "prefetch")],
-    ids=["default", "synchronous"],
-)
-def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
+@pytest.mark.parametrize("overlap", [None, False], ids=["default", "synchronous"])
+def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap):
     """By default the test's ranks use every core of their share for compute (cores / ranks
     threads each), so overlap cannot help and the pipeline runs synchronously: each input dist
-    starts in its own step, just before its forward, carrying the ranks' agreement on data
-    ([Note: deferred agreement]; not one step ahead: the uneven-data test counts the steps);
+    starts in its own step, just before its forward (after the previous batch's optimizer
+    step, not during it), carrying the ranks' agreement on data ([Note: deferred agreement]);
     overlap=False forces that anywhere."""
     for runs in run_ranks(_pipelined_vs_plain, 2, overlap):
         plain_losses, plain_state, plain_calls = runs["plain"]
@@ -125,8 +131,8 @@ def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap, expected):
         assert losses == pytest.approx(plain_losses, abs=1e-6)
         for key in plain_state:
             torch.testing.assert_close(state[key], plain_state[key])
-        assert plain_calls == ["forward"] * 6
-        assert calls == [expected] * 6
+        assert plain_calls == ["forward", "step"] * 6
+        assert calls == ["prefetch", "step"] * 6, "each batch's ids were sent after the last step"
 
 
 def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
@@ -222,7 +228,9 @@ def _uneven_dense(rank: int, world_size: int, carried: bool):
     else:
         model = _Dense()
         batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
-    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
     steps = 0
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
         while True:
@@ -261,7 +269,9 @@ def _uneven_subgroups(rank: int, world_size: int):
     torch.manual_seed(0)
     env = ShardingEnv.from_process_group(groups[rank])
     model = DistributedModelParallel(DLRMTrain(dlrm()), env=env, local_world_size=1)
-    pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
     steps = 0
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
@@ -273,6 +283,98 @@ def _uneven_subgroups(rank: int, world_size: int):
 
 def test_ranks_agree_by_flags_when_the_collection_spans_a_subgroup(run_ranks):
     assert run_ranks(_uneven_subgroups, 2) == [(3, True), (3, True)]
+
+
+class _TwoCollections(torch.nn.Module):
+    """The first collection (the lead) fed a KJT the forward builds, the second the batch's;
+    or (``builds_lead=False``) the lead fed the batch's KJT, the second a copy of it."""
+
+    def __init__(self, builds_lead: bool = True) -> None:
+        super().__init__()
+        self.builds_lead = builds_lead
+        self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
+        # another header size than the lead's: a mismatched first collective aborts on gloo
+        self.second = EmbeddingBagCollection(tables=[_table("t1", ["b", "c"]), _table("t2", ["d"])])
+
+    def forward(self, batch: KeyedJaggedTensor):
+        if self.builds_lead:
+            own = KeyedJaggedTensor(
+                keys=["a"], values=batch.values()[:2] % 10, lengths=torch.tensor([1, 1])
+            )
+            loss = self.first(own).values().sum() + self.second(batch).values().sum()
+        else:
+            loss = self.first(batch).values().sum() + self.second(copy.copy(batch)).values().sum()
+        return loss.reshape(1), loss.detach()
+
+
+def _table(name: str, features: list[str]) -> EmbeddingBagConfig:
+    return EmbeddingBagConfig(name=name, embedding_dim=2, num_embeddings=10, feature_names=features)
+
+
+def _lead_not_fed(rank: int, world_size: int, overlap: bool):
+    """Rank 1 has no batch at all: its first collective, the lead's header exchange, must be
+    every rank's first collective too, before the second collection's input dist."""
+    torch.manual_seed(0)
+    model = DistributedModelParallel(_TwoCollections())
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
+    )
+    kjt = KeyedJaggedTensor(
+        keys=["b", "c", "d"], values=torch.arange(6), lengths=torch.ones(6, dtype=torch.int64)
+    )
+    batches = iter([kjt] * (0 if rank == 1 else 3))
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 0"):
+        pipeline.progress(batches)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
+def test_a_rank_out_of_data_stops_every_rank_where_the_batch_does_not_feed_the_lead(
+    run_ranks, overlap
+):
+    run_ranks(_lead_not_fed, 2, overlap)
+
+
+def _second_fed_a_copy(rank: int, world_size: int):
+    """Synchronous: only the lead's input dist starts before the forward; the second
+    collection, fed another KJT than the batch's, runs its own in its forward."""
+    model = DistributedModelParallel(_TwoCollections(builds_lead=False))
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+    )
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b", "c", "d"], values=torch.arange(8), lengths=torch.ones(8, dtype=torch.int64)
+    )
+    batches = iter([kjt] * 3)
+    with pytest.raises(StopIteration):
+        while True:
+            pipeline.progress(batches)
+    return model.module.second.unused_prefetches(), pipeline._lead is not None
+
+
+def test_a_synchronous_pipeline_starts_no_input_dist_a_forward_does_not_use(run_ranks):
+    assert run_ranks(_second_fed_a_copy, 2) == [(0, True), (0, True)]
+
+
+def _lead_unused_on_one_rank(rank: int, world_size: int):
+    """Rank 1 alone finds the lead's prefetched input unused after the first step: every rank
+    falls back to the flags at once (one rank alone would leave the others in the lead's
+    header exchange), and the data ending early on rank 1 still stops every rank."""
+    torch.manual_seed(0)
+    model = DistributedModelParallel(DLRMTrain(dlrm()))
+    pipeline = TrainPipelineBase(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if rank == 1:
+        pipeline._lead.unused_prefetches = lambda: 1
+    batches = _batches(rank, world_size, 3 if rank == 1 else 5)
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps, pipeline._lead is None
+
+
+def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
+    assert run_ranks(_lead_unused_on_one_rank, 2) == [(3, True), (3, True)]
 
 
 def test_headers_without_input_decide_the_same_on_every_rank():
