@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   # creates .venv if missing, then runs shardkit's main job
-#   make test   # creates .venv if missing, then lints and runs the test suite
+#   make test   # creates .venv if missing, then lints, type-checks and runs the test suite
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu make test   # where pip has no local CPU wheel
 
 PYTHON ?= python3
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/shardkit train
 
-test: $(STAMP) lint
+test: $(STAMP) lint typecheck
 	$(PY) -m pytest
 
 # The GPU tier (tests marked gpu: the sharded-vs-unsharded, FSDP and checkpoint bodies on CUDA

@@ -258,16 +258,18 @@ class ShardedCollection(nn.Module):
 
     def _shard_key(self, shard: ShardSlice) -> str:
         """The shard's Parameter key: ``<tables>.<table>.shards.<k>``."""
-        index = self.tables[shard.table].shard_slices.index(shard)
+        table = self.tables[shard.table]
+        assert isinstance(table, ShardedTable)
+        index = table.shard_slices.index(shard)
         return f"{self._TABLES}.{shard.table}.shards.{index}"
 
     # -- state dict: see [Note: sharded state dicts] --------------------------------------
 
     def _sharded_tables(self) -> list[tuple[BaseEmbeddingConfig, ShardedTable]]:
         return [
-            (c, self.tables[c.name])
+            (c, table)
             for c in self._configs
-            if isinstance(self.tables[c.name], ShardedTable)
+            if isinstance(table := self.tables[c.name], ShardedTable)
         ]
 
     def table_shards(self, table: str) -> list[ShardSlice]:

@@ -169,7 +169,9 @@ def exchange_start(
     everything sent and received (NCCL carries only GPU tensors).
     """
     world = layout.world_size
-    payload, sent_counts, orders = None, [[0] * len(layout.slots_to(d)) for d in range(world)], {}
+    payload: list[_Payload] | None = None
+    sent_counts = [[0] * len(layout.slots_to(d)) for d in range(world)]
+    orders: dict[int, torch.Tensor] = {}
     if batch.error is None:
         payload, sent_counts, orders = _payload(batch, layout, world, with_weights, device)
     header = _exchange_headers(batch, sent_counts, layout, rank, group, device)
@@ -188,16 +190,19 @@ def exchange_start(
     ints_handle = comm.all_to_all_single(
         ints, input_split_sizes=ints_in, output_split_sizes=ints_out, group=group, async_op=True
     )
-    weights_handle = None
+    assert isinstance(ints_handle, comm.Handle)
+    weights_handle: comm.Handle | None = None
     if with_weights:
-        weights = torch.cat([p.weights for p in payload])
-        weights_handle = comm.all_to_all_single(
+        weights = torch.cat([_weights_of(p) for p in payload])
+        sent = comm.all_to_all_single(
             weights,
             input_split_sizes=sent_ids,
             output_split_sizes=received_ids,
             group=group,
             async_op=True,
         )
+        assert isinstance(sent, comm.Handle)
+        weights_handle = sent
 
     variable = any(n != size for per_rank in strides for n in per_rank)
 
@@ -266,6 +271,12 @@ class _Payload:
     lengths: torch.Tensor  # [S_d * B]
     ids: torch.Tensor  # [n_d]
     weights: torch.Tensor | None  # [n_d]
+
+
+def _weights_of(payload: _Payload) -> torch.Tensor:
+    """A payload's weights, which `_payload` fills whenever the collection is weighted."""
+    assert payload.weights is not None
+    return payload.weights
 
 
 def _payload(

@@ -141,8 +141,9 @@ class EvalPipelineSparseDist(TrainPipelineSparseDist):
         self._loader = None
 
     def __del__(self) -> None:
-        if getattr(self, "_loader", None) is not None:
-            self._loader.stop()
+        loader = getattr(self, "_loader", None)
+        if loader is not None:
+            loader.stop()
 
 
 class _LoaderIterator:
@@ -336,7 +337,7 @@ class GradientAccumulationWrapper:
         self._config = config
         self.optimizer_wrapper = _AccumulatingOptimizer(optimizer, config)
         if config.is_enabled and hasattr(pipeline, "_optimizer"):
-            pipeline._optimizer = self.optimizer_wrapper  # type: ignore[attr-defined]
+            pipeline._optimizer = self.optimizer_wrapper
 
     @property
     def current_step(self) -> int:
