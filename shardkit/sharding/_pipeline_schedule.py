@@ -9,7 +9,10 @@ other rank computes on, and starting the next batch's input dist early only adds
 synchronisation point per step (measured slower than the plain loop, `bench_dmp.py`). There the
 pipeline runs synchronously: each batch's input dist starts in its own step, just before its
 forward (the collectives of a plain loop, measured at its cost). `choose_overlap` decides
-once, at construction, with one INFO line; ``overlap=`` forces it.
+once, at construction, with one INFO line; ``overlap=`` forces it. The ranks then agree (one
+all-reduce): if any rank runs synchronously (hosts with other core counts or CPU quotas, or
+another ``overlap=``), every rank does, since the two schedules call collectives in another
+order.
 
 [Note: pipeline streams]
 On a GPU the fetch runs on two side streams, as TorchRec's pipeline does: the host-to-device

@@ -347,7 +347,8 @@ class TrainPipelineSparseDist(_Pipeline):
         self._overlap = self._choose_overlap(model, overlap)
 
     def _choose_overlap(self, model: nn.Module, overlap: bool | None) -> bool:
-        """See [Note: when the pipeline overlaps]; one INFO line either way."""
+        """See [Note: when the pipeline overlaps]; one INFO line either way. Every rank runs
+        the same schedule (one all-reduce here): synchronous where any rank would be."""
         if overlap is None:
             where = self._device if self._device is not None else getattr(model, "device", None)
             overlap, why = choose_overlap(
@@ -358,6 +359,13 @@ class TrainPipelineSparseDist(_Pipeline):
             )
         else:
             why = "as asked (overlap=)"
+        if any_rank(not overlap, self._group) and overlap:  # the ranks' collectives must match
+            logger.warning(
+                "train pipeline: another rank runs synchronously, so this one does too "
+                "(it would overlap: %s)",
+                why,
+            )
+            overlap, why = False, "as another rank (hosts or overlap= differ)"
         logger.info(
             "train pipeline: %s (%s)",
             "next batch's input dist overlaps this step" if overlap else "synchronous",
