@@ -79,8 +79,8 @@ def _serve(rank, world_size, weighted, placement, half=False):
 
 @pytest.mark.parametrize(
     ("world_size", "weighted", "half"),
-    [(1, False, False), (2, False, False), (3, False, False), (1, True, False), (2, True, False),
-     (3, True, False), (2, False, True), (3, True, True)],
+    [(1, False, False), (2, False, False), (1, True, False), (3, True, False), (2, False, True),
+     (3, True, True)],
 )  # fmt: skip
 def test_sharded_quantized_tables_serve_as_the_unsharded_module(
     run_ranks, world_size, weighted, half
