@@ -39,6 +39,16 @@ def _batches(rank: int, world_size: int, count: int):
         )
 
 
+def _steps_until_rank_1_runs_out(pipeline, batches) -> int:
+    """The steps ``pipeline`` takes before every rank raises that rank 1's data ran out."""
+    steps = 0
+    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
+        while True:
+            pipeline.progress(batches)
+            steps += 1
+    return steps
+
+
 def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, device=None):
     """The same DMP trained by a plain loop and by the pipeline, both on ``device`` (default
     CPU; batches come from the CPU, as from a data loader). Row-wise tables: their ids are
@@ -231,12 +241,7 @@ def _uneven_dense(rank: int, world_size: int, carried: bool):
     pipeline = TrainPipelineSparseDist(
         model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
     )
-    steps = 0
-    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
-        while True:
-            pipeline.progress(batches)
-            steps += 1
-    return steps, pipeline._lead is None
+    return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
 
 
 def _rebuilt(batch: Batch) -> Batch:
@@ -273,12 +278,7 @@ def _uneven_subgroups(rank: int, world_size: int):
         model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
     )
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
-    steps = 0
-    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
-        while True:
-            pipeline.progress(batches)
-            steps += 1
-    return steps, pipeline._lead is None
+    return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
 
 
 def test_ranks_agree_by_flags_when_the_collection_spans_a_subgroup(run_ranks):
@@ -365,12 +365,7 @@ def _lead_unused_on_one_rank(rank: int, world_size: int):
     if rank == 1:
         pipeline._lead.unused_prefetches = lambda: 1
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
-    steps = 0
-    with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 3"):
-        while True:
-            pipeline.progress(batches)
-            steps += 1
-    return steps, pipeline._lead is None
+    return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
 
 
 def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
