@@ -256,6 +256,7 @@ PUBLIC = {
     "shardkit.optim.fused": ["EmptyFusedOptimizer", "FusedOptimizer", "FusedOptimizerModule"],
     "shardkit.kernels": [
         "KernelPath",
+        "advise_new_table",
         "dense_backward",
         "fused_backward",
         "huge_page_bytes",

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from shardkit.kernels import advise_new_table
 from shardkit.modules._kernel import BatchedTables
 from shardkit.modules.embedding_configs import (
     TABLE_NAME_RULE,
@@ -309,6 +310,7 @@ def stack_tables(
     for rows in num_rows:
         row_starts.append(row_starts[-1] + rows)
     weight = torch.empty((row_starts[-1], dim), dtype=dtype, device=device)
+    advise_new_table(weight)  # before the first write: [Note: huge pages from the first write]
     fused = None
     if optimizer is not None:
         fused = RowOptimizer(optimizer, row_starts[-1], dim, device)
