@@ -196,7 +196,10 @@ class TableStack:
         buffers. Returns the parameters: the same objects, unless the tensor type changed
         (e.g. meta -> cpu), where new ones carry the old ones' attributes (as ``Module._apply``)."""
         for group in self.groups:
+            was_meta = group.tables.weight.device.type == "meta"
             group.tables.weight = fn(group.tables.weight)
+            if was_meta:  # (``to_empty``: new memory, not yet written)
+                advise_new_table(group.tables.weight)
             if group.tables.optimizer is not None:
                 group.tables.optimizer.to_(fn)
             for position, (index, view) in enumerate(
