@@ -198,10 +198,14 @@ class TableStack:
         for group in self.groups:
             was_meta = group.tables.weight.device.type == "meta"
             group.tables.weight = fn(group.tables.weight)
-            if was_meta:  # (``to_empty``: new memory, not yet written)
-                advise_new_table(group.tables.weight)
             if group.tables.optimizer is not None:
                 group.tables.optimizer.to_(fn)
+            if was_meta:  # (``to_empty``: new memory, not yet written)
+                advise_new_table(group.tables.weight)
+                for state in (
+                    group.tables.optimizer.state.values() if group.tables.optimizer else ()
+                ):
+                    advise_new_table(state)
             for position, (index, view) in enumerate(
                 zip(group.table_indices, group.tables.table_views())
             ):
@@ -316,7 +320,7 @@ def stack_tables(
     advise_new_table(weight)  # before the first write: [Note: huge pages from the first write]
     fused = None
     if optimizer is not None:
-        fused = RowOptimizer(optimizer, row_starts[-1], dim, device)
+        fused = RowOptimizer(optimizer, row_starts[-1], dim, device, prepare=advise_new_table)
     return BatchedTables(weight, row_starts, fused)
 
 
