@@ -130,9 +130,14 @@ def _env_value() -> str:
 # free 2 MiB blocks allow. Advised at the allocation (MADV_HUGEPAGE on the whole 2 MiB pages
 # inside the fresh mapping, which nothing has touched: glibc serves such sizes by mmap), the
 # initialisation's first write to each 2 MiB page faults in a huge page, and the kernel's later
-# MADV_COLLAPSE finds them mapped already and copies nothing. The kernel still remembers each
-# storage it advised (a weak reference), and still collapses what the early advice could not
-# reach (a table on reused heap memory, or one allocated with the advice off).
+# MADV_COLLAPSE finds them mapped already and copies nothing. The same goes for the fused
+# optimizer's state (`RowOptimizer`'s ``prepare`` hook) and for tables a meta-device module gets
+# memory for (``to_empty``). The kernel still remembers each storage it advised (a weak
+# reference), and still collapses what the early advice could not reach (a table on reused heap
+# memory, or one allocated with the advice off). Unless the eager kernel was chosen, the advice
+# is given before the kernel is (choosing would build it). Measured (loaded machine,
+# benchmarks/results/ebc_huge_pages.md): the first step of a 1M x 64 table 10 ms instead of
+# 337; where free 2 MiB blocks are scarce the initialisation pays for compaction instead.
 def advise_table(tensor: torch.Tensor) -> bool:
     """Ask Linux to back ``tensor``'s storage with 2 MiB pages from its first write: call it on
     a table just allocated, before it is initialised ([Note: huge pages from the first write]).
