@@ -102,6 +102,14 @@ def test_env_var_turns_them_off_and_says_so(compiled, monkeypatch, caplog):
     assert _stats()[0] == 1
     assert caplog.messages[0].startswith("2 MiB pages for compiled tables and optimizer state: ")
     assert "on (transparent huge pages: " in caplog.messages[0] or THP not in ("always", "madvise")
+    set_huge_pages(False)  # the call overrides the environment, and the line says so
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="shardkit.kernels._pages"):
+        _pages.apply_env()
+    assert _stats()[0] == 0
+    assert caplog.messages == [
+        "2 MiB pages for compiled tables and optimizer state: off (set_huge_pages(False))"
+    ]
 
 
 BAD_ENV = (
