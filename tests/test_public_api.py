@@ -185,6 +185,7 @@ PUBLIC = {
     ],
     "shardkit.inference": [
         "ShardedQuantEmbeddingBagCollection",
+        "ShardedQuantEmbeddingCollection",
         "quantize_embeddings",
         "shard_quant_model",
     ],
