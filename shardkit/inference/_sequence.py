@@ -98,13 +98,13 @@ class ShardedQuantEmbeddingCollection(nn.Module):
                 f"{missing or '(see their error)'} of the sharded quantized sequence tables; "
                 f"every rank must give all of {self._features}"
             )
-        lengths, counts = self._send_ids(by_key, batches)
-        rows = self._lookup(lengths, batches)
+        lengths, ids, counts = self._send_ids(by_key, batches)
+        rows = self._lookup(lengths, ids)
         return self._send_rows(rows, counts, by_key)
 
     def _send_ids(self, by_key, batches: list[int]):
-        """Each source's lengths and ids of this rank's features: ``(lengths[f] [sum_r B_r],
-        counts[f][s])`` with the ids kept for `_lookup` in ``self._received``."""
+        """All sources' bags of this rank's features, sources in rank order: ``(lengths[f]
+        [sum_s B_s], ids[f] [sum_s n_{s,f}], counts[f][s] = n_{s,f})``."""
         batch = batches[self._rank]
         sent_lengths, sent_ids = [], []
         for dest in range(self._world):
@@ -132,18 +132,18 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         for s, sl in enumerate(source_lengths):
             for i, piece in enumerate(source_ids[s].split(sl.sum(1).tolist())):
                 values.setdefault(mine[i], []).append(piece)
-        self._received = {f: torch.cat(values[f]) if values.get(f) else
-                          torch.empty(0, dtype=torch.int64) for f in mine}  # fmt: skip
-        return lengths, counts
+        ids_of = {f: torch.cat(values[f]) if values.get(f) else
+                  torch.empty(0, dtype=torch.int64) for f in mine}  # fmt: skip
+        return lengths, ids_of, counts
 
-    def _lookup(self, lengths, batches: list[int]) -> dict[str, torch.Tensor]:
+    def _lookup(self, lengths, ids) -> dict[str, torch.Tensor]:
         """``{feature: [sum_s n_{s,f}, D_f]}`` rows of this rank's features, sources in order."""
         mine = self._features_of[self._rank]
         if self._local is None or not mine:
             return {}
         kjt = KeyedJaggedTensor(
             keys=mine,
-            values=torch.cat([self._received[f] for f in mine]),
+            values=torch.cat([ids[f] for f in mine]),
             lengths=torch.cat([lengths[f] for f in mine]),
         )
         out = self._local(kjt)
