@@ -125,7 +125,9 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         # per source s: [len(mine), B_s] lengths, then its ids feature by feature
         source_lengths = [g.view(len(mine), b) for g, b in zip(got, batches)]
         source_ids = ids.split(got_counts)
-        lengths, values, counts = {}, {}, {}
+        lengths: dict[str, torch.Tensor] = {}
+        values: dict[str, list[torch.Tensor]] = {}
+        counts: dict[str, list[int]] = {}
         for i, f in enumerate(mine):
             lengths[f] = torch.cat([sl[i] for sl in source_lengths])
             counts[f] = [int(sl[i].sum()) for sl in source_lengths]

@@ -171,7 +171,7 @@ def _row_norm_kernels(
     """
     if not (table.optimizer.scales_by_row_norms and sharding_type in _SPLIT_COLUMNS):
         return list(kernels), ""
-    kept = [k for k in kernels if k != EmbeddingComputeKernel.FUSED]
+    kept: list[EmbeddingComputeKernel] = [k for k in kernels if k != EmbeddingComputeKernel.FUSED]
     return kept, (
         f"{sharding_type.value} splits each row's columns over shards, and the fused "
         f"optimizer {table.optimizer.name} scales a row's step by norms over the whole row "
