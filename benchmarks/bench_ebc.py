@@ -122,12 +122,14 @@ def configs(point: Point) -> list[EmbeddingBagConfig]:
 
 def shardkit_step(point: Point, args, path: str, *, huge_pages: bool = True) -> Callable:
     kind, _ = OPTIMIZERS[point.optimizer]
+    advice = set_huge_pages(path == "compiled" and huge_pages)  # (advised when allocated)
     ebc = EmbeddingBagCollection(
         tables=configs(point),
         fused_params={"optimizer": kind, "learning_rate": 0.01},
         validate_ids=not args.no_validate,
         device=torch.device(args.device),
     )
+    set_huge_pages(advice)
 
     def step(kjt: KeyedJaggedTensor, weights: torch.Tensor) -> None:
         advice = path != "compiled" or set_huge_pages(huge_pages)  # (this contender's tables)

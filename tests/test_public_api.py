@@ -185,6 +185,7 @@ PUBLIC = {
     ],
     "shardkit.inference": [
         "ShardedQuantEmbeddingBagCollection",
+        "ShardedQuantEmbeddingCollection",
         "quantize_embeddings",
         "shard_quant_model",
     ],
@@ -256,6 +257,7 @@ PUBLIC = {
     "shardkit.optim.fused": ["EmptyFusedOptimizer", "FusedOptimizer", "FusedOptimizerModule"],
     "shardkit.kernels": [
         "KernelPath",
+        "advise_new_table",
         "dense_backward",
         "fused_backward",
         "huge_page_bytes",

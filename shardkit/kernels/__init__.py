@@ -28,8 +28,10 @@ rows in fp32, prefetching ahead, with per-sample weights fused, writing each bag
 KeyedTensor wants it (example-major) so that no transpose follows. Plain fp32 SGD on one thread
 skips the sort (see [Note: SGD without a sort] in ``csrc/backward.cpp``). fp16 and bf16 tables are
 read and written in their dtype with fp32 math, rounding where the eager rule rounds. Tables of
-4 MiB or more are asked onto 2 MiB pages on first use ([Note: huge pages for tables] in
-``csrc/ops_cpu.cpp``): otherwise nearly every row costs a TLB miss. One INFO line at load says
+4 MiB or more are asked onto 2 MiB pages when they are allocated (`advise_new_table`, before
+their first write: [Note: huge pages from the first write] in ``_pages.py``) and again on first
+use ([Note: huge pages for tables] in ``csrc/ops_cpu.cpp``): otherwise nearly every row costs a
+TLB miss. One INFO line at load says
 whether they are on; ``SHARDKIT_HUGE_PAGES=0`` or `set_huge_pages` turns them off, and
 `huge_page_bytes` says how much of a tensor sits on them.
 
@@ -43,10 +45,17 @@ and the path of the compiler's output included). A lookup the compiled operators
 
 from shardkit.kernels._ops import dense_backward, fused_backward, pooled_forward, unsupported
 from shardkit.kernels._pages import huge_page_bytes, set_huge_pages
-from shardkit.kernels._select import KernelPath, kernel_path, set_kernel, use_kernel
+from shardkit.kernels._select import (
+    KernelPath,
+    advise_new_table,
+    kernel_path,
+    set_kernel,
+    use_kernel,
+)
 
 __all__ = [
     "KernelPath",
+    "advise_new_table",
     "dense_backward",
     "fused_backward",
     "huge_page_bytes",

@@ -2,19 +2,36 @@
 
 See [Note: huge pages for tables] in ``csrc/ops_cpu.cpp``: the compiled operators ask Linux to
 back every table (and optimizer state) of 4 MiB or more with transparent huge pages the first
-time they see it. ``SHARDKIT_HUGE_PAGES=0`` (read when the library loads) or
-``set_huge_pages(False)`` turns that off; one INFO line at load says which and what the OS allows.
+time they see it. By then a module has written (initialised) its tables, so the kernel's advice
+has to collapse them (a copy, about 0.4 ms per MiB, once per table); `advise_table` asks for the
+2 MiB pages when a table is allocated, before anything is written, so that its first writes fault
+in huge pages and the kernel's collapse finds nothing left to copy ([Note: huge pages from the
+first write]). ``SHARDKIT_HUGE_PAGES=0`` or ``set_huge_pages(False)`` turns both off; the variable
+is read (and a bad value refused) wherever the switch is first consulted, before any build. One
+INFO line at load says which and what the OS allows.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import os
 import re
+import sys
 
 import torch
 
-__all__ = ["ENV_VAR", "apply_env", "huge_page_bytes", "set_huge_pages", "thp_mode"]
+__all__ = [
+    "ENV_VAR",
+    "MIN_BYTES",
+    "advise_table",
+    "apply_env",
+    "huge_page_bytes",
+    "huge_pages_enabled",
+    "set_huge_pages",
+    "thp_mode",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +39,10 @@ ENV_VAR = "SHARDKIT_HUGE_PAGES"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")
+HUGE = 2 << 20
+MIN_BYTES = 2 * HUGE  # as the kernel's advice: smaller tables share a 2 MiB page with others
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_switched: bool | None = None  # `set_huge_pages`'s last word (None: the environment decides)
 
 
 def thp_mode() -> str:
@@ -36,7 +57,8 @@ def thp_mode() -> str:
 
 
 def set_huge_pages(enabled: bool) -> bool:
-    """Turn the huge page advice on or off for tables the compiled kernel has not seen yet.
+    """Turn the huge page advice on or off for tables allocated (and, by the compiled kernel,
+    seen) from now on; it overrides ``SHARDKIT_HUGE_PAGES``.
 
     Args:
         enabled: False keeps the 4 KiB pages the allocator gave (e.g. to measure the difference,
@@ -46,32 +68,118 @@ def set_huge_pages(enabled: bool) -> bool:
         Whether the advice was on before.
 
     Raises:
-        RuntimeError: the compiled kernel is not loaded (``shardkit.kernels.kernel_path()``
-            loads it where it can be built).
+        ValueError: the switch was still the environment's, and ``SHARDKIT_HUGE_PAGES`` is
+            neither on nor off.
     """
-    _require_library()
-    return bool(torch.ops.shardkit.set_huge_pages(bool(enabled)))
+    global _switched
+    before = huge_pages_enabled()
+    _switched = bool(enabled)
+    if hasattr(torch.ops.shardkit, "set_huge_pages"):  # (else `apply_env` passes it on at load)
+        torch.ops.shardkit.set_huge_pages(_switched)
+    return before
+
+
+def huge_pages_enabled() -> bool:
+    """Whether tables get the advice: `set_huge_pages`'s last word, else ``SHARDKIT_HUGE_PAGES``
+    (unset: on).
+
+    Raises:
+        ValueError: ``SHARDKIT_HUGE_PAGES`` is neither on (1, on, true, yes) nor off (0, off,
+            false, no).
+    """
+    return _switched if _switched is not None else _env_enabled()
+
+
+def _env_enabled() -> bool:
+    raw = os.environ.get(ENV_VAR, "")
+    value = raw.strip().lower()
+    if value not in _OFF + _ON:
+        raise ValueError(
+            f"{ENV_VAR}={raw!r} is neither on nor off: it must be one of 1, on, true, yes "
+            f"(the default) or 0, off, false, no; set it to 1 or 0, or unset it"
+        )
+    return value not in _OFF
 
 
 def apply_env() -> None:
-    """Apply ``SHARDKIT_HUGE_PAGES`` to the library just loaded, and log one line saying so."""
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value not in _OFF + _ON:
-        raise ValueError(
-            f"{ENV_VAR}={value!r} is neither on nor off; set it to 1 (the default) or 0"
-        )
-    enabled = value not in _OFF
+    """Pass the switch (`huge_pages_enabled`) to the library just loaded, and log one line
+    saying so."""
+    enabled = huge_pages_enabled()
     if not hasattr(torch.ops.shardkit, "set_huge_pages"):
         return  # (a stand-in library, as the build tests load)
     torch.ops.shardkit.set_huge_pages(enabled)
     mode = thp_mode()
     if not enabled:
-        state = f"off ({ENV_VAR}={value})"
+        why = "set_huge_pages(False)" if _switched is not None else f"{ENV_VAR}={_env_value()}"
+        state = f"off ({why})"
     elif mode in ("always", "madvise"):
         state = f"on (transparent huge pages: {mode}; {ENV_VAR}=0 turns them off)"
     else:
         state = f"asked for, but the OS will not give them (transparent huge pages: {mode})"
     logger.info("2 MiB pages for compiled tables and optimizer state: %s", state)
+
+
+def _env_value() -> str:
+    return os.environ.get(ENV_VAR, "").strip().lower()
+
+
+# [Note: huge pages from the first write]
+# A table is allocated (`shardkit.modules.stack_tables`), then initialised, then first looked
+# up. Advised only at the lookup, its 4 KiB pages are already there and MADV_COLLAPSE copies
+# them onto 2 MiB pages: a stall of about 0.4 ms per MiB in the first step, and only as much as
+# free 2 MiB blocks allow. Advised at the allocation (MADV_HUGEPAGE on the whole 2 MiB pages
+# inside the fresh mapping, which nothing has touched: glibc serves such sizes by mmap), the
+# initialisation's first write to each 2 MiB page faults in a huge page, and the kernel's later
+# MADV_COLLAPSE finds them mapped already and copies nothing. The same goes for the fused
+# optimizer's state (`RowOptimizer`'s ``prepare`` hook) and for tables a meta-device module gets
+# memory for (``to_empty``). The kernel still remembers each storage it advised (a weak
+# reference), and still collapses what the early advice could not reach (a table on reused heap
+# memory, or one allocated with the advice off). Unless the eager kernel was chosen, the advice
+# is given before the kernel is (choosing would build it). Measured (loaded machine,
+# benchmarks/results/ebc_huge_pages.md): the first step of a 1M x 64 table 10 ms instead of
+# 337; where free 2 MiB blocks are scarce the initialisation pays for compaction instead.
+def advise_table(tensor: torch.Tensor) -> bool:
+    """Ask Linux to back ``tensor``'s storage with 2 MiB pages from its first write: call it on
+    a table just allocated, before it is initialised ([Note: huge pages from the first write]).
+
+    Args:
+        tensor: a CPU tensor, e.g. a ``[rows, dim]`` table, not yet written.
+
+    Returns:
+        Whether the advice was given: not off Linux, for other devices, storages under
+        `MIN_BYTES`, with the switch off, or where the OS refuses.
+
+    Raises:
+        ValueError: ``SHARDKIT_HUGE_PAGES`` is neither on nor off (see `huge_pages_enabled`).
+    """
+    if tensor.device.type != "cpu" or not huge_pages_enabled():
+        return False
+    storage = tensor.untyped_storage()
+    if storage.nbytes() < MIN_BYTES or _madvise() is None:
+        return False
+    start = storage.data_ptr()
+    lo = (start + HUGE - 1) // HUGE * HUGE
+    hi = (start + storage.nbytes()) // HUGE * HUGE
+    if hi <= lo:
+        return False
+    madvise = _madvise()
+    return madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE) == 0
+
+
+_libc: list = []  # [libc's madvise, or None], loaded on first use
+
+
+def _madvise():
+    if not _libc:
+        madvise = None
+        if sys.platform.startswith("linux"):
+            try:
+                madvise = ctypes.CDLL(None, use_errno=True).madvise
+                madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            except (OSError, AttributeError):
+                madvise = None
+        _libc.append(madvise)
+    return _libc[0]
 
 
 def huge_page_bytes(tensor: torch.Tensor) -> int:
@@ -94,11 +202,3 @@ def huge_page_bytes(tensor: torch.Tensor) -> int:
     except OSError:
         return 0
     return min(total, end - start)
-
-
-def _require_library() -> None:
-    if not hasattr(torch.ops.shardkit, "set_huge_pages"):
-        raise RuntimeError(
-            "the compiled kernel is not loaded, so there is no huge page advice to switch; "
-            "call shardkit.kernels.kernel_path() first (it loads the kernel where it builds)"
-        )

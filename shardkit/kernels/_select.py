@@ -14,9 +14,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
+from shardkit.kernels import _pages
 from shardkit.kernels._build import BuildError, load_library
 
-__all__ = ["ENV_VAR", "KernelPath", "kernel_path", "set_kernel", "use_kernel"]
+__all__ = ["ENV_VAR", "KernelPath", "advise_new_table", "kernel_path", "set_kernel", "use_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def kernel_path() -> KernelPath:
     global _choice
     with _lock:
         if _choice is None:
-            requested = os.environ.get(ENV_VAR, "").strip()
+            requested = _requested()
             source = f"{ENV_VAR}={requested}" if requested else f"{ENV_VAR} unset"
             path = KernelPath.parse(requested or "auto", source=ENV_VAR)
             _choice = _resolve(path, source)
@@ -109,9 +112,37 @@ def use_kernel(path: KernelPath | str) -> Iterator[KernelPath]:
         _scoped.pop()
 
 
+def advise_new_table(weight: torch.Tensor) -> bool:
+    """Ask for 2 MiB pages for a table just allocated, before its first write, unless the eager
+    kernel was chosen ([Note: huge pages from the first write] in ``_pages.py``). Decides nothing
+    and builds nothing: where no kernel is chosen yet, the compiled one may run the table.
+
+    Args:
+        weight: the new, unwritten ``[rows, dim]`` table (or stack of tables).
+
+    Returns:
+        Whether the advice was given (see `shardkit.kernels._pages.advise_table`).
+
+    Raises:
+        ValueError: ``SHARDKIT_KERNEL`` or ``SHARDKIT_HUGE_PAGES`` has a value they do not take.
+    """
+    if _scoped:
+        eager = _scoped[-1] == KernelPath.EAGER
+    elif _choice is not None:
+        eager = _choice.path == KernelPath.EAGER
+    else:
+        eager = KernelPath.parse(_requested() or "auto", source=ENV_VAR) == KernelPath.EAGER
+    return not eager and _pages.advise_table(weight)
+
+
+def _requested() -> str:
+    return os.environ.get(ENV_VAR, "").strip()
+
+
 def _resolve(path: KernelPath, source: str) -> _Choice:
     if path == KernelPath.EAGER:
         return _Choice(KernelPath.EAGER, f"asked for by {source}")
+    _pages.huge_pages_enabled()  # refuses a bad SHARDKIT_HUGE_PAGES now, not after a build
     try:
         how = load_library()
     except BuildError as error:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from shardkit.kernels import advise_new_table
 from shardkit.modules._kernel import BatchedTables
 from shardkit.modules.embedding_configs import (
     TABLE_NAME_RULE,
@@ -195,9 +196,16 @@ class TableStack:
         buffers. Returns the parameters: the same objects, unless the tensor type changed
         (e.g. meta -> cpu), where new ones carry the old ones' attributes (as ``Module._apply``)."""
         for group in self.groups:
+            was_meta = group.tables.weight.device.type == "meta"
             group.tables.weight = fn(group.tables.weight)
             if group.tables.optimizer is not None:
                 group.tables.optimizer.to_(fn)
+            if was_meta:  # (``to_empty``: new memory, not yet written)
+                advise_new_table(group.tables.weight)
+                for state in (
+                    group.tables.optimizer.state.values() if group.tables.optimizer else ()
+                ):
+                    advise_new_table(state)
             for position, (index, view) in enumerate(
                 zip(group.table_indices, group.tables.table_views())
             ):
@@ -309,9 +317,10 @@ def stack_tables(
     for rows in num_rows:
         row_starts.append(row_starts[-1] + rows)
     weight = torch.empty((row_starts[-1], dim), dtype=dtype, device=device)
+    advise_new_table(weight)  # before the first write: [Note: huge pages from the first write]
     fused = None
     if optimizer is not None:
-        fused = RowOptimizer(optimizer, row_starts[-1], dim, device)
+        fused = RowOptimizer(optimizer, row_starts[-1], dim, device, prepare=advise_new_table)
     return BatchedTables(weight, row_starts, fused)
 
 

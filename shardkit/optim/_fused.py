@@ -10,7 +10,7 @@ param groups and that state by table name (TorchRec's ``model.fused_optimizer``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +27,20 @@ class RowOptimizer:
     """The fused optimizer of one ``[rows, dim]`` weight buffer."""
 
     def __init__(
-        self, config: FusedOptimizerConfig, rows: int, dim: int, device: torch.device
+        self,
+        config: FusedOptimizerConfig,
+        rows: int,
+        dim: int,
+        device: torch.device,
+        *,
+        prepare: Callable[[torch.Tensor], object] | None = None,
     ) -> None:
         self.config = config
         self.kind = config.optimizer
         self.param_group: dict[str, Any] = config.hyperparameters()
-        self.state = new_state(self.kind, rows, dim, device, config.initial_accumulator_value)
+        self.state = new_state(
+            self.kind, rows, dim, device, config.initial_accumulator_value, prepare=prepare
+        )
         # the step counter is a live CPU tensor so that optimizer views (`FusedOptimizer`,
         # TorchRec-style ``dmp.fused_optimizer``) save and load it with the rest of the state
         self.step_count = torch.zeros((), dtype=torch.int64)

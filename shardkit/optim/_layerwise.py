@@ -19,9 +19,12 @@ for a row whose weights are all zero, so such a row never moves (as in FBGEMM).
 A table-wise or row-wise shard holds whole rows, so sharded tables update as the unsharded one.
 A shard with part of each row's columns (column-wise, table-column-wise, grid) would take the
 norms of its own columns, as TorchRec's column shards (each its own FBGEMM table) do, and step
-unlike the unsharded table: shardkit refuses LAMB, LARS_SGD and PARTIAL_ROWWISE_LAMB on such
-plans (`EmbOptimType.scales_by_row_norms`), and its planner never proposes them
-(tests/sharding/test_layerwise_fused.py, tests/planner/test_planner.py).
+unlike the unsharded table: shardkit refuses LAMB, LARS_SGD and PARTIAL_ROWWISE_LAMB fused into
+such shards (`EmbOptimType.scales_by_row_norms`), and its planner never proposes the FUSED kernel
+for them there (tests/sharding/test_layerwise_fused.py, tests/planner/test_planner.py). A DENSE
+table's optimizer is the user's, so its columns may be split; the sharded collection then marks
+its dense parameters (``_shardkit_column_split_tables``: every such table of the collection, the
+same on every rank) and the dense `LAMB`, `LarsSGD` and `PartialRowWiseLAMB` below refuse them.
 
 The same rules serve the dense optimizers below, which treat dimension 0 of each parameter as its
 rows (a 1-D parameter is one row) and update every row, as torch's optimizers do; given a sparse
@@ -115,6 +118,7 @@ class _RowRuleOptimizer(torch.optim.Optimizer):
 
     _RULE = ""
     _KNOWN: tuple[str, ...] = ()
+    _ROW_NORMS = False  # the rule scales a row's step by norms over the whole row
 
     def __init__(self, params: Iterable[Any], **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self._KNOWN))
@@ -135,6 +139,25 @@ class _RowRuleOptimizer(torch.optim.Optimizer):
             "eta": values["eta"],
         }  # fmt: skip
         super().__init__(params, defaults)
+        self._refuse_column_shards()
+
+    def _refuse_column_shards(self) -> None:
+        """See [Note: layer-wise rules per row]: a rule with row norms on column shards."""
+        if not self._ROW_NORMS:
+            return
+        for group in self.param_groups:
+            for param in group["params"]:
+                split = getattr(param, "_shardkit_column_split_tables", ())
+                if split:
+                    raise ValueError(
+                        f"{type(self).__qualname__} scales each row's step by norms over the "
+                        f"whole row, but it was given the dense parameters of a sharded "
+                        f"collection whose DENSE tables {list(split)} are split by columns (each "
+                        "shard would take the norms of its own columns, unlike the unsharded "
+                        "module); plan those tables table_wise, row_wise, table_row_wise or "
+                        "data_parallel, or step them with a rule without row norms (e.g. "
+                        "PartialRowWiseAdam or torch.optim.Adam)"
+                    )
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -194,13 +217,13 @@ class LAMB(_RowRuleOptimizer):
         lr, eps, beta1, beta2, weight_decay: FBGEMM's (defaults 0.01, 1e-8, 0.9, 0.999, 0).
     """
 
-    _RULE, _KNOWN = "lamb", _ADAM_LIKE
+    _RULE, _KNOWN, _ROW_NORMS = "lamb", _ADAM_LIKE, True
 
 
 class PartialRowWiseLAMB(_RowRuleOptimizer):
     """FBGEMM's LAMB with a per-row second moment (``EmbOptimType.PARTIAL_ROWWISE_LAMB``)."""
 
-    _RULE, _KNOWN = "partial_row_wise_lamb", _ADAM_LIKE
+    _RULE, _KNOWN, _ROW_NORMS = "partial_row_wise_lamb", _ADAM_LIKE, True
 
 
 class PartialRowWiseAdam(_RowRuleOptimizer):
@@ -217,4 +240,4 @@ class LarsSGD(_RowRuleOptimizer):
         lr, eta, momentum, weight_decay: FBGEMM's (defaults 0.01, 0.001, 0.9, 0).
     """
 
-    _RULE, _KNOWN = "lars_sgd", ("lr", "eta", "momentum", "weight_decay")
+    _RULE, _KNOWN, _ROW_NORMS = "lars_sgd", ("lr", "eta", "momentum", "weight_decay"), True

@@ -27,15 +27,26 @@ State = dict[str, torch.Tensor]
 
 
 def new_state(
-    kind: EmbOptimType, rows: int, dim: int, device: torch.device, initial: float = 0.0
+    kind: EmbOptimType,
+    rows: int,
+    dim: int,
+    device: torch.device,
+    initial: float = 0.0,
+    *,
+    prepare: Callable[[torch.Tensor], object] | None = None,
 ) -> State:
-    """Zero (or ``initial``) optimizer state for a ``[rows, dim]`` table."""
+    """Zero (or ``initial``) optimizer state for a ``[rows, dim]`` table; ``prepare`` (if given)
+    sees each buffer after its allocation and before its first write (e.g. to advise its pages:
+    `shardkit.kernels.advise_new_table`)."""
     shapes = STATE_SHAPES[kind](rows, dim)
     initial = initial if kind in _ADAGRADS else 0.0  # only Adagrad's accumulator starts there
-    return {
-        name: torch.full(shape, initial if name == "momentum1" else 0.0, device=device)
-        for name, shape in shapes.items()
-    }
+    state = {}
+    for name, shape in shapes.items():
+        state[name] = torch.empty(shape, device=device)
+        if prepare is not None:
+            prepare(state[name])
+        state[name].fill_(initial if name == "momentum1" else 0.0)
+    return state
 
 
 def apply_rule(

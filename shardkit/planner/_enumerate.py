@@ -132,6 +132,10 @@ def table_options(
         if isinstance(layouts, str):
             rejected.append(Rejection(sharding_type, layouts))
             continue
+        kernels, refused = _row_norm_kernels(table, sharding_type, kernels)
+        if not kernels:
+            rejected.append(Rejection(sharding_type, refused))
+            continue
         for kernel in kernels:
             built = [
                 _option(index, table, sharding_type, kernel, rg, cg, topology) for rg, cg in layouts
@@ -153,17 +157,35 @@ def _too_big(sharding_type: ShardingType, needs: int, available: int) -> str:
     )
 
 
+def _row_norm_kernels(
+    table: TableSpec, sharding_type: ShardingType, kernels: Sequence[EmbeddingComputeKernel]
+) -> tuple[list[EmbeddingComputeKernel], str]:
+    """The kernels ``sharding_type`` may use for ``table``, and why any was dropped.
+
+    The FUSED kernel steps with the table's fused optimizer; where that rule scales a row's step
+    by norms over the whole row (LAMB, LARS_SGD, PARTIAL_ROWWISE_LAMB), a shard holding part of
+    each row's columns would step unlike the unsharded table, so column-splitting types lose the
+    FUSED kernel. The DENSE kernel's optimizer is the user's, not the fused rule: it stays (a
+    dense LAMB over column shards is refused by that optimizer itself, see
+    [Note: layer-wise rules per row]).
+    """
+    if not (table.optimizer.scales_by_row_norms and sharding_type in _SPLIT_COLUMNS):
+        return list(kernels), ""
+    kept: list[EmbeddingComputeKernel] = [k for k in kernels if k != EmbeddingComputeKernel.FUSED]
+    return kept, (
+        f"{sharding_type.value} splits each row's columns over shards, and the fused "
+        f"optimizer {table.optimizer.name} scales a row's step by norms over the whole row "
+        "(the DENSE kernel, whose optimizer is yours, may split them: allow it with "
+        "compute_kernels=['dense'])"
+    )
+
+
 def _layouts(table: TableSpec, sharding_type: ShardingType, topology: Topology) -> list | str:
     """[(row_groups, col_groups), ...] this type can use for the table, or why none."""
     rows, dim = table.num_embeddings, table.embedding_dim
     world, local, hosts = topology.world_size, topology.intra_group_size, topology.num_hosts
     whole_rows, whole_cols = ((1, rows),), ((1, dim),)
     widest = dim // table.min_partition  # most column shards of >= min_partition columns
-    if table.optimizer.scales_by_row_norms and sharding_type in _SPLIT_COLUMNS:
-        return (
-            f"{sharding_type.value} splits each row's columns over shards, and the fused "
-            f"optimizer {table.optimizer.name} scales a row's step by norms over the whole row"
-        )
     if sharding_type in (ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL):
         return [(whole_rows, whole_cols)]
     if sharding_type == ShardingType.ROW_WISE:

@@ -27,6 +27,7 @@ from shardkit.sharding._collection_build import (
     check_row_norm_rules,
     fused_optimizer,
     local_replica,
+    mark_column_split_dense,
     shard_initialiser,
     table_keys,
 )
@@ -141,6 +142,7 @@ class ShardedCollection(nn.Module):
         setattr(self, self._TABLES, TableDict())  # any table name (see TableDict)
         self._local = self._build_local(module, tables)
         self._register_tables()
+        mark_column_split_dense(self, self._configs, keys, shards_of=self.table_shards)
         self.fused_optimizer = fused_optimizer(
             self._shard_groups, self._replica_groups, shard_key=self._shard_key,
             tables_attr=self._TABLES,

@@ -23,6 +23,7 @@ __all__ = [
     "check_row_norm_rules",
     "fused_optimizer",
     "local_replica",
+    "mark_column_split_dense",
     "shard_initialiser",
     "table_keys",
 ]
@@ -86,6 +87,34 @@ def check_row_norm_rules(
             "own columns, unlike the unsharded module); plan it table_wise, row_wise or "
             "table_row_wise, or use a rule without row norms (e.g. EXACT_ROWWISE_ADAGRAD)"
         )
+
+
+def mark_column_split_dense(
+    module: nn.Module,
+    configs: Sequence[BaseEmbeddingConfig],
+    keys: Sequence[tuple],
+    *,
+    shards_of: Callable[[str], list[ShardSlice]],
+) -> None:
+    """Mark every parameter of ``module`` that a dense optimizer steps (no in-backward
+    optimizer: DENSE shards and replicas) with the names of its DENSE tables whose shards split
+    the columns, so that a dense rule taking norms over whole rows (`shardkit.optim.LAMB`,
+    `LarsSGD`, `PartialRowWiseLAMB`) refuses them ([Note: layer-wise rules per row]).
+
+    Every such parameter carries the whole collection's list (from the plan, the same on every
+    rank), not only its own table's, so that every rank whose optimizer holds a dense
+    parameter of this collection refuses alike.
+    """
+    split = []
+    for config, (_, fused) in zip(configs, keys):
+        widths = {(s.col_start, s.cols) for s in shards_of(config.name)}
+        if fused is None and len(widths) > 1:
+            split.append(config.name)
+    if not split:
+        return
+    for param in module.parameters():
+        if not hasattr(param, "_in_backward_optimizers"):
+            param._shardkit_column_split_tables = tuple(split)  # type: ignore[attr-defined]
 
 
 def shard_initialiser(

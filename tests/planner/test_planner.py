@@ -464,6 +464,17 @@ def test_tables_stepped_by_row_norms_never_get_column_shards(optimizer):
     forced = {"t0": ParameterConstraints(sharding_types=["column_wise"])}
     with pytest.raises(PlannerError, match=(
         rf"column_wise splits each row's columns over shards, and the fused optimizer "
-        rf"{optimizer.name} scales a row's step by norms over the whole row"
+        rf"{optimizer.name} scales a row's step by norms over the whole row \(the DENSE kernel, "
+        r"whose optimizer is yours, may split them: allow it with compute_kernels=\['dense'\]\)"
     )):  # fmt: skip
         plan_tables(tables, topology, fused_params={"optimizer": optimizer}, constraints=forced)
+    # a DENSE table's optimizer is the user's, not the fused rule: its columns may be split
+    for kernels in (["dense"], ["fused", "dense"]):
+        dense = {
+            "t0": ParameterConstraints(sharding_types=["column_wise"], compute_kernels=kernels)
+        }
+        plan = plan_tables(
+            tables, topology, fused_params={"optimizer": optimizer}, constraints=dense
+        )
+        t0 = plan.plan.plan[""]["t0"]
+        assert (t0.sharding_type, t0.compute_kernel) == ("column_wise", "batched_dense")

@@ -10,10 +10,15 @@ import torch
 import torch.distributed as dist
 
 from shardkit import KeyedJaggedTensor, comm
-from shardkit.inference import ShardedQuantEmbeddingBagCollection, shard_quant_model
+from shardkit.inference import (
+    ShardedQuantEmbeddingBagCollection,
+    ShardedQuantEmbeddingCollection,
+    shard_quant_model,
+)
 from shardkit.inference._row_wise import split_tables
-from shardkit.modules import DataType, EmbeddingBagConfig, PoolingType
+from shardkit.modules import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from shardkit.quant import EmbeddingBagCollection as QuantEBC
+from shardkit.quant import EmbeddingCollection as QuantEC
 
 TABLES = {"t0": (11, 4, DataType.INT8), "t1": (7, 6, DataType.INT4), "t2": (5, 4, DataType.FP16)}
 FEATURES = {"a": "t0", "b": "t0", "c": "t1", "d": "t2"}
@@ -94,6 +99,36 @@ def test_sharded_quantized_tables_serve_as_the_unsharded_module(
 
 def test_a_rank_without_tables_still_serves_its_requests(run_ranks):
     run_ranks(_serve, 3, False, {"t0": 1, "t1": 1, "t2": 2})
+    run_ranks(_serve_sequences, 3, {"t0": 1, "t1": 1, "t2": 2})
+
+
+def _quantized_sequences() -> QuantEC:
+    configs = [
+        EmbeddingConfig(name=name, num_embeddings=rows, embedding_dim=dim, data_type=data_type,
+                        feature_names=[f for f, t in FEATURES.items() if t == name])
+        for name, (rows, dim, data_type) in TABLES.items()
+    ]  # fmt: skip
+    module = QuantEC(configs, output_dtype=torch.half)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for buffer in module.buffers():
+            buffer.copy_(torch.randint(0, 256, buffer.shape, generator=g).to(buffer.dtype))
+    return module
+
+
+def _serve_sequences(rank, world_size, placement):
+    """Sequence tables (one row per id), table-wise, against the unsharded quantized module;
+    half output, rank 0 without tables, uneven batches. (Not need_indices: the unsharded
+    quantized module's JaggedTensor refuses its int64 ids as weights.)"""
+    reference = _quantized_sequences()
+    sharded = ShardedQuantEmbeddingCollection(reference, placement)
+    kjt = _requests(rank, weighted=False)
+    out, expected = sharded(kjt), reference(kjt)
+    assert list(out) == list(expected) == list(FEATURES)
+    for f in FEATURES:
+        assert out[f].values().dtype == torch.half
+        torch.testing.assert_close(out[f].values(), expected[f].values(), rtol=0, atol=0)
+        torch.testing.assert_close(out[f].lengths(), expected[f].lengths(), rtol=0, atol=0)
 
 
 def test_shard_quant_model_refuses_gpu_and_other_world_sizes(run_ranks):
@@ -109,6 +144,15 @@ def _refusals(rank, world_size):
         shard_quant_model(_quantized(False), sharding_plan={})
     with pytest.raises(ValueError, match=r"tables without a rank \['t2'\]"):
         ShardedQuantEmbeddingBagCollection(_quantized(False), {"t0": 0, "t1": 0})
+    with pytest.raises(ValueError, match=r"tables without a rank \['t2'\]"):
+        ShardedQuantEmbeddingCollection(_quantized_sequences(), {"t0": 0, "t1": 0})
+    sequences = ShardedQuantEmbeddingCollection(_quantized_sequences())
+    kjt = KeyedJaggedTensor(keys=["a"], values=torch.tensor([1]), lengths=torch.tensor([1]))
+    with pytest.raises(ValueError, match=(
+        r"rank\(s\) \[0\] gave a KeyedJaggedTensor without the features \['b', 'c', 'd'\] of "
+        r"the sharded quantized sequence tables; every rank must give all of \['a', 'b', 'c', 'd'\]"
+    )):  # fmt: skip
+        sequences(kjt)
     assert dist.get_world_size() == 1
 
 

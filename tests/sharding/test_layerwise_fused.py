@@ -17,9 +17,14 @@ import torch
 import torch.distributed as dist
 
 from shardkit import EmbeddingBagCollection
-from shardkit.optim import EmbOptimType
+from shardkit.optim import LAMB, EmbOptimType, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
 from shardkit.planner import ShardingEnv
-from shardkit.sharding import ShardedEmbeddingBagCollection
+from shardkit.sharding import (
+    ShardedEmbeddingBagCollection,
+    column_wise,
+    construct_module_sharding_plan,
+    table_wise,
+)
 from tests.sharding.common import (
     assert_pairs_close,
     configs,
@@ -71,7 +76,22 @@ def _column_split(rank, world_size, kind, optimizer):
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     with pytest.raises(ValueError) as info:
         ShardedEmbeddingBagCollection(ebc, plan, env, local_world_size=world_size)
-    return str(info.value)
+    # The DENSE kernel's optimizer is the user's: the plan is taken; a dense rule with row
+    # norms is refused on its column shards, on every rank, and one without row norms is not.
+    dense = {f"t{i}": table_wise(rank=i % 2) for i in range(4)}
+    dense["t0"] = column_wise(ranks=[0, 1], compute_kernel="dense")
+    dense_plan = construct_module_sharding_plan(
+        ebc, dense, world_size=world_size, local_size=world_size, device_type="cpu"
+    )
+    sharded = ShardedEmbeddingBagCollection(ebc, dense_plan, env, local_world_size=world_size)
+    dense_params = [p for p in sharded.parameters() if not hasattr(p, "_in_backward_optimizers")]
+    PartialRowWiseAdam(dense_params)
+    rule = {EmbOptimType.LAMB: LAMB, EmbOptimType.LARS_SGD: LarsSGD}.get(
+        optimizer, PartialRowWiseLAMB
+    )
+    with pytest.raises(ValueError) as dense_info:
+        rule(dense_params)
+    return str(info.value), str(dense_info.value)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +100,16 @@ def _column_split(rank, world_size, kind, optimizer):
      ("column_wise", EmbOptimType.PARTIAL_ROWWISE_LAMB)],
 )  # fmt: skip
 def test_row_norm_rules_on_column_shards_are_refused_on_every_rank(run_ranks, kind, optimizer):
-    for message in run_ranks(_column_split, 2, kind, optimizer):
+    for message, dense in run_ranks(_column_split, 2, kind, optimizer):
+        with pytest.raises(ValueError, match=(
+            r"(LAMB|LarsSGD|PartialRowWiseLAMB) scales each row's step by norms over the whole "
+            r"row, but it was given the dense parameters of a sharded collection whose DENSE "
+            r"tables \['t0'\] are split by columns \(each shard would take the norms of its own "
+            r"columns, unlike the unsharded module\); plan those tables table_wise, row_wise, "
+            r"table_row_wise or data_parallel, or step them with a rule without row norms \(e.g. "
+            r"PartialRowWiseAdam or torch.optim.Adam\)"
+        )):  # fmt: skip
+            raise ValueError(dense)
         with pytest.raises(ValueError, match=(
             rf"table 't0' has the fused optimizer {optimizer.name}, which scales each row's "
             rf"step by norms over the whole row, but its {kind} plan splits its 4 columns into "
