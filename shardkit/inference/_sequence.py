@@ -66,7 +66,6 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         owner = {f: placement[c.name] for c in configs for f in c.feature_names}
         self._features_of = [[f for f in self._features if owner[f] == r]
                              for r in range(self._world)]  # fmt: skip
-        self._need_indices = module.need_indices()
         self._out_dtype = module.output_dtype()
         mine = [c for c in configs if placement[c.name] == self._rank]
         self._local = _subset(module, mine) if mine else None
@@ -79,7 +78,7 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         return [] if self._local is None else self._local.embedding_configs()
 
     def need_indices(self) -> bool:
-        return self._need_indices
+        return False  # refused by the quantized collection (floats, not ids, as weights)
 
     @torch.no_grad()
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
@@ -170,16 +169,14 @@ class ShardedQuantEmbeddingCollection(nn.Module):
                 size = own[f] * self._dims[f]
                 values = got[at : at + size].view(own[f], self._dims[f])
                 at += size
-                indices = by_key[f].values() if self._need_indices else None
-                out[f] = JaggedTensor(values=values, lengths=by_key[f].lengths(), weights=indices)
+                out[f] = JaggedTensor(values=values, lengths=by_key[f].lengths())
         return {f: out[f] for f in self._features}
 
 
 def _subset(module: QuantEmbeddingCollection, configs: list[Any]) -> QuantEmbeddingCollection:
     """The tables ``configs`` of ``module``, with their stored rows."""
     local = QuantEmbeddingCollection(
-        configs, device="cpu", need_indices=module.need_indices(),
-        output_dtype=module.output_dtype(),
+        configs, device="cpu", output_dtype=module.output_dtype(),
     )  # fmt: skip
     names = {c.name for c in configs}
     state = module.state_dict()

@@ -180,8 +180,9 @@ class EmbeddingCollection(_QuantCollection):
     """Quantized `shardkit.EmbeddingCollection`: a KeyedJaggedTensor in, ``{feature:
     JaggedTensor}`` out, one row per id.
 
-    Args: as `EmbeddingBagCollection`, with `EmbeddingConfig` tables and ``need_indices``
-    (return each id as the weights of its feature's JaggedTensor, as TorchRec does).
+    Args: as `EmbeddingBagCollection`, with `EmbeddingConfig` tables. ``need_indices=True``
+    (TorchRec: each id returned as its JaggedTensor's weights) is refused, as by the float
+    `shardkit.EmbeddingCollection`: shardkit's JaggedTensor weights are floats.
     """
 
     _TABLES = "embeddings"
@@ -205,8 +206,14 @@ class EmbeddingCollection(_QuantCollection):
             tables, device, output_dtype, table_name_to_quantized_weights,
             quant_state_dict_split_scale_bias, validate_ids,
         )  # fmt: skip
+        if need_indices:
+            raise ValueError(
+                "quantized EmbeddingCollection(need_indices=True): shardkit's JaggedTensor "
+                "weights are floats, not ids; leave need_indices False and read the ids from "
+                "the input KJT"
+            )
         self._keep_layout(register_tbes, row_alignment, cache_features_order)
-        self._need_indices = need_indices
+        self._need_indices = False
         self._configs = list(tables)
         self._feature_names = [f for t in tables for f in t.feature_names]
 
@@ -247,8 +254,7 @@ class EmbeddingCollection(_QuantCollection):
             for feature, piece, jt in zip(
                 stack.features, rows.split(part.length_per_key()), part.to_dict().values()
             ):
-                indices = jt.values() if self._need_indices else None
-                out[feature] = JaggedTensor(values=piece, lengths=jt.lengths(), weights=indices)
+                out[feature] = JaggedTensor(values=piece, lengths=jt.lengths())
         return {f: out[f] for f in self._feature_names}
 
 

@@ -205,6 +205,8 @@ def test_errors_name_the_table_and_what_works():
     tables = _tables()
     with pytest.raises(ValueError, match=r"served on CPU .* got device cuda"):
         QuantEBC(tables, is_weighted=False, device="cuda")
+    with pytest.raises(ValueError, match=r"quantized EmbeddingCollection\(need_indices=True\): shardkit's JaggedTensor weights are floats, not ids; leave need_indices False"):  # fmt: skip
+        QuantEC([EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=7, feature_names=["s"])], need_indices=True)  # fmt: skip
     with pytest.raises(ValueError, match="quant_state_dict_split_scale_bias=True is not supported"):
         QuantEBC(tables, is_weighted=False, quant_state_dict_split_scale_bias=True)
     with pytest.raises(ValueError, match=r"needs module\.qconfig"):

@@ -118,8 +118,8 @@ def _quantized_sequences() -> QuantEC:
 
 def _serve_sequences(rank, world_size, placement):
     """Sequence tables (one row per id), table-wise, against the unsharded quantized module;
-    half output, rank 0 without tables, uneven batches. (Not need_indices: the unsharded
-    quantized module's JaggedTensor refuses its int64 ids as weights.)"""
+    half output, rank 0 without tables, uneven batches. (need_indices is refused by the
+    quantized collection, as by the float one.)"""
     reference = _quantized_sequences()
     sharded = ShardedQuantEmbeddingCollection(reference, placement)
     kjt = _requests(rank, weighted=False)
