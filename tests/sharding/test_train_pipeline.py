@@ -374,21 +374,19 @@ def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
 
 def test_headers_without_input_decide_the_same_on_every_rank():
     """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
-    from shardkit.sharding._input_dist import (
-        _EXHAUSTED,
-        _NO_INPUT,
-        _OK,
+    from shardkit.sharding._input_header import (
+        EXHAUSTED,
+        NO_INPUT,
+        OK,
         InputError,
         RanksExhaustedError,
-        SourceBatch,
-        _check_headers,
+        check_headers,
     )
 
-    empty = SourceBatch(0, [], [], None)
     with pytest.raises(RanksExhaustedError, match=r"rank\(s\) \[1\] have no batch left") as info:
-        _check_headers([[4, _OK], [0, _EXHAUSTED], [4, _NO_INPUT]], empty, 0)
+        check_headers([[4, OK], [0, EXHAUSTED], [4, NO_INPUT]], error=None)
     assert info.value.ranks == [1]
-    _check_headers([[0, _EXHAUSTED], [0, _EXHAUSTED]], empty, 0)  # all ran out: stop quietly
-    _check_headers([[0, _NO_INPUT], [0, _NO_INPUT]], empty, 0)  # no input anywhere: agreed
+    check_headers([[0, EXHAUSTED], [0, EXHAUSTED]], error=None)  # all ran out: stop quietly
+    check_headers([[0, NO_INPUT], [0, NO_INPUT]], error=None)  # no input anywhere: agreed
     with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
-        _check_headers([[0, _NO_INPUT], [4, _OK]], empty, 1)
+        check_headers([[0, NO_INPUT], [4, OK]], error=None)
