@@ -286,8 +286,9 @@ class ShardedCollection(nn.Module):
 
     # -- input dist ------------------------------------------------------------------------
 
-    def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
-        """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
+    def input_dist(self, features: KeyedJaggedTensor, *, tag: int = 0) -> DistributedInput:
+        """Start sending this rank's ids to the shards' ranks (the all-to-alls run async).
+        ``tag``: a number every rank must send alike in its header (see `_input_header`)."""
         inverse = None
         if self._ACCEPTS_VARIABLE_BATCH:
             inverse = variable_batch_inverse(features, self.feature_names())
@@ -310,22 +311,24 @@ class ShardedCollection(nn.Module):
             self._env.pg,
             with_weights=self._with_weights,
             device=self._device,
+            tag=tag,
         )
         vbe = inverse if isinstance(inverse, torch.Tensor) else None
         return DistributedInput(features, pending, source, full, vbe)
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, *, tag: int = 0) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT
-        object uses it (see `TrainPipelineSparseDist`)."""
-        self._prefetched.append(self.input_dist(features))
+        object uses it (see `TrainPipelineSparseDist`). ``tag``: see `input_dist`."""
+        self._prefetched.append(self.input_dist(features, tag=tag))
         del self._prefetched[:-_MAX_PREFETCHED]
 
-    def join_without_input(self, *, exhausted: bool) -> None:
+    def join_without_input(self, *, exhausted: bool, tag: int = 0) -> None:
         """Take part in this collection's input dist with a header alone: no batch left
         (``exhausted``), or none for this collection (see `exchange_status`)."""
         exchange_status(
-            self._layout, self._env.rank, self._env.pg, exhausted=exhausted, device=self._device
-        )
+            self._layout, self._env.rank, self._env.pg,
+            exhausted=exhausted, device=self._device, tag=tag,
+        )  # fmt: skip
 
     def unused_prefetches(self) -> int:
         """Prefetched inputs no forward has used yet."""

@@ -44,6 +44,7 @@ from shardkit.comm import label
 from shardkit.sharding._input_header import (
     BAD_INPUT,
     EXHAUSTED,
+    HEADER_FIELDS,
     NO_INPUT,
     OK,
     InputError,
@@ -130,11 +131,13 @@ def exchange_start(
     *,
     with_weights: bool,
     device: torch.device,
+    tag: int = 0,
 ) -> PendingInput:
     """Send this rank's ids to the shards' ranks; returns a handle on what it receives.
 
     ``device`` is where the collection computes: the batch's tensors are there, and so is
-    everything sent and received (NCCL carries only GPU tensors).
+    everything sent and received (NCCL carries only GPU tensors). ``tag``: the number every
+    rank must send alike in its header (see `_input_header`).
     """
     world = layout.world_size
     payload: list[_Payload] | None = None
@@ -145,13 +148,14 @@ def exchange_start(
     header = exchange_headers(
         sent_counts, layout, rank, group, device,
         batch_size=batch.batch_size, strides=batch.strides,
-        status=OK if batch.error is None else BAD_INPUT,
+        status=OK if batch.error is None else BAD_INPUT, tag=tag,
     )  # fmt: skip
     check_headers(header, error=batch.error)
     size = header[0][0]
     slots = layout.slots_to(rank)
-    counts = [row[2 : 2 + len(slots)] for row in header]  # [W][S]
-    strides = [row[2 + len(slots) :] for row in header]  # [W][F] bags per feature
+    first = HEADER_FIELDS
+    counts = [row[first : first + len(slots)] for row in header]  # [W][S]
+    strides = [row[first + len(slots) :] for row in header]  # [W][F] bags per feature
     received_ids = [sum(per_slot) for per_slot in counts]
     sent_ids = [sum(per_slot) for per_slot in sent_counts]
     bags = [[per_rank[s.unit.feature_index] for s in slots] for per_rank in strides]  # [W][S]
@@ -193,6 +197,7 @@ def exchange_status(
     *,
     exhausted: bool,
     device: torch.device,
+    tag: int = 0,
 ) -> None:
     """Take part in a collection's header exchange without input: this rank has no batch left
     (``exhausted``) or its batch has nothing for this collection. Returns when every rank sent
@@ -201,8 +206,9 @@ def exchange_status(
     status = EXHAUSTED if exhausted else NO_INPUT
     sent_counts = [[0] * len(layout.slots_to(d)) for d in range(layout.world_size)]
     header = exchange_headers(
-        sent_counts, layout, rank, group, device, batch_size=0, strides=None, status=status
-    )
+        sent_counts, layout, rank, group, device,
+        batch_size=0, strides=None, status=status, tag=tag,
+    )  # fmt: skip
     check_headers(header, error=None)
 
 

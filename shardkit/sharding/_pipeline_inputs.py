@@ -1,6 +1,22 @@
 """Which KeyedJaggedTensors of a batch feed which sharded collections: the train pipelines'
 prefetch (see [Note: pipelined input dist] in `_train_pipeline`), and the collection whose
-input dist carries the ranks' agreement on data ([Note: deferred agreement])."""
+input dist carries the ranks' agreement on data ([Note: deferred agreement]).
+
+[Note: prefetch mask]
+An overlapping pipeline starts, at fetch, the input dist of every sharded collection a batch's
+KJTs can feed, the lead's first. Were a rank's batch to feed another set of the other
+collections than the other ranks' (rank 0's batch feeds A and B, rank 1's only A), rank 0
+would start B's header exchange where rank 1 starts its next collective: a hang, or an abort
+on mismatched sizes. So the lead's header carries, as its tag (see `_input_header`), the mask
+of the other collections this rank is about to start (bit ``i``: the ``i``-th after the lead,
+`prefetch_mask`), and every rank reads every rank's mask before any of them starts one: where
+they differ, every rank raises an `InputError` naming the ranks and the collections, before
+the mismatched collective. A rank without a batch sends 0, but the ranks' disagreement on
+data is checked first. A synchronous pipeline starts only the lead's input dist (mask 0): the
+others start in their forwards, as in a plain loop. Past 63 other collections the bits fold
+(collection ``i`` sets bit ``i % 63``): a mismatch between only ``i`` and ``i + 63`` goes
+unseen.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +27,24 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._input_dist import InputError
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ShardedModule
 
 __all__ = [
     "batch_kjts",
+    "collection_names",
+    "fed_collections",
     "lead_collection",
+    "mask_names",
+    "mismatch_error",
     "prefetch_batch",
     "prefetch_into",
+    "prefetch_mask",
     "sharded_collections",
 ]
+
+_MASK_BITS = 63  # an int64 header field, kept non-negative
 
 
 def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
@@ -63,17 +87,66 @@ def _outer_modules(module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def prefetch_into(collections: list[ShardedCollection], batch: Any) -> list[ShardedCollection]:
-    """Start each collection's input dist on the batch's KJT that has its features, in order;
-    the collections fed."""
+def _feeds(
+    collections: list[ShardedCollection], batch: Any
+) -> list[tuple[ShardedCollection, KeyedJaggedTensor]]:
+    """(collection, KJT) for each of the batch's KJTs that has a collection's features."""
     kjts = [(kjt, set(kjt.keys())) for kjt in batch_kjts(batch)]
-    fed = []
-    for module in collections:
-        for kjt, keys in kjts:
-            if keys.issuperset(module.feature_names()):
-                module.prefetch(kjt)
-                fed.append(module)
-    return fed
+    return [
+        (module, kjt)
+        for module in collections
+        for kjt, keys in kjts
+        if keys.issuperset(module.feature_names())
+    ]
+
+
+def fed_collections(collections: list[ShardedCollection], batch: Any) -> list[ShardedCollection]:
+    """The collections `prefetch_into` would start for ``batch`` (starts nothing)."""
+    return [module for module, _ in _feeds(collections, batch)]
+
+
+def prefetch_into(
+    collections: list[ShardedCollection], batch: Any, *, tag: int = 0
+) -> list[ShardedCollection]:
+    """Start each collection's input dist on the batch's KJT that has its features, in order,
+    with ``tag`` in its header; the collections fed."""
+    fed = _feeds(collections, batch)
+    for module, kjt in fed:
+        module.prefetch(kjt, tag=tag)
+    return [module for module, _ in fed]
+
+
+def prefetch_mask(collections: list[ShardedCollection], fed: list[ShardedCollection]) -> int:
+    """Bit ``i % 63`` set where ``collections[i]`` is in ``fed`` ([Note: prefetch mask])."""
+    mask = 0
+    for index, module in enumerate(collections):
+        if any(module is other for other in fed):
+            mask |= 1 << (index % _MASK_BITS)
+    return mask
+
+
+def mask_names(mask: int, names: list[str]) -> list[str]:
+    """The names of ``names[i]`` whose bit ``mask`` sets ([Note: prefetch mask])."""
+    return [name for index, name in enumerate(names) if mask >> (index % _MASK_BITS) & 1]
+
+
+def mismatch_error(masks: list[int], names: list[str]) -> InputError:
+    """The error every rank raises where the ranks' prefetch masks differ (``masks`` in rank
+    order, ``names`` the collections after the lead; see [Note: prefetch mask])."""
+    per_rank = {rank: mask_names(mask, names) for rank, mask in enumerate(masks)}
+    return InputError(
+        f"the ranks' batches feed other sharded collections besides the first: {per_rank} "
+        "(rank: collections its batch's KJTs have every feature of); an overlapping train "
+        "pipeline starts their input dists one step ahead, so every rank's batches must hold "
+        "KJTs with the same keys (give a feature a rank lacks empty bags), or run it with "
+        "overlap=False, where each collection's forward starts its own"
+    )
+
+
+def collection_names(model: nn.Module, collections: list[ShardedCollection]) -> list[str]:
+    """Each collection's module path in ``model`` (``"<model>"`` for the model itself)."""
+    paths = {id(module): name for name, module in model.named_modules()}
+    return [paths.get(id(module)) or "<model>" for module in collections]
 
 
 def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> ShardedCollection | None:

@@ -38,7 +38,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,11 +52,17 @@ from shardkit.sharding._data_agreement import (
     any_rank,
     start_agreement,
 )
+from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._pipeline_context import TorchCompileConfig, TrainPipelineContext
 from shardkit.sharding._pipeline_inputs import (
     batch_kjts,
+    collection_names,
+    fed_collections,
     lead_collection,
+    mismatch_error,
     prefetch_batch,
     prefetch_into,
+    prefetch_mask,
     sharded_collections,
 )
 from shardkit.sharding._pipeline_schedule import (
@@ -80,33 +85,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainPipelineContext:
-    """What TorchRec's pipelines keep per batch (shardkit keeps its prefetched inputs in the
-    collections; ``index`` counts the batches, ``version`` is TorchRec's context version)."""
-
-    input_dist_splits_requests: dict[str, Any] = field(default_factory=dict)
-    input_dist_tensors_requests: dict[str, Any] = field(default_factory=dict)
-    module_contexts: dict[str, Any] = field(default_factory=dict)
-    module_contexts_next_batch: dict[str, Any] = field(default_factory=dict)
-    fused_splits_awaitables: list[Any] = field(default_factory=list)
-    events: list[Any] = field(default_factory=list)
-    postproc_fwd_results: dict[str, Any] = field(default_factory=dict)
-    index: int | None = None
-    version: int = 0
-
-
-@dataclass
-class TorchCompileConfig:
-    """How `TrainPipelinePT2` compiles the model: ``torch.compile(model, fullgraph=...,
-    dynamic=..., backend=...)`` before batch ``compile_on_iter``."""
-
-    fullgraph: bool = False
-    dynamic: bool | None = None
-    backend: str = "inductor"
-    compile_on_iter: int = 3
 
 
 class TrainPipeline(abc.ABC):
@@ -158,6 +136,7 @@ class _Pipeline(TrainPipeline):
             model, group
         )  # None: agree by flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
+        self._names = collection_names(model, self._collections[1:])
         self._lead_fed = True
         self._lead_checked = False
         self._batch_count = 0
@@ -193,18 +172,26 @@ class _Pipeline(TrainPipeline):
     def _carry(self, lead: ShardedCollection, batch: Any) -> None:
         """Start ``batch``'s input dist with this rank's flag in the lead's header (see
         [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
-        have a batch. The lead's header exchange is every rank's first collective: a rank that
-        ran out joins it alone, so nothing may start before it."""
+        have a batch, `InputError` if their batches feed other collections ([Note: prefetch
+        mask]). The lead's header exchange is every rank's first collective: a rank that ran
+        out joins it alone, so nothing may start before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
-        if not prefetch_into([lead], batch):
-            self._lead_fed = False
-            lead.join_without_input(exhausted=False)
-        if self._agree_at_fetch():  # overlapping: the other collections' ids travel now too
-            prefetch_into(self._collections[1:], batch)  # a synchronous forward starts its own
+        # overlapping, the other collections' ids travel now too; a synchronous forward
+        # starts their input dists itself
+        others = fed_collections(self._collections[1:], batch) if self._agree_at_fetch() else []
+        tag = prefetch_mask(self._collections[1:], others)
+        try:
+            if not prefetch_into([lead], batch, tag=tag):
+                self._lead_fed = False
+                lead.join_without_input(exhausted=False, tag=tag)
+        except TagMismatchError as error:
+            raise mismatch_error(error.tags, self._names) from None
+        if self._agree_at_fetch():
+            prefetch_into(self._collections[1:], batch)
 
     def _check_lead_used(self) -> None:
         """After the first synchronous step: fall back to flags, on every rank at once, if on

@@ -16,6 +16,7 @@ from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
+    InputError,
     ShardedEmbeddingBagCollection,
     TrainPipelineBase,
     TrainPipelineSparseDist,
@@ -70,7 +71,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
         calls = []
         original = sharded.input_dist
 
-        def record(features, original=original, calls=calls):
+        def record(features, original=original, calls=calls, **kwargs):
             import traceback
 
             calls.append(
@@ -78,7 +79,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
                 if any(f.name == "prefetch" for f in traceback.extract_stack())
                 else "forward"
             )
-            return original(features)
+            return original(features, **kwargs)
 
         sharded.input_dist = record
         step = optimizer.step
@@ -311,9 +312,24 @@ def _table(name: str, features: list[str]) -> EmbeddingBagConfig:
     return EmbeddingBagConfig(name=name, embedding_dim=2, num_embeddings=10, feature_names=features)
 
 
-def _lead_not_fed(rank: int, world_size: int, overlap: bool):
+class _TwoInputs(torch.nn.Module):
+    """The lead read from ``batch["x"]``, the second collection from ``batch["y"]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
+        self.second = EmbeddingBagCollection(tables=[_table("t1", ["b"])])
+
+    def forward(self, batch: dict[str, KeyedJaggedTensor]):
+        loss = self.first(batch["x"]).values().sum() + self.second(batch["y"]).values().sum()
+        return loss.reshape(1), loss.detach()
+
+
+def _fed_differently(rank: int, world_size: int, overlap: bool):
     """Rank 1 has no batch at all: its first collective, the lead's header exchange, must be
-    every rank's first collective too, before the second collection's input dist."""
+    every rank's first collective too, before the second collection's input dist. Then rank
+    1's batches do not feed the second collection: overlapping, rank 0 alone would start its
+    input dist ([Note: prefetch mask]); synchronous, the second's forward refuses rank 1's."""
     torch.manual_seed(0)
     model = DistributedModelParallel(_TwoCollections())
     pipeline = TrainPipelineSparseDist(
@@ -325,13 +341,27 @@ def _lead_not_fed(rank: int, world_size: int, overlap: bool):
     batches = iter([kjt] * (0 if rank == 1 else 3))
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 0"):
         pipeline.progress(batches)
+    model = DistributedModelParallel(_TwoInputs())
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
+    )
+    ones = torch.ones(2, dtype=torch.int64)
+    x = KeyedJaggedTensor(keys=["a"], values=torch.arange(2), lengths=ones)
+    y = KeyedJaggedTensor(keys=["b"] if rank == 0 else ["c"], values=torch.arange(2), lengths=ones)
+    if overlap:
+        match = (
+            r"the ranks' batches feed other sharded collections besides the first: "
+            r"\{0: \['_dmp_wrapped_module.second'\], 1: \[\]\} .* or run it with overlap=False"
+        )
+    else:
+        match = r"rank\(s\) \[1\] refused|lacks the module's features \['b'\]"
+    with pytest.raises(InputError, match=match):
+        pipeline.progress(iter([{"x": x, "y": y}] * 3))
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
-def test_a_rank_out_of_data_stops_every_rank_where_the_batch_does_not_feed_the_lead(
-    run_ranks, overlap
-):
-    run_ranks(_lead_not_fed, 2, overlap)
+def test_ranks_whose_batches_feed_other_collections_stop_together(run_ranks, overlap):
+    run_ranks(_fed_differently, 2, overlap)
 
 
 def _second_fed_a_copy(rank: int, world_size: int):
@@ -380,13 +410,17 @@ def test_headers_without_input_decide_the_same_on_every_rank():
         OK,
         InputError,
         RanksExhaustedError,
+        TagMismatchError,
         check_headers,
     )
 
     with pytest.raises(RanksExhaustedError, match=r"rank\(s\) \[1\] have no batch left") as info:
-        check_headers([[4, OK], [0, EXHAUSTED], [4, NO_INPUT]], error=None)
+        check_headers([[4, OK, 1], [0, EXHAUSTED, 0], [4, NO_INPUT, 1]], error=None)
     assert info.value.ranks == [1]
-    check_headers([[0, EXHAUSTED], [0, EXHAUSTED]], error=None)  # all ran out: stop quietly
-    check_headers([[0, NO_INPUT], [0, NO_INPUT]], error=None)  # no input anywhere: agreed
+    check_headers([[0, EXHAUSTED, 0], [0, EXHAUSTED, 0]], error=None)  # all ran out: stop quietly
+    check_headers([[0, NO_INPUT, 3], [0, NO_INPUT, 3]], error=None)  # no input anywhere: agreed
     with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
-        check_headers([[0, NO_INPUT], [4, OK]], error=None)
+        check_headers([[0, NO_INPUT, 0], [4, OK, 0]], error=None)
+    with pytest.raises(TagMismatchError, match=r"other tags in their input-dist headers") as tags:
+        check_headers([[0, NO_INPUT, 2], [0, NO_INPUT, 0]], error=None)  # header alone too
+    assert tags.value.tags == [2, 0]
