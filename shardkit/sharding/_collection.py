@@ -146,6 +146,7 @@ class ShardedCollection(nn.Module):
             tables_attr=self._TABLES,
         )  # fmt: skip
         self._prefetched: list[DistributedInput] = []
+        self._consumed = 0  # prefetched inputs a forward used
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
@@ -334,6 +335,10 @@ class ShardedCollection(nn.Module):
         """Prefetched inputs no forward has used yet."""
         return len(self._prefetched)
 
+    def consumed_prefetches(self) -> int:
+        """Prefetched inputs a forward has used, since construction."""
+        return self._consumed
+
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError
 
@@ -341,6 +346,7 @@ class ShardedCollection(nn.Module):
         for index, prefetched in enumerate(self._prefetched):
             if prefetched.features is features:
                 del self._prefetched[: index + 1]  # older ones were never used
+                self._consumed += 1
                 return self.compute_and_output_dist(prefetched)
         return self.compute_and_output_dist(self.input_dist(features))
 

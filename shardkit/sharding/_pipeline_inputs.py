@@ -16,6 +16,18 @@ data is checked first. A synchronous pipeline starts only the lead's input dist 
 others start in their forwards, as in a plain loop. Past 63 other collections the bits fold
 (collection ``i`` sets bit ``i % 63``): a mismatch between only ``i`` and ``i + 63`` goes
 unseen.
+
+[Note: prefetches no forward uses]
+A collection's forward uses a prefetched input only when it gets the very KJT object the
+prefetch was started for. A model that builds its own KJT (feature processing in its
+forward) leaves every prefetch unused: an input dist per step sent for nothing, beside the one
+its forward runs. So after the first overlapped step the ranks agree, by one all-reduce, on
+the collections that were prefetched for that batch but whose forward used none on some rank,
+and from the next fetch on the pipeline prefetches none of them; if the lead is among them,
+the ranks agree on data by flags (as a synchronous pipeline does after its first step,
+[Note: deferred agreement]). It falls back rather than raises: such a model is correct and
+trains as in a plain loop, only without the overlap for those collections (one INFO line
+names them). Once, on every rank together: one rank alone would change its collectives.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._data_agreement import any_rank_each
 from shardkit.sharding._input_dist import InputError
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ShardedModule
@@ -42,6 +55,7 @@ __all__ = [
     "prefetch_into",
     "prefetch_mask",
     "sharded_collections",
+    "unused_on_any_rank",
 ]
 
 _MASK_BITS = 63  # an int64 header field, kept non-negative
@@ -132,12 +146,13 @@ def mask_names(mask: int, names: list[str]) -> list[str]:
 
 def mismatch_error(masks: list[int], names: list[str]) -> InputError:
     """The error every rank raises where the ranks' prefetch masks differ (``masks`` in rank
-    order, ``names`` the collections after the lead; see [Note: prefetch mask])."""
+    order, ``names`` the pipeline's collections; see [Note: prefetch mask])."""
     per_rank = {rank: mask_names(mask, names) for rank, mask in enumerate(masks)}
     return InputError(
-        f"the ranks' batches feed other sharded collections besides the first: {per_rank} "
-        "(rank: collections its batch's KJTs have every feature of); an overlapping train "
-        "pipeline starts their input dists one step ahead, so every rank's batches must hold "
+        f"the ranks' batches feed other sharded collections: {per_rank} (rank: the "
+        "collections whose every feature its batch's KJTs hold, besides the lead, whose header "
+        "carries this check); an overlapping train pipeline starts their input dists one "
+        "step ahead, so every rank's batches must hold "
         "KJTs with the same keys (give a feature a rank lacks empty bags), or run it with "
         "overlap=False, where each collection's forward starts its own"
     )
@@ -159,3 +174,14 @@ def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> Sharde
     if lead is None or lead.sharding_env.world_size != dist.get_world_size():
         return None  # its header reaches only its own ranks: agree through the world by flags
     return lead
+
+
+def unused_on_any_rank(
+    collections: list[ShardedCollection], fed: list[ShardedCollection], group
+) -> list[ShardedCollection]:
+    """Of ``collections``, those in ``fed`` (prefetched for a batch whose forward has run)
+    whose forward used no prefetched input on some rank; every rank gets the same list (one
+    all-reduce; see [Note: prefetches no forward uses])."""
+    unused = [any(m is f for f in fed) and m.consumed_prefetches() == 0 for m in collections]
+    agreed = any_rank_each(unused, group)
+    return [m for m, flag in zip(collections, agreed) if flag]

@@ -4,9 +4,11 @@ started one step ahead; ranks that run out of data at different times fail toget
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shardkit.data import Batch
@@ -231,7 +233,7 @@ class _Dense(torch.nn.Module):
         return losses, losses.detach()
 
 
-def _uneven_dense(rank: int, world_size: int, carried: bool):
+def _uneven_dense(rank: int, world_size: int, carried: bool, overlap: bool = False):
     torch.manual_seed(0)
     if carried:  # a sharded model fed KJTs it builds itself: falls back to the flags
         model = DistributedModelParallel(DLRMTrain(dlrm()))
@@ -240,9 +242,14 @@ def _uneven_dense(rank: int, world_size: int, carried: bool):
         model = _Dense()
         batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
     pipeline = TrainPipelineSparseDist(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
     )
-    return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
+    prefetches = []
+    if pipeline._lead is not None:
+        original = pipeline._lead.prefetch
+        pipeline._lead.prefetch = lambda kjt, **kw: (prefetches.append(kjt), original(kjt, **kw))
+    steps = _steps_until_rank_1_runs_out(pipeline, batches)
+    return steps, pipeline._lead is None, len(prefetches)
 
 
 def _rebuilt(batch: Batch) -> Batch:
@@ -256,12 +263,23 @@ def _rebuilt(batch: Batch) -> Batch:
     return Copying(batch.dense_features, batch.sparse_features, batch.labels)
 
 
-@pytest.mark.parametrize("carried", [False, True], ids=["dense", "rebuilt_kjt"])
-def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carried):
+@pytest.mark.parametrize(
+    ("carried", "overlap", "expected"),
+    [
+        (False, False, (3, True, 0)),
+        (True, False, (3, True, 2)),  # the second batch was fetched before the check
+        (True, True, (2, True, 2)),  # prefetched for the first two batches, then no more
+    ],
+    ids=["dense", "rebuilt_kjt", "rebuilt_kjt_overlap"],
+)
+def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(
+    run_ranks, carried, overlap, expected
+):
     """Pure dense models, and models whose collections are fed another KJT than the batch's,
     agree by an all-gather (see [Note: deferred agreement]): the step after the data ends
-    on rank 1 raises on every rank."""
-    assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
+    on rank 1 raises on every rank. Overlapping, the prefetches no forward used stop after
+    the first step ([Note: prefetches no forward uses])."""
+    assert run_ranks(_uneven_dense, 2, carried, overlap) == [expected, expected]
 
 
 def _uneven_subgroups(rank: int, world_size: int):
@@ -348,14 +366,20 @@ def _fed_differently(rank: int, world_size: int, overlap: bool):
     ones = torch.ones(2, dtype=torch.int64)
     x = KeyedJaggedTensor(keys=["a"], values=torch.arange(2), lengths=ones)
     y = KeyedJaggedTensor(keys=["b"] if rank == 0 else ["c"], values=torch.arange(2), lengths=ones)
-    if overlap:
-        match = (
-            r"the ranks' batches feed other sharded collections besides the first: "
-            r"\{0: \['_dmp_wrapped_module.second'\], 1: \[\]\} .* or run it with overlap=False"
-        )
-    else:
-        match = r"rank\(s\) \[1\] refused|lacks the module's features \['b'\]"
-    with pytest.raises(InputError, match=match):
+    if not overlap:
+        with pytest.raises(InputError, match=r"rank\(s\) \[1\] refused|lacks the module's"):
+            pipeline.progress(iter([{"x": x, "y": y}] * 3))
+        return
+    first, second = "_dmp_wrapped_module.first", "_dmp_wrapped_module.second"
+    per_rank = re.escape(str({0: [second], 1: []}))
+    with pytest.raises(InputError, match=rf"other sharded collections: {per_rank} \(rank"):
+        pipeline.progress(iter([{"x": x, "y": y}] * 3))
+    # no lead (the ranks agree through a group given): the mask rides the flags instead
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=True, group=dist.group.WORLD
+    )
+    per_rank = re.escape(str({0: [first, second], 1: [first]}))
+    with pytest.raises(InputError, match=rf"{per_rank} .* or run it with overlap=False"):
         pipeline.progress(iter([{"x": x, "y": y}] * 3))
 
 
