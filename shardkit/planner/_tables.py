@@ -222,8 +222,14 @@ def _choices(
             kernels = [k for k in kernels if k != EmbeddingComputeKernel.DENSE]
         if kernels:
             choices.append((sharding_type, tuple(kernels)))
+    if not choices and not (c and c.compute_kernels):
+        raise ValueError(
+            f"table '{name}': {source.sharder_name} gives no compute kernel for any of its "
+            f"sharding types {[t.value for t in types]}; its compute_kernels(sharding_type, "
+            "compute_device_type) must return at least one (e.g. 'fused')"
+        )
     if not choices:
-        assert c is not None and c.compute_kernels  # sharders always give every type a kernel
+        assert c is not None and c.compute_kernels  # checked above
         allowed = {t.value: [k.value for k in source.kernels.get(t, ())] for t in types}
         raise PlannerError(
             f"table '{name}': constraint compute_kernels={[str(k) for k in c.compute_kernels]} "

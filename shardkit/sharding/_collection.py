@@ -148,6 +148,7 @@ class ShardedCollection(nn.Module):
             tables_attr=self._TABLES,
         )  # fmt: skip
         self._prefetched: list[DistributedInput] = []
+        self._consumed = 0  # prefetched inputs a forward used
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
@@ -288,8 +289,9 @@ class ShardedCollection(nn.Module):
 
     # -- input dist ------------------------------------------------------------------------
 
-    def input_dist(self, features: KeyedJaggedTensor) -> DistributedInput:
-        """Start sending this rank's ids to the shards' ranks (the all-to-alls run async)."""
+    def input_dist(self, features: KeyedJaggedTensor, *, tag: int = 0) -> DistributedInput:
+        """Start sending this rank's ids to the shards' ranks (the all-to-alls run async).
+        ``tag``: a number every rank must send alike in its header (see `_input_header`)."""
         inverse = None
         if self._ACCEPTS_VARIABLE_BATCH:
             inverse = variable_batch_inverse(features, self.feature_names())
@@ -312,26 +314,32 @@ class ShardedCollection(nn.Module):
             self._env.pg,
             with_weights=self._with_weights,
             device=self._device,
+            tag=tag,
         )
         vbe = inverse if isinstance(inverse, torch.Tensor) else None
         return DistributedInput(features, pending, source, full, vbe)
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, *, tag: int = 0) -> None:
         """Start the input dist of ``features`` now; the forward that receives this very KJT
-        object uses it (see `TrainPipelineSparseDist`)."""
-        self._prefetched.append(self.input_dist(features))
+        object uses it (see `TrainPipelineSparseDist`). ``tag``: see `input_dist`."""
+        self._prefetched.append(self.input_dist(features, tag=tag))
         del self._prefetched[:-_MAX_PREFETCHED]
 
-    def join_without_input(self, *, exhausted: bool) -> None:
+    def join_without_input(self, *, exhausted: bool, tag: int = 0) -> None:
         """Take part in this collection's input dist with a header alone: no batch left
         (``exhausted``), or none for this collection (see `exchange_status`)."""
         exchange_status(
-            self._layout, self._env.rank, self._env.pg, exhausted=exhausted, device=self._device
-        )
+            self._layout, self._env.rank, self._env.pg,
+            exhausted=exhausted, device=self._device, tag=tag,
+        )  # fmt: skip
 
     def unused_prefetches(self) -> int:
         """Prefetched inputs no forward has used yet."""
         return len(self._prefetched)
+
+    def consumed_prefetches(self) -> int:
+        """Prefetched inputs a forward has used, since construction."""
+        return self._consumed
 
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError
@@ -340,6 +348,7 @@ class ShardedCollection(nn.Module):
         for index, prefetched in enumerate(self._prefetched):
             if prefetched.features is features:
                 del self._prefetched[: index + 1]  # older ones were never used
+                self._consumed += 1
                 return self.compute_and_output_dist(prefetched)
         return self.compute_and_output_dist(self.input_dist(features))
 

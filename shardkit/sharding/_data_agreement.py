@@ -23,8 +23,10 @@ leave the others waiting in a collective it never calls. Two ways, chosen per pi
   its own where the pipeline overlaps. Synchronous, after the first step, the ranks decide
   once, by one all-reduce, whether the lead's forward left its prefetched input unused on any
   rank (a model that builds its own KJT); if so every rank falls back to the flags below from
-  the next fetch on, and never switches again. Assumes what a prefetch does: every rank's
-  batches hold the same features. The lead must be sharded over the whole world (a DMP's
+  the next fetch on, and never switches again (overlapping, the same after the first step
+  for every collection prefetched: [Note: prefetches no forward uses] in `_pipeline_inputs`).
+  Assumes what a prefetch does: every rank's batches hold the same features (checked where
+  the pipeline overlaps: [Note: prefetch mask]). The lead must be sharded over the whole world (a DMP's
   collections are by default); one sharded over a subgroup, or a pipeline given ``group=``,
   agrees by flags.
 * By flags (no lead: a pure dense model, one whose collections all sit inside other sharded
@@ -48,27 +50,35 @@ import torch.distributed as dist
 
 from shardkit import comm
 from shardkit.sharding._input_dist import RanksExhaustedError
+from shardkit.sharding._input_header import TagMismatchError
 
-__all__ = ["DataExhaustedError", "Fetched", "any_rank", "start_agreement"]
+__all__ = ["DataExhaustedError", "Fetched", "any_rank", "any_rank_each", "start_agreement"]
 
 
 class DataExhaustedError(RuntimeError):
     """Some ranks ran out of batches while others had more."""
 
 
-def _flag(value: bool, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """``value`` as a one-element tensor on the device the group carries (a GPU's for NCCL)."""
+def _flag(value: bool | list[int], group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``value`` (a flag, or numbers) as a tensor on the device the group carries (a GPU's
+    for NCCL)."""
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    return torch.tensor([int(value)], dtype=torch.int64, device=device)
+    values = value if isinstance(value, list) else [int(value)]
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
-def start_agreement(have: bool, group: dist.ProcessGroup | None) -> comm.Handle | None:
-    """Start gathering every rank's "I have a batch" flag (None without a process group)."""
+def start_agreement(
+    have: bool, group: dist.ProcessGroup | None, *, tag: int = 0
+) -> comm.Handle | None:
+    """Start gathering every rank's "I have a batch" flag, and ``tag``, a number every rank
+    must send alike ([Note: prefetch mask] in `_pipeline_inputs`); None without a process
+    group."""
     if not dist.is_initialized():
         return None
-    handle = comm.all_gather_into_tensor(_flag(have, group), group=group, async_op=True)
+    mine = _flag([int(have), tag], group)  # [2]
+    handle = comm.all_gather_into_tensor(mine, group=group, async_op=True)
     assert isinstance(handle, comm.Handle)
     return handle
 
@@ -83,6 +93,15 @@ def any_rank(value: bool, group: dist.ProcessGroup | None) -> bool:
     return bool(count.item())
 
 
+def any_rank_each(values: list[bool], group: dist.ProcessGroup | None) -> list[bool]:
+    """`any_rank` of each of ``values`` (one all-reduce; every rank passes as many)."""
+    if not dist.is_initialized() or not values:
+        return values
+    count = comm.all_reduce(_flag([int(v) for v in values], group), group=group)
+    assert isinstance(count, torch.Tensor)
+    return [n > 0 for n in count.tolist()]
+
+
 def _exhausted(empty: list[int], count: int) -> DataExhaustedError:
     return DataExhaustedError(
         f"rank(s) {empty} ran out of data after {count} batch(es) while the others have more; "
@@ -92,13 +111,16 @@ def _exhausted(empty: list[int], count: int) -> DataExhaustedError:
 
 
 def _check_flags(handle: comm.Handle | None, count: int) -> None:
-    """Wait for the flags; raise `DataExhaustedError` on every rank if only some have a batch."""
+    """Wait for the flags; raise `DataExhaustedError` on every rank if only some have a batch,
+    `TagMismatchError` if the ranks sent other tags."""
     if handle is None:
         return
-    flags = handle.wait().tolist()
-    if all(flags) or not any(flags):
-        return
-    raise _exhausted([r for r, f in enumerate(flags) if not f], count)
+    gathered = handle.wait().tolist()  # [W * 2]: (flag, tag) per rank
+    flags, tags = gathered[0::2], gathered[1::2]
+    if not (all(flags) or not any(flags)):
+        raise _exhausted([r for r, f in enumerate(flags) if not f], count)
+    if len(set(tags)) > 1:
+        raise TagMismatchError(tags)
 
 
 @dataclass

@@ -44,7 +44,7 @@ from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollis
 from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._state import quiet_sharded_tensor
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
-from shardkit.types import ParameterSharding, ShardingEnv, ShardingType
+from shardkit.types import ParameterSharding, ShardingEnv
 
 __all__ = ["McTable", "ShardedManagedCollisionCollection"]
 
@@ -96,58 +96,6 @@ def mc_tables(
         bounds = [s.shard_offsets[0] for s in shards] + [module.output_size()]
         out[name] = McTable(name, module.output_size(), owners, bounds, module.buckets())
     return out
-
-
-def aligned_plan(
-    modules: Mapping[str, nn.Module], plan: Mapping[str, ParameterSharding], world_size: int
-) -> dict[str, ParameterSharding]:
-    """The plan with each row-wise table's shards moved onto its bucket bounds; refuses a
-    sharding type managed collision cannot take, naming the table and what works."""
-    out = {}
-    for name, module in modules.items():
-        sharding = plan[name]
-        kind = sharding.sharding_type
-        if kind not in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE):
-            raise ValueError(
-                f"managed-collision table '{name}' cannot be sharded {kind.value}: its remapper "
-                "must see every id of a row range on the rank that holds those rows; use "
-                "row_wise or table_wise"
-            )
-        out[name] = sharding
-        if kind == ShardingType.ROW_WISE:
-            out[name] = _on_bucket_bounds(name, module, sharding, world_size)
-    return out
-
-
-def _on_bucket_bounds(
-    name: str, module: Any, sharding: ParameterSharding, world_size: int
-) -> ParameterSharding:
-    buckets = module.buckets()
-    if buckets % world_size:
-        raise ValueError(
-            f"managed-collision table '{name}' has {buckets} bucket(s), which {world_size} "
-            "ranks cannot share row-wise (each rank holds whole buckets); build its "
-            f"MCHManagedCollisionModule with buckets= a multiple of {world_size}, or shard it "
-            "table_wise"
-        )
-    segments = module.output_segments()
-    assert sharding.sharding_spec is not None, "row-wise shardings have a spec"
-    shards = sorted(sharding.sharding_spec.shards, key=lambda s: s.shard_offsets[0])
-    step = buckets // world_size
-    moved = []
-    for index, shard in enumerate(shards):
-        start, end = segments[index * step], segments[(index + 1) * step]
-        moved.append(type(shard)([start, 0], [end - start, shard.shard_sizes[1]], shard.placement))
-    if [s.shard_offsets for s in moved] != [s.shard_offsets for s in shards]:
-        logger.info(
-            "managed-collision table '%s': row-wise shards start at rows %s (its bucket bounds) "
-            "instead of %s",
-            name, [s.shard_offsets[0] for s in moved], [s.shard_offsets[0] for s in shards],
-        )  # fmt: skip
-    spec = type(sharding.sharding_spec)(moved)
-    return ParameterSharding(
-        sharding.sharding_type, sharding.compute_kernel, [s.placement.rank() for s in moved], spec
-    )
 
 
 class ShardedManagedCollisionCollection(nn.Module):
@@ -253,7 +201,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             table = self._tables[config.name]
             if len(table.owners) > 1:
                 local = self._managed_collision_modules[config.name]
-                assert isinstance(local, MCHManagedCollisionModule)  # row-wise: aligned_plan
+                assert isinstance(local, MCHManagedCollisionModule)  # aligned_plan checked it
                 jagged = local.preprocess({config.name: _jagged(part)})[config.name]
                 part = jagged.values().to(torch.int64)
                 owner = table.owner_of(local.bucket_of(part))
@@ -277,7 +225,7 @@ class ShardedManagedCollisionCollection(nn.Module):
             if config.name not in self._managed_collision_modules:
                 continue
             module = self._managed_collision_modules[config.name]
-            assert isinstance(module, ManagedCollisionModule)  # see _local_module
+            assert isinstance(module, ManagedCollisionModule)  # aligned_plan checked
             at = (table_of == index).nonzero().squeeze(1)
             features = {config.name: _jagged(received[at])}
             if len(self._tables[config.name].owners) == 1:

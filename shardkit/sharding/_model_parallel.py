@@ -26,7 +26,7 @@ from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
 from shardkit.sharding._device import resolve_device as device_of
 from shardkit.sharding._sharding_plan import get_default_sharders
-from shardkit.sharding._sharding_sharder import ShardingSharder
+from shardkit.sharding._sharding_sharder import sharders_by_type, sharding_sharders
 from shardkit.types import ModuleSharder, ShardingEnv, ShardingEnv2D, ShardingPlan
 
 __all__ = ["DistributedModelParallel"]
@@ -79,6 +79,7 @@ class DistributedModelParallel(nn.Module):
         # cuda under `shardkit run` on a machine without one: see [Note: cuda on cpu]
         self.device = device_of(resolve_device(device), self._env)
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
+        sharding_sharders(self._sharders)  # before planning, a collective
         self._local_world_size = local_world_size or _local_world_size(self._env.world_size)
         if plan is None:
             planner = EmbeddingShardingPlanner(
@@ -103,7 +104,7 @@ class DistributedModelParallel(nn.Module):
     # -- construction --------------------------------------------------------------------
 
     def _shard(self, module: nn.Module, gradient_division: bool) -> nn.Module:
-        by_type = {sharder.module_type: sharder for sharder in self._sharders}
+        by_type = sharders_by_type(self._sharders)
         targets = [
             (path, child, plan)
             for path, child in module.named_modules()
@@ -111,7 +112,6 @@ class DistributedModelParallel(nn.Module):
         ]
         for path, child, plan in targets:
             sharder = by_type[type(child)]
-            assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
             sharded = sharder.shard(
                 child,
                 plan,

@@ -32,6 +32,7 @@ applies.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -40,8 +41,11 @@ import torch
 import torch.distributed as dist
 
 from shardkit import launch
+from shardkit.sharding._data_agreement import any_rank
 
-__all__ = ["SideStreams", "choose_overlap", "host_cores", "local_ranks"]
+__all__ = ["SideStreams", "agreed_overlap", "choose_overlap", "host_cores", "local_ranks"]
+
+logger = logging.getLogger(__name__)
 
 
 class SideStreams:
@@ -101,6 +105,36 @@ def choose_overlap(
         "spare core(s) per rank for the transfer"
     )
     return spare >= 1, why
+
+
+def agreed_overlap(
+    overlap: bool | None, *, device: torch.device, group: dist.ProcessGroup | None
+) -> bool:
+    """Whether a pipeline computing on ``device`` overlaps: ``overlap``, or `choose_overlap`'s
+    answer where None, then agreed by every rank of ``group`` (one all-reduce): synchronous
+    where any rank would be. One INFO line (see [Note: when the pipeline overlaps])."""
+    if overlap is None:
+        overlap, why = choose_overlap(
+            device,
+            cores=host_cores(),
+            local_ranks=local_ranks(group),
+            threads=torch.get_num_threads(),
+        )
+    else:
+        why = "as asked (overlap=)"
+    if any_rank(not overlap, group) and overlap:  # the ranks' collectives must match
+        logger.warning(
+            "train pipeline: another rank runs synchronously, so this one does too "
+            "(it would overlap: %s)",
+            why,
+        )
+        overlap, why = False, "as another rank (hosts or overlap= differ)"
+    logger.info(
+        "train pipeline: %s (%s)",
+        "next batch's input dist overlaps this step" if overlap else "synchronous",
+        why,
+    )
+    return overlap
 
 
 def host_cores() -> int:

@@ -17,7 +17,7 @@ from shardkit.sharding._comm_helpers import get_local_size
 from shardkit.sharding._model_parallel import _materialize
 from shardkit.sharding._plan_helpers import get_module_to_default_sharders
 from shardkit.sharding._sharding_plan import get_default_sharders
-from shardkit.sharding._sharding_sharder import ShardingSharder
+from shardkit.sharding._sharding_sharder import sharders_by_type, sharding_sharders
 from shardkit.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingPlan
 
 __all__ = ["shard", "shard_modules"]
@@ -65,6 +65,7 @@ def shard(
             f"no sharder for {type(module).__name__}; shard() takes an EmbeddingBagCollection "
             "or EmbeddingCollection, or pass sharder="
         )
+    (checked,) = sharding_sharders([sharder])
     env, device = _env_and_device(env, device)
     tables = sharder.shardable_parameters(module)
     generators = {name: plan for name in tables} if callable(plan) else dict(plan)
@@ -79,8 +80,7 @@ def shard(
         else g(tables[name], local, env.world_size, device.type, sharder)
         for name, g in generators.items()
     }  # fmt: skip
-    assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
-    return sharder.shard(module, module_plan, env, device, local_world_size=local)
+    return checked.shard(module, module_plan, env, device, local_world_size=local)
 
 
 def shard_modules(
@@ -96,7 +96,7 @@ def shard_modules(
     the meta device are materialised on ``device``."""
     env, device = _env_and_device(env, device)
     sharders = list(sharders) if sharders is not None else get_default_sharders()
-    by_type = {s.module_type: s for s in sharders}
+    by_type = sharders_by_type(sharders)
     local = get_local_size(env.world_size)
     if plan is None:
         topology = Topology(world_size=env.world_size, compute_device=device.type,
@@ -109,9 +109,9 @@ def shard_modules(
         )
     root_plan = plan.get_plan_for_module("")
     if type(module) in by_type and root_plan is not None:  # no plan: not sharded, as a child
-        sharder = by_type[type(module)]
-        assert isinstance(sharder, ShardingSharder), f"{sharder!r} has no shard()"
-        return sharder.shard(module, root_plan, env, device, "", local_world_size=local)
+        return by_type[type(module)].shard(
+            module, root_plan, env, device, "", local_world_size=local
+        )
     _replace(module, "", by_type, plan, env, device, local)
     if init_params and device.type != "meta":
         _materialize(module, device)

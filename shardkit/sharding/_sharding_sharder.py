@@ -4,15 +4,15 @@ the planner; the sharders DMP and `shard` use also build the sharded module (Tor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from shardkit.types import ParameterSharding, ShardingEnv
 
-__all__ = ["ShardingSharder"]
+__all__ = ["ShardingSharder", "sharders_by_type", "sharding_sharders"]
 
 
 @runtime_checkable
@@ -30,3 +30,29 @@ class ShardingSharder(Protocol):
         local_world_size: int | None = None,
         gradient_division: bool = True,
     ) -> nn.Module: ...
+
+
+def sharding_sharders(sharders: Iterable[Any]) -> list[ShardingSharder]:
+    """``sharders`` as they are, each checked to build its sharded module (``shard``).
+
+    Raises:
+        TypeError: naming a sharder without ``shard`` (a planner-only `ModuleSharder`).
+    """
+    checked = []
+    for sharder in sharders:
+        if not isinstance(sharder, ShardingSharder):
+            kind = getattr(getattr(sharder, "module_type", None), "__name__", "?")
+            raise TypeError(
+                f"sharder {sharder!r} (for {kind}) has no shard(module, params, env, device, "
+                "module_fqn) method, which builds the sharded module; a ModuleSharder alone "
+                "only describes a module type to the planner. Subclass one of shardkit's "
+                "sharders (e.g. EmbeddingBagCollectionSharder) or give it shard()"
+            )
+        checked.append(sharder)
+    return checked
+
+
+def sharders_by_type(sharders: Iterable[Any]) -> dict[type, ShardingSharder]:
+    """Module type -> its sharder (each checked by `sharding_sharders`)."""
+    given = list(sharders)
+    return {s.module_type: checked for s, checked in zip(given, sharding_sharders(given))}

@@ -12,7 +12,9 @@ every sharded collection whose features it has, except a collection nested insid
 sharded module (a managed-collision or feature-processed collection's own, which sees what
 that module made of the batch). A collection's forward uses a prefetched input only for the
 very KJT object it was started for (the way DLRM-style models pass ``batch.sparse_features``
-on); a collection fed another KJT runs its input dist in its forward: correct, not overlapped.
+on); a collection fed another KJT runs its input dist in its forward: correct, not overlapped
+([Note: prefetches no forward uses]; ranks whose batches feed other collections all raise,
+[Note: prefetch mask], both in `_pipeline_inputs`).
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
@@ -38,7 +40,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,18 +54,24 @@ from shardkit.sharding._data_agreement import (
     any_rank,
     start_agreement,
 )
+from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._pipeline_context import TorchCompileConfig, TrainPipelineContext
 from shardkit.sharding._pipeline_inputs import (
     batch_kjts,
+    collection_names,
+    fed_collections,
     lead_collection,
+    mismatch_error,
     prefetch_batch,
     prefetch_into,
+    prefetch_mask,
     sharded_collections,
+    unused_on_any_rank,
 )
 from shardkit.sharding._pipeline_schedule import (
     SideStreams,
+    agreed_overlap,
     choose_overlap,
-    host_cores,
-    local_ranks,
 )
 
 __all__ = [
@@ -80,33 +87,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainPipelineContext:
-    """What TorchRec's pipelines keep per batch (shardkit keeps its prefetched inputs in the
-    collections; ``index`` counts the batches, ``version`` is TorchRec's context version)."""
-
-    input_dist_splits_requests: dict[str, Any] = field(default_factory=dict)
-    input_dist_tensors_requests: dict[str, Any] = field(default_factory=dict)
-    module_contexts: dict[str, Any] = field(default_factory=dict)
-    module_contexts_next_batch: dict[str, Any] = field(default_factory=dict)
-    fused_splits_awaitables: list[Any] = field(default_factory=list)
-    events: list[Any] = field(default_factory=list)
-    postproc_fwd_results: dict[str, Any] = field(default_factory=dict)
-    index: int | None = None
-    version: int = 0
-
-
-@dataclass
-class TorchCompileConfig:
-    """How `TrainPipelinePT2` compiles the model: ``torch.compile(model, fullgraph=...,
-    dynamic=..., backend=...)`` before batch ``compile_on_iter``."""
-
-    fullgraph: bool = False
-    dynamic: bool | None = None
-    backend: str = "inductor"
-    compile_on_iter: int = 3
 
 
 class TrainPipeline(abc.ABC):
@@ -158,6 +138,11 @@ class _Pipeline(TrainPipeline):
             model, group
         )  # None: agree by flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
+        self._names = collection_names(model, self._collections)
+        # what an overlapping fetch prefetches besides the lead (See [Note: prefetches no
+        # forward uses]); and what it started for the first batch
+        self._kept = self._collections[1:] if self._lead is not None else self._collections
+        self._first_fed: list[ShardedCollection] | None = None
         self._lead_fed = True
         self._lead_checked = False
         self._batch_count = 0
@@ -179,11 +164,15 @@ class _Pipeline(TrainPipeline):
                 carry = functools.partial(self._carry, self._lead)  # even after a fallback
                 fetched = Fetched(batch, None, self._batch_count, carry=carry)
             else:
-                flags = start_agreement(batch is not None, self._group)
+                tag = self._mask(batch) if batch is not None else 0
+                flags = start_agreement(batch is not None, self._group, tag=tag)
                 fetched = Fetched(batch, flags, self._batch_count)
             carried = fetched.carry is not None
             if self._agree_at_fetch():
-                batch = fetched.take()
+                try:
+                    batch = fetched.take()
+                except TagMismatchError as error:  # See [Note: prefetch mask]
+                    raise mismatch_error(error.tags, self._names) from None
             if batch is None:
                 return fetched
             self._batch_count += 1
@@ -193,18 +182,56 @@ class _Pipeline(TrainPipeline):
     def _carry(self, lead: ShardedCollection, batch: Any) -> None:
         """Start ``batch``'s input dist with this rank's flag in the lead's header (see
         [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
-        have a batch. The lead's header exchange is every rank's first collective: a rank that
-        ran out joins it alone, so nothing may start before it."""
+        have a batch, `InputError` if their batches feed other collections ([Note: prefetch
+        mask]). The lead's header exchange is every rank's first collective: a rank that ran
+        out joins it alone, so nothing may start before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
-        if not prefetch_into([lead], batch):
+        tag = self._mask(batch)
+        fed = prefetch_into([lead], batch, tag=tag)
+        if not fed:
             self._lead_fed = False
-            lead.join_without_input(exhausted=False)
-        if self._agree_at_fetch():  # overlapping: the other collections' ids travel now too
-            prefetch_into(self._collections[1:], batch)  # a synchronous forward starts its own
+            lead.join_without_input(exhausted=False, tag=tag)
+        self._prefetch_others(batch, fed)
+
+    def _mask(self, batch: Any) -> int:
+        """The collections an overlapping fetch starts for ``batch`` besides the lead, as the
+        tag every rank must send alike ([Note: prefetch mask]); 0 where it starts none."""
+        if not self._agree_at_fetch():
+            return 0  # a synchronous forward starts their input dists itself
+        return prefetch_mask(self._collections, fed_collections(self._kept, batch))
+
+    def _prefetch_others(self, batch: Any, fed: list[ShardedCollection]) -> None:
+        """Overlapping: start the other collections' input dists too, now that the ranks
+        agreed; remember what the first batch got ([Note: prefetches no forward uses])."""
+        if self._agree_at_fetch():
+            fed = fed + prefetch_into(self._kept, batch)
+        if self._first_fed is None:
+            self._first_fed = fed
+
+    def _check_prefetches_used(self) -> None:
+        """After the first overlapped step: stop prefetching, on every rank at once, the
+        collections whose forward used no prefetch on some rank; flags if the lead is one
+        (see [Note: prefetches no forward uses]); one all-reduce, once."""
+        if self._lead_checked:
+            return
+        self._lead_checked = True
+        candidates = [m for m in (self._lead, *self._kept) if m is not None]
+        unused = unused_on_any_rank(candidates, self._first_fed or [], self._group)
+        if not unused:
+            return
+        logger.info(
+            "train pipeline: the forwards of %s used no prefetched input (fed another KJT than "
+            "the batch's); their input dists run in their forwards from now on%s",
+            [self._names[self._collections.index(m)] for m in unused],
+            "; the ranks agree on data by an all-gather per batch" if self._lead in unused else "",
+        )
+        self._kept = [m for m in self._kept if m not in unused]
+        if self._lead in unused:
+            self._lead = None
 
     def _check_lead_used(self) -> None:
         """After the first synchronous step: fall back to flags, on every rank at once, if on
@@ -243,7 +270,9 @@ class _Pipeline(TrainPipeline):
         if training:
             torch.sum(losses, dim=0).backward()
             self._optimizer.step()
-        if not self._agree_at_fetch():
+        if self._agree_at_fetch():
+            self._check_prefetches_used()
+        else:
             self._check_lead_used()
         return output
 
@@ -344,41 +373,16 @@ class TrainPipelineSparseDist(_Pipeline):
         super().__init__(model, optimizer, device, custom_model_fwd, group)
         self._context_type = context_type
         self.contexts: list[TrainPipelineContext] = []
-        self._overlap = self._choose_overlap(model, overlap)
-
-    def _choose_overlap(self, model: nn.Module, overlap: bool | None) -> bool:
-        """See [Note: when the pipeline overlaps]; one INFO line either way. Every rank runs
-        the same schedule (one all-reduce here): synchronous where any rank would be."""
-        if overlap is None:
-            where = self._device if self._device is not None else getattr(model, "device", None)
-            overlap, why = choose_overlap(
-                torch.device(where if where is not None else "cpu"),
-                cores=host_cores(),
-                local_ranks=local_ranks(self._group),
-                threads=torch.get_num_threads(),
-            )
-        else:
-            why = "as asked (overlap=)"
-        if any_rank(not overlap, self._group) and overlap:  # the ranks' collectives must match
-            logger.warning(
-                "train pipeline: another rank runs synchronously, so this one does too "
-                "(it would overlap: %s)",
-                why,
-            )
-            overlap, why = False, "as another rank (hosts or overlap= differ)"
-        logger.info(
-            "train pipeline: %s (%s)",
-            "next batch's input dist overlaps this step" if overlap else "synchronous",
-            why,
-        )
-        return overlap
+        where = self._device if self._device is not None else getattr(model, "device", None)
+        device = torch.device(where if where is not None else "cpu")
+        self._overlap = agreed_overlap(overlap, device=device, group=self._group)
 
     def _agree_at_fetch(self) -> bool:
         return self._overlap  # its input dist starts now (see [Note: deferred agreement])
 
     def _started(self, batch: Any, carried: bool) -> None:
         if self._overlap and not carried:
-            prefetch_batch(self._model, batch)  # See [Note: pipelined input dist]
+            self._prefetch_others(batch, [])  # See [Note: pipelined input dist]
         self.contexts.append(self._context_type(index=self._batch_count - 1, version=1))
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:

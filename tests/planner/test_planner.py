@@ -208,6 +208,17 @@ def test_errors_name_the_missing_topology_and_unknown_tables():
             meta_ebc(seed_tables()),
             [EmbeddingBagCollectionSharder(), EmbeddingBagCollectionSharder()],
         )
+
+    class NoKernel(EmbeddingBagCollectionSharder):
+        def compute_kernels(self, sharding_type, compute_device_type):
+            return []
+
+    with pytest.raises(
+        ValueError, match=r"table 'large_table_0': NoKernel gives no compute kernel for any of"
+    ):
+        EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(
+            meta_ebc(seed_tables()), [NoKernel()]
+        )
     with pytest.raises(
         ValueError, match=r"batch_size must be an int >= 1 \(examples per rank\), got 0"
     ):

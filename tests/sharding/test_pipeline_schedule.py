@@ -8,13 +8,13 @@ import torch
 from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
-from shardkit.sharding import TrainPipelineSparseDist, _train_pipeline
+from shardkit.sharding import TrainPipelineSparseDist, _pipeline_schedule
 from tests.sharding.common import dlrm, dlrm_batch, local_part
 
 
 def _mixed_choices(rank: int, world_size: int):
     # Rank 0 would overlap, rank 1 would not (as on hosts with other core counts)
-    _train_pipeline.choose_overlap = lambda *a, **k: (rank == 0, f"rank {rank}'s host")
+    _pipeline_schedule.choose_overlap = lambda *a, **k: (rank == 0, f"rank {rank}'s host")
     torch.manual_seed(0)
     model = DistributedModelParallel(DLRMTrain(dlrm()))
     pipeline = TrainPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shardkit import checkpoint
+from shardkit.modules.mc_modules import ManagedCollisionModule
 from shardkit.planner import ShardingEnv, ShardingPlan
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
@@ -236,6 +237,34 @@ def test_buckets_that_ranks_cannot_share_are_refused():
     plan = plan_for(module, "row_wise", 4)
     with pytest.raises(ValueError, match=r"table 'users' has 6 bucket.*4 ranks.*buckets="):
         ShardedManagedCollisionEmbeddingBagCollection(module, plan, ShardingEnv(4, 0, None))
+
+
+class _PlainRemapper(ManagedCollisionModule):
+    """A remapper without buckets (not an MCH module)."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu", [0, 20])
+
+
+@pytest.mark.parametrize(
+    ("remapper", "kind", "match"),
+    [
+        (
+            torch.nn.Identity,
+            "table_wise",
+            r"'users' has a Identity remapper, not a Managed.*subclass",
+        ),
+        (_PlainRemapper, "row_wise", r"'users' is sharded row_wise.*_PlainRemapper has no bucket"),
+    ],
+    ids=["not_managed_collision", "row_wise_without_buckets"],
+)
+def test_a_remapper_the_sharded_collection_cannot_drive_is_refused(remapper, kind, match):
+    module = mc_module()
+    module._managed_collision_collection._managed_collision_modules["users"] = remapper()
+    with pytest.raises(TypeError, match=match):
+        ShardedManagedCollisionEmbeddingBagCollection(
+            module, plan_for(module, kind, 1), ShardingEnv(1, 0, None)
+        )
 
 
 def test_unknown_compressed_comms_are_refused():

@@ -4,9 +4,11 @@ started one step ahead; ranks that run out of data at different times fail toget
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shardkit.data import Batch
@@ -16,6 +18,7 @@ from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
+    InputError,
     ShardedEmbeddingBagCollection,
     TrainPipelineBase,
     TrainPipelineSparseDist,
@@ -70,7 +73,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
         calls = []
         original = sharded.input_dist
 
-        def record(features, original=original, calls=calls):
+        def record(features, original=original, calls=calls, **kwargs):
             import traceback
 
             calls.append(
@@ -78,7 +81,7 @@ def _pipelined_vs_plain(rank: int, world_size: int, overlap: bool | None, *, dev
                 if any(f.name == "prefetch" for f in traceback.extract_stack())
                 else "forward"
             )
-            return original(features)
+            return original(features, **kwargs)
 
         sharded.input_dist = record
         step = optimizer.step
@@ -230,7 +233,7 @@ class _Dense(torch.nn.Module):
         return losses, losses.detach()
 
 
-def _uneven_dense(rank: int, world_size: int, carried: bool):
+def _uneven_dense(rank: int, world_size: int, carried: bool, overlap: bool = False):
     torch.manual_seed(0)
     if carried:  # a sharded model fed KJTs it builds itself: falls back to the flags
         model = DistributedModelParallel(DLRMTrain(dlrm()))
@@ -239,9 +242,14 @@ def _uneven_dense(rank: int, world_size: int, carried: bool):
         model = _Dense()
         batches = iter([torch.ones(3, 2)] * (3 if rank == 1 else 5))
     pipeline = TrainPipelineSparseDist(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=False
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
     )
-    return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
+    prefetches = []
+    if pipeline._lead is not None:
+        original = pipeline._lead.prefetch
+        pipeline._lead.prefetch = lambda kjt, **kw: (prefetches.append(kjt), original(kjt, **kw))
+    steps = _steps_until_rank_1_runs_out(pipeline, batches)
+    return steps, pipeline._lead is None, len(prefetches)
 
 
 def _rebuilt(batch: Batch) -> Batch:
@@ -255,12 +263,23 @@ def _rebuilt(batch: Batch) -> Batch:
     return Copying(batch.dense_features, batch.sparse_features, batch.labels)
 
 
-@pytest.mark.parametrize("carried", [False, True], ids=["dense", "rebuilt_kjt"])
-def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(run_ranks, carried):
+@pytest.mark.parametrize(
+    ("carried", "overlap", "expected"),
+    [
+        (False, False, (3, True, 0)),
+        (True, False, (3, True, 2)),  # the second batch was fetched before the check
+        (True, True, (2, True, 2)),  # prefetched for the first two batches, then no more
+    ],
+    ids=["dense", "rebuilt_kjt", "rebuilt_kjt_overlap"],
+)
+def test_ranks_agree_by_flags_without_a_collection_fed_the_batch(
+    run_ranks, carried, overlap, expected
+):
     """Pure dense models, and models whose collections are fed another KJT than the batch's,
     agree by an all-gather (see [Note: deferred agreement]): the step after the data ends
-    on rank 1 raises on every rank."""
-    assert run_ranks(_uneven_dense, 2, carried) == [(3, True), (3, True)]
+    on rank 1 raises on every rank. Overlapping, the prefetches no forward used stop after
+    the first step ([Note: prefetches no forward uses])."""
+    assert run_ranks(_uneven_dense, 2, carried, overlap) == [expected, expected]
 
 
 def _uneven_subgroups(rank: int, world_size: int):
@@ -311,9 +330,24 @@ def _table(name: str, features: list[str]) -> EmbeddingBagConfig:
     return EmbeddingBagConfig(name=name, embedding_dim=2, num_embeddings=10, feature_names=features)
 
 
-def _lead_not_fed(rank: int, world_size: int, overlap: bool):
+class _TwoInputs(torch.nn.Module):
+    """The lead read from ``batch["x"]``, the second collection from ``batch["y"]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
+        self.second = EmbeddingBagCollection(tables=[_table("t1", ["b"])])
+
+    def forward(self, batch: dict[str, KeyedJaggedTensor]):
+        loss = self.first(batch["x"]).values().sum() + self.second(batch["y"]).values().sum()
+        return loss.reshape(1), loss.detach()
+
+
+def _fed_differently(rank: int, world_size: int, overlap: bool):
     """Rank 1 has no batch at all: its first collective, the lead's header exchange, must be
-    every rank's first collective too, before the second collection's input dist."""
+    every rank's first collective too, before the second collection's input dist. Then rank
+    1's batches do not feed the second collection: overlapping, rank 0 alone would start its
+    input dist ([Note: prefetch mask]); synchronous, the second's forward refuses rank 1's."""
     torch.manual_seed(0)
     model = DistributedModelParallel(_TwoCollections())
     pipeline = TrainPipelineSparseDist(
@@ -325,13 +359,33 @@ def _lead_not_fed(rank: int, world_size: int, overlap: bool):
     batches = iter([kjt] * (0 if rank == 1 else 3))
     with pytest.raises(DataExhaustedError, match=r"rank\(s\) \[1\] ran out of data after 0"):
         pipeline.progress(batches)
+    model = DistributedModelParallel(_TwoInputs())
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
+    )
+    ones = torch.ones(2, dtype=torch.int64)
+    x = KeyedJaggedTensor(keys=["a"], values=torch.arange(2), lengths=ones)
+    y = KeyedJaggedTensor(keys=["b"] if rank == 0 else ["c"], values=torch.arange(2), lengths=ones)
+    if not overlap:
+        with pytest.raises(InputError, match=r"rank\(s\) \[1\] refused|lacks the module's"):
+            pipeline.progress(iter([{"x": x, "y": y}] * 3))
+        return
+    first, second = "_dmp_wrapped_module.first", "_dmp_wrapped_module.second"
+    per_rank = re.escape(str({0: [second], 1: []}))
+    with pytest.raises(InputError, match=rf"other sharded collections: {per_rank} \(rank"):
+        pipeline.progress(iter([{"x": x, "y": y}] * 3))
+    # no lead (the ranks agree through a group given): the mask rides the flags instead
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=True, group=dist.group.WORLD
+    )
+    per_rank = re.escape(str({0: [first, second], 1: [first]}))
+    with pytest.raises(InputError, match=rf"{per_rank} .* or run it with overlap=False"):
+        pipeline.progress(iter([{"x": x, "y": y}] * 3))
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
-def test_a_rank_out_of_data_stops_every_rank_where_the_batch_does_not_feed_the_lead(
-    run_ranks, overlap
-):
-    run_ranks(_lead_not_fed, 2, overlap)
+def test_ranks_whose_batches_feed_other_collections_stop_together(run_ranks, overlap):
+    run_ranks(_fed_differently, 2, overlap)
 
 
 def _second_fed_a_copy(rank: int, world_size: int):
@@ -374,21 +428,23 @@ def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
 
 def test_headers_without_input_decide_the_same_on_every_rank():
     """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
-    from shardkit.sharding._input_dist import (
-        _EXHAUSTED,
-        _NO_INPUT,
-        _OK,
+    from shardkit.sharding._input_header import (
+        EXHAUSTED,
+        NO_INPUT,
+        OK,
         InputError,
         RanksExhaustedError,
-        SourceBatch,
-        _check_headers,
+        TagMismatchError,
+        check_headers,
     )
 
-    empty = SourceBatch(0, [], [], None)
     with pytest.raises(RanksExhaustedError, match=r"rank\(s\) \[1\] have no batch left") as info:
-        _check_headers([[4, _OK], [0, _EXHAUSTED], [4, _NO_INPUT]], empty, 0)
+        check_headers([[4, OK, 1], [0, EXHAUSTED, 0], [4, NO_INPUT, 1]], error=None)
     assert info.value.ranks == [1]
-    _check_headers([[0, _EXHAUSTED], [0, _EXHAUSTED]], empty, 0)  # all ran out: stop quietly
-    _check_headers([[0, _NO_INPUT], [0, _NO_INPUT]], empty, 0)  # no input anywhere: agreed
+    check_headers([[0, EXHAUSTED, 0], [0, EXHAUSTED, 0]], error=None)  # all ran out: stop quietly
+    check_headers([[0, NO_INPUT, 3], [0, NO_INPUT, 3]], error=None)  # no input anywhere: agreed
     with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
-        _check_headers([[0, _NO_INPUT], [4, _OK]], empty, 1)
+        check_headers([[0, NO_INPUT, 0], [4, OK, 0]], error=None)
+    with pytest.raises(TagMismatchError, match=r"other tags in their input-dist headers") as tags:
+        check_headers([[0, NO_INPUT, 2], [0, NO_INPUT, 0]], error=None)  # header alone too
+    assert tags.value.tags == [2, 0]
