@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardkit import comm
+from shardkit.inference._requests import agreed_batches
 from shardkit.inference._sharded import _check_placement, _exchange, table_wise_placement
 from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
@@ -63,6 +63,7 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         self._placement = placement
         self._features = [f for c in configs for f in c.feature_names]
         self._dims = {f: c.embedding_dim for c in configs for f in c.feature_names}
+        self._rows = {f: c.num_embeddings for c in configs for f in c.feature_names}
         owner = {f: placement[c.name] for c in configs for f in c.feature_names}
         self._features_of = [[f for f in self._features if owner[f] == r]
                              for r in range(self._world)]  # fmt: skip
@@ -85,18 +86,8 @@ class ShardedQuantEmbeddingCollection(nn.Module):
         """``features``: this rank's requests, batch ``B``. Returns ``{feature:
         JaggedTensor(values=[n_f, D_f], lengths=[B])}`` in the unsharded module's order."""
         by_key = dict(features.to_dict())
-        missing = [f for f in self._features if f not in by_key]
-        batch = torch.tensor([features.stride() if not missing else -1])
-        gathered = comm.all_gather_into_tensor(batch, group=self._group)
-        assert isinstance(gathered, torch.Tensor)  # synchronous
-        batches = gathered.tolist()
-        if min(batches) < 0:
-            bad = [r for r, b in enumerate(batches) if b < 0]
-            raise ValueError(
-                f"rank(s) {bad} gave a KeyedJaggedTensor without the features "
-                f"{missing or '(see their error)'} of the sharded quantized sequence tables; "
-                f"every rank must give all of {self._features}"
-            )
+        batches = agreed_batches(features, by_key, self._rows, group=self._group,
+                                 what="sharded quantized sequence tables")  # fmt: skip
         lengths, ids, counts = self._send_ids(by_key, batches)
         rows = self._lookup(lengths, ids)
         return self._send_rows(rows, counts, by_key)

@@ -33,6 +33,7 @@ from torch import nn
 
 from shardkit import comm
 from shardkit.inference._pooled import PooledGroup, pooled_groups
+from shardkit.inference._requests import agreed_batches
 from shardkit.inference._row_wise import (
     block_state,
     bucketize,
@@ -93,6 +94,7 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         self._placement, self._row_wise = placement, list(row_wise)
         self._out_features = [f for c in configs for f in c.feature_names]
         self._out_dims = [c.embedding_dim for c in configs for _ in c.feature_names]
+        self._rows = {f: c.num_embeddings for c in configs for f in c.feature_names}
         self._out_dtype = module.output_dtype()
         configs, self._blocks = split_tables(configs, row_wise, self._world)
         placement = {**placement, **{b.part(t, r): r for t, b in self._blocks.items()
@@ -134,21 +136,8 @@ class ShardedQuantEmbeddingBagCollection(nn.Module):
         """``features``: this rank's requests, batch ``B``. Returns ``[B, sum(dims)]`` in the
         unsharded module's feature order."""
         by_key = dict(features.to_dict())  # a copy: `bucketize` edits it, the KJT caches it
-        missing = [f for f in self._out_features if f not in by_key]
-        if not missing:
-            missing = _out_of_range(by_key, self._blocks)
-        batch = torch.tensor([features.stride() if not missing else -1])
-        gathered = comm.all_gather_into_tensor(batch, group=self._group)
-        assert isinstance(gathered, torch.Tensor)  # synchronous
-        batches = gathered.tolist()
-        if min(batches) < 0:
-            bad = [r for r, b in enumerate(batches) if b < 0]
-            raise ValueError(
-                f"rank(s) {bad} gave a KeyedJaggedTensor without the features, or with ids "
-                f"outside the row-wise tables of the features, {missing or '(see their error)'} "
-                f"of the sharded quantized tables; every rank must give all of "
-                f"{self._out_features}, each id in [0, num_embeddings)"
-            )
+        batches = agreed_batches(features, by_key, self._rows, group=self._group,
+                                 what="sharded quantized tables")  # fmt: skip
         lengths = {f: by_key[f].lengths() for b in self._blocks.values() for f in b.features}
         bucketize(by_key, self._blocks)
         received = self._send_ids(by_key, batches)
@@ -286,17 +275,6 @@ def _stored_bytes(module: QuantEmbeddingBagCollection, table: str) -> int:
     weight = module.embedding_bags[table].weight
     assert isinstance(weight, torch.Tensor)  # a quantized table's buffer
     return weight.numel() * weight.element_size()
-
-
-def _out_of_range(by_key, blocks) -> list[str]:
-    """The row-wise features with ids outside their table (they would reach no block)."""
-    bad = []
-    for block in blocks.values():
-        for f in block.features:
-            ids = by_key[f].values()
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= block.starts[-1]):
-                bad.append(f)
-    return bad
 
 
 def _check_placement(configs, placement: Mapping[str, int], world: int) -> None:

@@ -149,8 +149,9 @@ def _refusals(rank, world_size):
     sequences = ShardedQuantEmbeddingCollection(_quantized_sequences())
     kjt = KeyedJaggedTensor(keys=["a"], values=torch.tensor([1]), lengths=torch.tensor([1]))
     with pytest.raises(ValueError, match=(
-        r"rank\(s\) \[0\] gave a KeyedJaggedTensor without the features \['b', 'c', 'd'\] of "
-        r"the sharded quantized sequence tables; every rank must give all of \['a', 'b', 'c', 'd'\]"
+        r"rank\(s\) \[0\] gave a KeyedJaggedTensor the sharded quantized sequence tables cannot "
+        r"serve \(this rank's lacks the features \['b', 'c', 'd'\]\); every rank must give "
+        r"all of \['a', 'b', 'c', 'd'\], each id in \[0, num_embeddings\)"
     )):  # fmt: skip
         sequences(kjt)
     assert dist.get_world_size() == 1
@@ -236,23 +237,40 @@ def test_a_table_over_one_ranks_budget_goes_row_wise(run_ranks):
 
 
 def _bad_ids(rank, world_size):
-    sharded = ShardedQuantEmbeddingBagCollection(_quantized(False), row_wise=["t0"])
-    kjt = _requests(rank, False)
-    if rank == 1:  # an id past table t0 (11 rows) in feature "a": only this rank knows
-        kjt = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values().clone(), lengths=kjt.lengths())
-        kjt.values()[0] = 11 if kjt.lengths()[0] else kjt.values()[0]
-    try:
-        sharded(kjt)
-    except ValueError as error:
-        return str(error)
-    return None
+    """Rank 1 alone sends an id past its table: row-wise (t0, 11 rows, feature "a"),
+    table-wise (t1, 7 rows, feature "c") and a sequence table (t1 again); the owner is another
+    rank, so every rank must raise before the ids move, not only the owner."""
+    cases = [
+        (ShardedQuantEmbeddingBagCollection(_quantized(False), row_wise=["t0"]), "a", 11),
+        (ShardedQuantEmbeddingBagCollection(_quantized(False), {"t0": 1, "t1": 0, "t2": 1}), "c", 7),
+        (ShardedQuantEmbeddingCollection(_quantized_sequences(), {"t0": 1, "t1": 0, "t2": 1}), "c", 7),
+    ]  # fmt: skip
+    messages = []
+    for sharded, feature, past_end in cases:
+        kjt = _requests(rank, False)
+        if rank == 1:
+            values = kjt.values().clone()
+            at = sum(int(n) for k, n in zip(kjt.keys(), kjt.length_per_key()) if k < feature)
+            values[at] = past_end  # the feature's first id (every feature has ids here)
+            kjt = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
+        try:
+            sharded(kjt)
+            messages.append(None)
+        except ValueError as error:
+            messages.append(str(error))
+    return messages
 
 
-def test_ids_outside_a_row_wise_table_are_refused_on_every_rank(run_ranks):
-    for message in run_ranks(_bad_ids, 2):
-        with pytest.raises(ValueError, match=r"rank\(s\) \[1\] gave .* ids outside the row-wise "
-                           r"tables"):  # fmt: skip
-            raise ValueError(message)
+def test_ids_outside_a_table_are_refused_on_every_rank(run_ranks):
+    for rank, messages in enumerate(run_ranks(_bad_ids, 2)):
+        for message, feature in zip(messages, "acc"):
+            mine = (
+                rf"has ids outside their tables in the features \['{feature}'\]"
+                if rank == 1
+                else r"is fine: see the error of rank\(s\) \[1\]"
+            )
+            with pytest.raises(ValueError, match=rf"rank\(s\) \[1\] gave a KeyedJaggedTensor .* cannot serve \(this rank's {mine}\); every rank must give all of .*each id in \[0, num_embeddings\)"):  # fmt: skip
+                raise ValueError(message)
 
 
 def test_row_wise_needs_a_row_per_rank_and_each_table_once(run_ranks):
