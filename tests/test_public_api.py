@@ -256,6 +256,7 @@ PUBLIC = {
     "shardkit.optim.fused": ["EmptyFusedOptimizer", "FusedOptimizer", "FusedOptimizerModule"],
     "shardkit.kernels": [
         "KernelPath",
+        "bucket_rows",
         "dense_backward",
         "fused_backward",
         "huge_page_bytes",
