@@ -8,10 +8,11 @@ implementations that compute the same thing:
   `shardkit.optim._rules`). It is the spec, and the fallback where nothing can be compiled.
 - **compiled**: three ``torch.library`` operators in namespace ``shardkit`` (``pooled_forward``,
   ``fused_backward``, ``dense_backward``; a fourth, ``bucket_rows``, serves the row-wise input
-  dist, see [Note: compiled row bucketing] in ``csrc/buckets.cpp``), C++ in ``csrc/``, compiled for this CPU with
-  ``torch.utils.cpp_extension`` the first time a process needs them (about 20 s on 2 cores) and
-  cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR`` moves it), keyed by the
-  sources, torch, Python and the CPU, so later processes load it in milliseconds.
+  dist, see [Note: compiled row bucketing] in ``csrc/buckets.cpp``), C++ in ``csrc/``, compiled
+  for this CPU with ``torch.utils.cpp_extension`` the first time a process needs them (about
+  20 s on 2 cores) and cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR``
+  moves it), keyed by the sources, torch, Python and the CPU, so later processes load it in
+  milliseconds.
   The sources, one concern each: ``forward.cpp``, ``grouping.cpp`` (the ids grouped by row),
   ``backward.cpp`` (the fused update), sharing ``common.h`` (element types, prefetch, checks)
   and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs).
