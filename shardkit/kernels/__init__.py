@@ -15,7 +15,8 @@ implementations that compute the same thing:
   milliseconds.
   The sources, one concern each: ``forward.cpp``, ``grouping.cpp`` (the ids grouped by row),
   ``backward.cpp`` (the fused update), sharing ``common.h`` (element types, prefetch, checks)
-  and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs).
+  and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs);
+  ``buckets.cpp`` is ``bucket_rows``, operator and registration in one (CPU only).
 
 Backward, compiled: one counting sort of the batch's ids on the row itself where the table has
 at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as the number of
