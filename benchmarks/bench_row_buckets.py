@@ -1,10 +1,12 @@
-"""Row bucketing of a row-wise input dist: the counting partition against bucketize + sort.
+"""Row bucketing of a row-wise input dist: compiled, the counting partition, bucketize + sort.
 
     python benchmarks/bench_row_buckets.py            # 20k ids (1024 bags of ~20), 1 thread
 
 One feature's ids grouped by the shard that holds their row, as `_input_dist` does per
-row-sharded feature per step (see [Note: row bucketing without a sort]), for 1-16 shards; both
-paths are checked equal first. Prints the best of ``--reps`` calls of each (ms) and the ratio.
+row-sharded feature per step (see [Note: row bucketing without a sort]), for 1-16 shards: the
+compiled operator ([Note: compiled row bucketing]; "n/a" where it does not build) and the two
+eager paths, all checked equal first. Prints the best of ``--reps`` calls of each (ms) and the
+ratios to the sort.
 """
 
 from __future__ import annotations
@@ -15,15 +17,28 @@ import time
 
 import torch
 
+from shardkit import kernels
 from shardkit.sharding import bucket_rows
 
+PATHS = ("compiled", "partition", "sort")
 
-def _bucket(lengths, values, starts, *, partition: bool):
+
+def _bucket(lengths, values, starts, *, path: str):
     """`bucket_rows` forced down one path: ``(shard_lengths, rebased, order)``."""
-    limit = len(starts) if partition else 0  # the most shards that take the partition
+    limit = len(starts) if path == "partition" else 0  # the most shards that take the partition
+    kernel = "compiled" if path == "compiled" else "eager"
     out = bucket_rows(values, lengths=lengths, weights=None, row_starts=starts,
-                      max_partition_shards=limit)  # fmt: skip
+                      max_partition_shards=limit, kernel=kernel)  # fmt: skip
     return out[0], out[1], out[3]
+
+
+def _compiled_builds() -> bool:
+    try:
+        with kernels.use_kernel("compiled"):
+            return True
+    except RuntimeError as error:
+        print(f"the compiled kernel is unavailable: {error}")
+        return False
 
 
 def _best_ms(fn, reps: int) -> float:
@@ -54,15 +69,21 @@ def main() -> None:
     )
     values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
     print(f"{values.numel()} ids in {args.bags} bags, {args.threads} thread(s)")
-    print("shards  partition ms  sort ms  partition/sort")
+    paths = PATHS if _compiled_builds() else PATHS[1:]
+    print("shards  compiled ms  partition ms  sort ms  compiled/sort  partition/sort")
     for shards in args.shards:
         starts = [args.rows * k // shards for k in range(shards)]
-        part_fn = functools.partial(_bucket, lengths, values, starts, partition=True)
-        sort_fn = functools.partial(_bucket, lengths, values, starts, partition=False)
-        for got, want in zip(part_fn(), sort_fn()):
-            torch.testing.assert_close(got, want)
-        part, sort = _best_ms(part_fn, args.reps), _best_ms(sort_fn, args.reps)
-        print(f"{shards:6d}  {part:12.3f}  {sort:7.3f}  {part / sort:14.2f}")
+        fns = {p: functools.partial(_bucket, lengths, values, starts, path=p) for p in paths}
+        want = fns["sort"]()
+        for path in paths:
+            for got, expected in zip(fns[path](), want):
+                torch.testing.assert_close(got, expected)
+        ms = {path: _best_ms(fn, args.reps) for path, fn in fns.items()}
+        compiled = ms.get("compiled", float("nan"))
+        print(
+            f"{shards:6d}  {compiled:11.3f}  {ms['partition']:12.3f}  {ms['sort']:7.3f}  "
+            f"{compiled / ms['sort']:13.2f}  {ms['partition'] / ms['sort']:14.2f}"
+        )
 
 
 if __name__ == "__main__":

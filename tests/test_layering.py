@@ -36,7 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": {"types", "optim"},
     "modules": {"types", "sparse", "optim", "kernels"},
     "planner": {"types", "sparse", "modules", "optim"},
-    "sharding": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "fsdp"},
+    "sharding": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "fsdp",
+                 "kernels"},
     "distributed": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding",
                     "quant", "inference"},  # TorchRec's distributed.quant_embeddingbag path
     "fsdp": {"comm", "launch"},

@@ -258,6 +258,7 @@ PUBLIC = {
     "shardkit.kernels": [
         "KernelPath",
         "advise_new_table",
+        "bucket_rows",
         "dense_backward",
         "fused_backward",
         "huge_page_bytes",

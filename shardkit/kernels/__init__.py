@@ -7,13 +7,16 @@ implementations that compute the same thing:
 - **eager**: pure torch ops (``F.embedding_bag``, a sort, and the rules of
   `shardkit.optim._rules`). It is the spec, and the fallback where nothing can be compiled.
 - **compiled**: three ``torch.library`` operators in namespace ``shardkit`` (``pooled_forward``,
-  ``fused_backward``, ``dense_backward``), C++ in ``csrc/``, compiled for this CPU with
-  ``torch.utils.cpp_extension`` the first time a process needs them (about 20 s on 2 cores) and
-  cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR`` moves it), keyed by the
-  sources, torch, Python and the CPU, so later processes load it in milliseconds.
+  ``fused_backward``, ``dense_backward``; a fourth, ``bucket_rows``, serves the row-wise input
+  dist, see [Note: compiled row bucketing] in ``csrc/buckets.cpp``), C++ in ``csrc/``, compiled
+  for this CPU with ``torch.utils.cpp_extension`` the first time a process needs them (about
+  20 s on 2 cores) and cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR``
+  moves it), keyed by the sources, torch, Python and the CPU, so later processes load it in
+  milliseconds.
   The sources, one concern each: ``forward.cpp``, ``grouping.cpp`` (the ids grouped by row),
   ``backward.cpp`` (the fused update), sharing ``common.h`` (element types, prefetch, checks)
-  and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs).
+  and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs);
+  ``buckets.cpp`` is ``bucket_rows``, operator and registration in one (CPU only).
 
 Backward, compiled: one counting sort of the batch's ids on the row itself where the table has
 at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as the number of
@@ -43,7 +46,13 @@ and the path of the compiler's output included). A lookup the compiled operators
 (e.g. a CUDA table without a CUDA build) runs eager, with one INFO line per reason.
 """
 
-from shardkit.kernels._ops import dense_backward, fused_backward, pooled_forward, unsupported
+from shardkit.kernels._ops import (
+    bucket_rows,
+    dense_backward,
+    fused_backward,
+    pooled_forward,
+    unsupported,
+)
 from shardkit.kernels._pages import huge_page_bytes, set_huge_pages
 from shardkit.kernels._select import (
     KernelPath,
@@ -56,6 +65,7 @@ from shardkit.kernels._select import (
 __all__ = [
     "KernelPath",
     "advise_new_table",
+    "bucket_rows",
     "dense_backward",
     "fused_backward",
     "huge_page_bytes",

@@ -38,7 +38,7 @@ LIBRARY = "shardkit_kernels.so"
 # Far above a build (about 20 s on 2 cores), far below a collective timeout's worth of waiting.
 LOCK_TIMEOUT_S = 600.0
 
-_CPU_SOURCES = ("forward.cpp", "grouping.cpp", "backward.cpp", "ops_cpu.cpp")
+_CPU_SOURCES = ("forward.cpp", "grouping.cpp", "backward.cpp", "ops_cpu.cpp", "buckets.cpp")
 _CUDA_SOURCES = ("ops_cuda.cu",)
 _HEADERS = ("kernels.h", "common.h", "grouping.h")
 

@@ -10,7 +10,7 @@ import torch
 
 from shardkit.optim import EmbOptimType, RowOptimizer
 
-__all__ = ["dense_backward", "fused_backward", "pooled_forward", "unsupported"]
+__all__ = ["bucket_rows", "dense_backward", "fused_backward", "pooled_forward", "unsupported"]
 
 # The rule numbers of kernels.h's `Rule`, and the order of each rule's state tensors.
 _RULES: dict[EmbOptimType, tuple[int, tuple[str, ...]]] = {
@@ -138,6 +138,25 @@ def dense_backward(
         grad_per_sample_weights,
         batch_size,
     )
+
+
+def bucket_rows(
+    values: torch.Tensor, lengths: torch.Tensor, row_starts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The compiled form of `shardkit.sharding.bucket_rows` (see [Note: compiled row
+    bucketing] in ``csrc/buckets.cpp``): CPU tensors only, with the compiled kernel loaded.
+
+    Args:
+        values: ``[n]`` int64 global row ids.
+        lengths: ``[B]`` int64 or int32 bag lengths, summing to ``n``.
+        row_starts: the shards' first rows, ascending from 0.
+
+    Returns:
+        ``shard_lengths`` ``[S, B]`` int64, ``rebased`` ``[n]`` shard-local rows grouped by shard
+        (bag by bag within a shard), ``order`` ``[n]`` the permutation of ``values`` that groups
+        them.
+    """
+    return torch.ops.shardkit.bucket_rows(values, lengths, row_starts)
 
 
 def _fp32(weights: torch.Tensor | None) -> torch.Tensor | None:

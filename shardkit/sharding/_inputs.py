@@ -172,15 +172,18 @@ def _check_ids(values: list[torch.Tensor], configs: Sequence[BaseEmbeddingConfig
     the device for the whole batch (see [Note: host-side sizes])."""
     limits = [c.num_embeddings for c in configs for _ in c.feature_names]
     names = [(f, c.name) for c in configs for f in c.feature_names]
-    bad = [(ids < 0) | (ids >= limit) for ids, limit in zip(values, limits)]
-    if not bad:
+    present = [i for i, ids in enumerate(values) if ids.numel()]
+    if not present:
         return None
-    flags = torch.stack([b.any() for b in bad]).tolist()
+    # Each feature's smallest and largest id (one pass each); where they are in range, all are.
+    bounds = torch.stack([t for i in present for t in values[i].aminmax()]).tolist()
+    lows, highs = bounds[0::2], bounds[1::2]
+    flags = [low < 0 or high >= limits[i] for i, low, high in zip(present, lows, highs)]
     if not any(flags):
         return None
-    index = flags.index(True)
+    index = present[flags.index(True)]
     ids, (feature, table) = values[index], names[index]
-    position = int(bad[index].nonzero()[0, 0])
+    position = int(((ids < 0) | (ids >= limits[index])).nonzero()[0, 0])
     return (
         f"feature '{feature}' (table '{table}'): id {int(ids[position])} at position "
         f"{position} of the feature's values is out of range: ids must satisfy 0 <= id < "

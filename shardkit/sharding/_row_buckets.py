@@ -10,6 +10,9 @@ cost a fraction of that: per shard, a mask of its ids and the mask's running cou
 id its place (shard offset + how many ids of its shard came before it), and the counts at the
 bag ends give the ids per (shard, bag). Its cost grows with the number of shards, so beyond
 `PARTITION_MAX_SHARDS` the sort runs instead; both give the same tensors (tested equal).
+These eager paths are the spec. Where the compiled kernel is in effect (`shardkit.kernels`,
+``SHARDKIT_KERNEL``) and the ids are int64 on the CPU, one compiled operator does the same
+partition in two passes over the ids (`shardkit.kernels.bucket_rows`, tested equal to both).
 Everything stays on the ids' device; the host reads no size here (see
 [Note: host-side sizes] in `_input_dist`).
 """
@@ -20,6 +23,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
+
+from shardkit import kernels
 
 __all__ = ["PARTITION_MAX_SHARDS", "bucket_rows"]
 
@@ -35,6 +40,7 @@ def bucket_rows(
     weights: torch.Tensor | None,
     row_starts: Sequence[int],
     max_partition_shards: int | None = None,
+    kernel: kernels.KernelPath | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Group one feature's ids by the shard that holds their row (see [Note: row bucketing
     without a sort]).
@@ -47,6 +53,9 @@ def bucket_rows(
         max_partition_shards: the most shards for which the counting partition runs, else the
             sort (default `PARTITION_MAX_SHARDS`); both give the same tensors. The benchmark
             (``benchmarks/bench_row_buckets.py``) times each path through it.
+        kernel: ``"eager"`` (the partition or the sort), ``"compiled"`` or ``"auto"``; None: the
+            process's kernel (`shardkit.kernels.kernel_path`). The compiled operator serves
+            int64 ids on the CPU; other ids run eager whatever is asked.
 
     Returns:
         ``shard_lengths`` ``[S, B]`` ids per (shard, bag); ``rebased`` ``[n]`` shard-local rows
@@ -56,12 +65,28 @@ def bucket_rows(
     _check_starts(row_starts, max_partition_shards)
     if max_partition_shards is None:
         max_partition_shards = PARTITION_MAX_SHARDS
-    if len(row_starts) <= max_partition_shards:
+    if _compiled(values, lengths, kernel):
+        shard_lengths, rebased, order = kernels.bucket_rows(values, lengths, list(row_starts))
+    elif len(row_starts) <= max_partition_shards:
         shard_lengths, rebased, order = _partition(lengths, values, list(row_starts))
     else:
         shard_lengths, rebased, order = _sort(lengths, values, list(row_starts))
     sorted_weights = None if weights is None else weights.index_select(0, order)
     return shard_lengths, rebased, sorted_weights, order
+
+
+def _compiled(
+    values: torch.Tensor, lengths: torch.Tensor, kernel: kernels.KernelPath | str | None
+) -> bool:
+    """Whether the compiled operator buckets these ids."""
+    if values.device.type != "cpu" or values.dtype != torch.int64:
+        return False
+    if lengths.dtype not in (torch.int64, torch.int32):
+        return False
+    if kernel is None:
+        return kernels.kernel_path() == kernels.KernelPath.COMPILED
+    with kernels.use_kernel(kernel) as path:  # resolves AUTO, loads the library
+        return path == kernels.KernelPath.COMPILED
 
 
 def _check_starts(row_starts: Sequence[int], max_partition_shards: int | None) -> None:

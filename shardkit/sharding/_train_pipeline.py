@@ -268,7 +268,8 @@ class _Pipeline(TrainPipeline):
         losses, output = self._model_fwd(batch)
         between()
         if training:
-            torch.sum(losses, dim=0).backward()
+            # A scalar loss (the usual case) is its own sum: no extra op and autograd node
+            (losses if losses.dim() == 0 else torch.sum(losses, dim=0)).backward()
             self._optimizer.step()
         if self._agree_at_fetch():
             self._check_prefetches_used()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shardkit import kernels
 from shardkit.sharding import _row_buckets
 from shardkit.sharding._row_buckets import bucket_rows
 
@@ -28,27 +29,43 @@ def _spec(lengths, values, row_starts):
     return shard_lengths, rebased, order
 
 
-@pytest.mark.parametrize("partition", [True, False], ids=["partition", "sort"])
+@pytest.mark.parametrize("path", ["partition", "sort", "compiled"])
 @pytest.mark.parametrize(
     "row_starts,num_ids",
-    [([0], 7), ([0, 4], 9), ([0, 4, 7], 13), ([0, 2, 3, 5, 8], 11), ([0, 5], 0)],
-)
-def test_bucket_rows_matches_the_spec(monkeypatch, partition, row_starts, num_ids):
-    monkeypatch.setattr(_row_buckets, "PARTITION_MAX_SHARDS", 64 if partition else 0)
+    [([0], 7), ([0, 4], 9), ([0, 4, 7], 13), ([0, 2, 3, 5, 8], 11), ([0, 5], 0),
+     ([0, 3, 3, 6], 12), (list(range(0, 18, 2)), 23)],  # an empty shard; 9 shards
+)  # fmt: skip
+def test_bucket_rows_matches_the_spec(monkeypatch, path, row_starts, num_ids):
+    monkeypatch.setattr(_row_buckets, "PARTITION_MAX_SHARDS", 64 if path == "partition" else 0)
     g = torch.Generator().manual_seed(len(row_starts) + num_ids)
     lengths = torch.zeros(4, dtype=torch.int64)
     if num_ids:
         lengths = torch.tensor([num_ids - 3, 0, 2, 1])  # an empty bag too
-    values = torch.randint(0, 10, (num_ids,), generator=g)
-    weights = torch.rand(num_ids, generator=g)
-    shard_lengths, rebased, sorted_weights, order = bucket_rows(
-        values, lengths=lengths, weights=weights, row_starts=row_starts
-    )
-    want_lengths, want_rebased, want_order = _spec(lengths, values, row_starts)
-    torch.testing.assert_close(shard_lengths, want_lengths)
-    torch.testing.assert_close(rebased, want_rebased)
-    torch.testing.assert_close(order, want_order)
-    torch.testing.assert_close(sorted_weights, weights[want_order])
+    edges = torch.tensor([*row_starts, *(s - 1 for s in row_starts[1:])])  # ids at shard edges
+    values = torch.randint(0, row_starts[-1] + 3, (num_ids,), generator=g)
+    values[: min(num_ids, edges.numel())] = edges[:num_ids]
+    for weights, lengths_dtype in ((torch.rand(num_ids, generator=g), torch.int64),
+                                   (None, torch.int32)):  # fmt: skip
+        shard_lengths, rebased, sorted_weights, order = bucket_rows(
+            values, lengths=lengths.to(lengths_dtype), weights=weights, row_starts=row_starts,
+            kernel="compiled" if path == "compiled" else "eager",
+        )  # fmt: skip
+        want_lengths, want_rebased, want_order = _spec(lengths, values, row_starts)
+        torch.testing.assert_close(shard_lengths, want_lengths)
+        torch.testing.assert_close(rebased, want_rebased)
+        torch.testing.assert_close(order, want_order)
+        if weights is None:
+            assert sorted_weights is None
+        else:
+            torch.testing.assert_close(sorted_weights, weights[want_order])
+
+
+def test_compiled_bucket_rows_refuses_lengths_that_do_not_fit_the_ids():
+    values = torch.tensor([0, 4, 6])
+    with pytest.raises(RuntimeError, match=r"the lengths sum to 4, not 3 ids"):
+        kernels.bucket_rows(values, torch.tensor([2, 2]), [0, 5])
+    with pytest.raises(RuntimeError, match=r"bag 1 has length -1 < 0"):
+        kernels.bucket_rows(values, torch.tensor([4, -1]), [0, 5])
 
 
 @pytest.mark.parametrize(
