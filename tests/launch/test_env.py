@@ -76,21 +76,35 @@ def _lines(*outputs: str) -> list[str]:
     return sorted(line for out in outputs for line in out.splitlines() if line.startswith("rank="))
 
 
+def test_torchrun_one_node(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run(
+        _torchrun("--standalone", "--nproc-per-node=2", str(script)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _lines(result.stdout) == [
+        "rank=0 world=2 local=0/2 host=0 backend=gloo sum=1.0",
+        "rank=1 world=2 local=1/2 host=0 backend=gloo sum=1.0",
+    ]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_torchrun_one_node_and_two_nodes(tmp_path):
-    """One torchrun agent with 2 ranks; and, at the same time (each is mostly start-up), two
-    agents on this machine standing for two hosts with 2 ranks each."""
+def test_torchrun_two_nodes(tmp_path):
+    """Two torchrun agents on this machine stand for two hosts with 2 ranks each."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     port = _free_port()
-    commands = [
-        _torchrun("--standalone", "--nproc-per-node=2", str(script)),
-        *(
+    nodes = [
+        subprocess.Popen(
             _torchrun(
                 "--nnodes=2",
                 "--nproc-per-node=2",
@@ -98,21 +112,16 @@ def test_torchrun_one_node_and_two_nodes(tmp_path):
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 str(script),
-            )
-            for node in range(2)
-        ),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in range(2)
     ]
-    agents = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for command in commands
-    ]
-    outputs = [agent.communicate(timeout=240) for agent in agents]
-    for agent, (_, err) in zip(agents, outputs):
-        assert agent.returncode == 0, err
-    assert _lines(outputs[0][0]) == [
-        "rank=0 world=2 local=0/2 host=0 backend=gloo sum=1.0",
-        "rank=1 world=2 local=1/2 host=0 backend=gloo sum=1.0",
-    ]
-    assert _lines(*(out for out, _ in outputs[1:])) == [
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+    assert _lines(*(out for out, _ in outputs)) == [
         f"rank={r} world=4 local={r % 2}/2 host={r // 2} backend=gloo sum=6.0" for r in range(4)
     ]
