@@ -42,10 +42,8 @@ def _served_auc(path: Path, quantize: str) -> float:
 
 
 @pytest.mark.slow
-def test_quantized_export_serves_at_the_float_auc(tmp_path):
-    run = tmp_path / "run"
-    _shardkit("train", "--epochs", "1", "--max-steps-per-epoch", "8", "--batch-size", "128",
-              "--nproc", "1", "--no-progress", "--checkpoint-dir", str(run), cwd=tmp_path)  # fmt: skip
+def test_quantized_export_serves_at_the_float_auc(adult_run, shardkit_here, tmp_path):
+    run = adult_run.checkpoint_dir  # 2 ranks, 2 epochs of 4 steps (tests/cli/conftest.py)
     _shardkit("export", str(run), str(tmp_path / "float.pt"), cwd=tmp_path)
     float_auc = _served_auc(tmp_path / "float.pt", "none")
     assert 0.6 < float_auc < 1.0
@@ -54,7 +52,9 @@ def test_quantized_export_serves_at_the_float_auc(tmp_path):
         ("int8", torch.uint8, 0.002), ("int4", torch.uint8, 0.01), ("fp16", torch.float16, 0.001)
     ):  # fmt: skip
         path = tmp_path / f"{quantize}.pt"
-        said = _shardkit("export", str(run), str(path), "--quantize", quantize, cwd=tmp_path)
+        # in this process: the float export above went through the console entry point
+        code, said, _ = shardkit_here("export", run, path, "--quantize", quantize)
+        assert code == 0
         assert re.search(rf"wrote 18 tensors to .*: tables {quantize} [\d.]+ MB \(float", said)
         state = torch.load(path, weights_only=True)
         tables = {k: v for k, v in state.items() if ".embedding_bags." in k}
@@ -65,7 +65,7 @@ def test_quantized_export_serves_at_the_float_auc(tmp_path):
     assert sizes["int4"] < sizes["int8"] < sizes["fp16"]
 
 
-def test_int4_with_an_odd_dim_is_refused_naming_the_table(tmp_path):
+def test_int4_with_an_odd_dim_is_refused_naming_the_table(shardkit_here, tmp_path):
     state = {"model.sparse_arch.embedding_bag_collection.embedding_bags.t_age.weight": torch.randn(5, 7)}  # fmt: skip
     torch.save(state, tmp_path / "odd.pt")
     checkpoint = import_checkpoint(tmp_path / "odd.pt", tmp_path / "ck")
@@ -77,5 +77,6 @@ def test_int4_with_an_odd_dim_is_refused_naming_the_table(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "table 't_age': INT4 packs 2 values a byte, so embedding_dim must be a multiple of 2 (got 7); use INT8 or FP16" in result.stderr  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "odd.pt"]  # nothing left behind
-    _shardkit("export", str(checkpoint), str(tmp_path / "odd-int8.pt"), "--quantize", "int8", cwd=tmp_path)  # fmt: skip
-    assert torch.load(tmp_path / "odd-int8.pt")[next(iter(state))].shape == (5, 7 + 8)
+    int8 = tmp_path / "odd-int8.pt"
+    assert shardkit_here("export", checkpoint, int8, "--quantize", "int8")[0] == 0
+    assert torch.load(int8)[next(iter(state))].shape == (5, 7 + 8)

@@ -30,7 +30,7 @@ def _refused(*args, cwd):
     return result.stderr
 
 
-def test_train_export_and_serve_a_csv_log(tmp_path):
+def test_train_export_and_serve_a_csv_log(shardkit_here, tmp_path):
     data = write_ratings(tmp_path / "ratings.csv", 1500)
     schema = tmp_path / "ratings.toml"
     schema.write_text(TOML)
@@ -45,7 +45,8 @@ def test_train_export_and_serve_a_csv_log(tmp_path):
     model_file = tmp_path / "model.pt"
     out = _shardkit("export", run, model_file, cwd=tmp_path)
     assert f"fitted schema (vocabularies, transforms) to {tmp_path / 'model.schema.json'}" in out
-    out = _shardkit("export", run, tmp_path / "int8.pt", "--quantize", "int8", cwd=tmp_path)
+    code, out, _ = shardkit_here("export", run, tmp_path / "int8.pt", "--quantize", "int8")
+    assert code == 0  # in this process: the export above went through the entry point
     assert f"to {tmp_path / 'int8.schema.json'}" in out  # a quantized export maps values alike
     fitted = FittedSchema.load(tmp_path / "model.schema.json")
     assert FittedSchema.load(tmp_path / "int8.schema.json").to_dict() == fitted.to_dict()
@@ -73,7 +74,15 @@ def test_parquet_with_a_validation_file_and_skipped_rows(tmp_path):
     assert "validation AUC" in out
 
 
-def test_bad_input_is_refused_once_before_ranks_start(tmp_path):
+def _refused_here(shardkit_here, *args) -> str:
+    """`_refused` in this process (`shardkit_here`), for a test's refusals after its first."""
+    code, out, error = shardkit_here(*args)
+    assert code == 2, out + error
+    assert "Traceback" not in error and "(rank" not in error, error
+    return error
+
+
+def test_bad_input_is_refused_once_before_ranks_start(shardkit_here, tmp_path):
     data = write_ratings(tmp_path / "ratings.csv", 300)
     with data.open("a") as f:
         f.write("1,2,5,978300000,Drama\n")
@@ -84,10 +93,10 @@ def test_bad_input_is_refused_once_before_ranks_start(tmp_path):
     error = _refused(*table, "--data-path", data, cwd=tmp_path)
     assert error.count("ratings.csv:302: 5 fields, the header has 9; fix or remove the row") == 1
     assert not run.exists(), "nothing is written on refused input"
-    error = _refused(*table, "--data-path", tmp_path / "missing.csv", cwd=tmp_path)
+    error = _refused_here(shardkit_here, *table, "--data-path", tmp_path / "missing.csv")
     assert "missing.csv does not exist" in error and not run.exists()
     schema.write_text(TOML.replace('"categorical", min_count', '"category", min_count'))
-    error = _refused(*table, "--data-path", data, cwd=tmp_path)
+    error = _refused_here(shardkit_here, *table, "--data-path", data)
     assert "ratings.toml: column 'user_id': unknown column type 'category'" in error
-    error = _refused("train", "--model", "deepfm", "--plan-only", cwd=tmp_path)
+    error = _refused_here(shardkit_here, "train", "--model", "deepfm", "--plan-only")
     assert "--model deepfm is not available yet" in error

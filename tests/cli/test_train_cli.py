@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,16 +53,15 @@ def test_plan_only_prints_the_plan_and_stops(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_train_export_import_and_resume(tmp_path):
-    """Train on Adult, export the checkpoint to one file a plain model loads, import that file
-    as a checkpoint, and resume from it."""
-    run = tmp_path / "run"
-    out = _shardkit("train", *QUICK, "--log-every", "2", "--checkpoint-dir", str(run), cwd=tmp_path)
-    auc = float(re.search(r"AUC (\d\.\d+)", out).group(1))
+def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
+    """Train on Adult (the shared run: 2 ranks, 2 epochs of 4 steps), export the checkpoint to
+    one file a plain model loads, import that file as a checkpoint, and resume from it."""
+    run, out = adult_run.checkpoint_dir, adult_run.out
+    auc = float(re.findall(r"AUC (\d\.\d+)", out)[-1])
     assert 0.5 < auc <= 1.0
     assert "checkpoint" in out and (run / "latest").exists()
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines if x["kind"] == "train"] == [2, 4]  # --log-every 2
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [2, 4, 6, 8]  # --log-every 2
     assert [x["kind"] for x in lines][-1] == "validation" and abs(lines[-1]["auc"] - auc) < 1e-4
 
     exported = tmp_path / "model.pt"
@@ -74,7 +74,7 @@ def test_train_export_import_and_resume(tmp_path):
     assert len(tables) == 8 and all(state[k].abs().sum() > 0 for k in tables)
 
     imported = tmp_path / "imported"
-    _shardkit("import", str(exported), str(imported), cwd=tmp_path)
+    assert shardkit_here("import", exported, imported)[0] == 0  # export: the entry point's turn
     # learning rates so small that 4 more steps change nothing: the AUC is the exported model's
     resumed = _shardkit(
         "train", *QUICK, "--nproc", "1", "--checkpoint-dir", str(imported), "--resume",
@@ -94,7 +94,7 @@ def test_criteo_sample_in_its_own_layout(tmp_path):
     assert "AUC" in out
 
 
-def test_refused_input_is_one_line_not_a_traceback(tmp_path):
+def test_refused_input_is_one_line_not_a_traceback(shardkit_here, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "latest").write_text("step-00000009\n")  # names a checkpoint that is gone
@@ -109,11 +109,14 @@ def test_refused_input_is_one_line_not_a_traceback(tmp_path):
             "which is not a directory",
         ),
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "shardkit", *args], capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 2, result.stderr
-        assert words in result.stderr and "Traceback" not in result.stderr
+        if "--nproc" in args:  # through the entry point; the refusals before ranks, here
+            command = [sys.executable, "-m", "shardkit", *args]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            code, error = result.returncode, result.stderr
+        else:
+            code, _, error = shardkit_here(*args)
+        assert code == 2, error
+        assert words in error and "Traceback" not in error
 
 
 def test_the_demo_defaults(tmp_path):
@@ -154,11 +157,19 @@ def _fails(*args: str, cwd: Path) -> str:
     return result.stderr
 
 
-def test_flags_are_not_abbreviated_and_a_typo_shows_the_subcommand(tmp_path):
+def _fails_here(shardkit_here, *args: str | Path) -> str:
+    """`_fails` in this process, for a test's refusals after its first (`shardkit_here`)."""
+    code, out, error = shardkit_here(*args)
+    assert code == 2, out + error
+    assert "Traceback" not in error and "(rank" not in error, error
+    return error
+
+
+def test_flags_are_not_abbreviated_and_a_typo_shows_the_subcommand(shardkit_here, tmp_path):
     error = _fails("train", "--epoch", "3", cwd=tmp_path)
     assert error.startswith("usage: shardkit train ")
     assert "shardkit train: error: unrecognized arguments: --epoch 3" in error
-    error = _fails("plan", "model.json", "--world-size", "2", "--png-file", "x", cwd=tmp_path)
+    error = _fails_here(shardkit_here, "plan", "model.json", "--world-size", "2", "--png-file", "x")
     assert error.startswith("usage: shardkit plan ") and "--png-file x" in error
 
 
@@ -168,36 +179,42 @@ def test_missing_data_is_reported_before_ranks_start(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_import_of_a_file_that_is_not_a_state_dict(tmp_path):
+def test_import_of_a_file_that_is_not_a_state_dict(shardkit_here, tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     torch.save([1, 2, 3], tmp_path / "list.pt")
     for name, words in (("notes.txt", "is not a state dict written by torch.save"),
                         ("list.pt", "holds a list, not a state dict (parameter names -> tensors)"),
                         ("absent.pt", "no such file")):  # fmt: skip
-        error = _fails("import", str(tmp_path / name), str(tmp_path / "ckpt"), cwd=tmp_path)
+        args = ("import", tmp_path / name, tmp_path / "ckpt")
+        if name == "notes.txt":  # the first through the entry point, the others in this process
+            error = _fails(*map(str, args), cwd=tmp_path)
+        else:
+            error = _fails_here(shardkit_here, *args)
         assert words in error and len(error.strip().splitlines()) == 2, (
             error
         )  # + the --verbose hint
         assert not (tmp_path / "ckpt").exists()
 
 
-def test_a_corrupted_latest_checkpoint_names_the_intact_one_and_resume_from_takes_it(tmp_path):
+def test_a_corrupted_latest_checkpoint_names_the_intact_one_and_resume_from_takes_it(
+    adult_run, tmp_path
+):
     run = tmp_path / "run"
-    quick = ["--max-steps-per-epoch", "2", "--no-progress", "--batch-size", "64", "--nproc", "1",
+    shutil.copytree(adult_run.checkpoint_dir, run)  # the shared run's checkpoints at 4 and 8
+    quick = ["--max-steps-per-epoch", "4", "--no-progress", "--batch-size", "64", "--nproc", "2",
              "--checkpoint-dir", str(run)]  # fmt: skip
-    _shardkit("train", "--epochs", "2", *quick, cwd=tmp_path)
-    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000002", "step-00000004"]
-    shard = next((run / "step-00000004").glob("*.distcp"))
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000004", "step-00000008"]
+    shard = next((run / "step-00000008").glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(data)
     error = _fails("train", "--epochs", "3", "--resume", *quick, cwd=tmp_path)
-    assert "step-00000004: file" in error and "is corrupted" in error
+    assert "step-00000008: file" in error and "is corrupted" in error
     assert (
-        f"the newest intact checkpoint is {run / 'step-00000002'}: resume from it with --resume-from 2"
+        f"the newest intact checkpoint is {run / 'step-00000004'}: resume from it with --resume-from 4"
         in error
     )
-    out = _shardkit("train", "--epochs", "3", "--resume-from", "2", *quick, cwd=tmp_path)
-    assert f"resumed from {run / 'step-00000002'}: epoch 1, step 2" in out
+    out = _shardkit("train", "--epochs", "3", "--resume-from", "4", *quick, cwd=tmp_path)
+    assert f"resumed from {run / 'step-00000004'}: epoch 1, step 4" in out
     error = _fails("train", "--resume-from", "7", *quick, cwd=tmp_path)
-    assert "--resume-from 7: no checkpoint at" in error and "step-00000006" in error
+    assert "--resume-from 7: no checkpoint at" in error and "step-00000012" in error

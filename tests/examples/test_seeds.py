@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -27,8 +28,19 @@ def _tables(block: str) -> dict[str, tuple[str, str, list[tuple[int, int, int]]]
     return found
 
 
-def test_seed_001_plans_have_the_seeds_shard_sizes():
-    out = _run("seed_001_sharding.py", "table_row_wise")
+def _seed_001_on_two_hosts(rank: int, world_size: int) -> str:
+    """The example's table-row-wise function (not the seed's), on the session's ranks of 2
+    hosts of 2: what ``seed_001_sharding.py table_row_wise`` runs on 4 ranks it spawns."""
+    spec = importlib.util.spec_from_file_location("seed_001", EXAMPLES / "seed_001_sharding.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.table_row_wise_on_two_hosts(rank, world_size)
+
+
+def test_seed_001_plans_have_the_seeds_shard_sizes(run_ranks):
+    # the seed's four simulations as its script runs them; table-row-wise on ranks already up
+    out = _run("seed_001_sharding.py")
+    out += "\n".join(run_ranks(_seed_001_on_two_hosts, 4, local_world_size=2))
     # Each rank prints its plan as one block (print(plan) is the stats table, never a repr);
     # blocks start with the seed's "rank:<r>,sharding plan: " prefix, not always at a line's
     # start: two ranks printing at once can put one's text before the other's newline.

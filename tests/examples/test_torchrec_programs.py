@@ -16,25 +16,34 @@ import pytest
 from tests.examples.torchrec_programs import (
     results,
     rewrite,
-    run_rewritten,
+    rewritten_command,
     run_unchanged,
+    unchanged_command,
     unresolved_imports,
 )
-from tests.scripts import ROOT
+from tests.scripts import ROOT, run_scripts
 
 PROGRAMS = ROOT / "examples" / "torchrec"
 
 
-def _unchanged(program: str, *args: str) -> dict[str, str]:
+def _torchrec_only(program: str) -> Path:
     path = PROGRAMS / program
     imports = re.findall(r"^\s*(?:from|import)\s+(\w+)", path.read_text(), flags=re.MULTILINE)
     assert "shardkit" not in imports, "the program imports only TorchRec names"
-    return results(run_unchanged(path, *args))
+    return path
+
+
+def _unchanged(program: str, *args: str) -> dict[str, str]:
+    return results(run_unchanged(_torchrec_only(program), *args))
 
 
 def _both_ways(program: str, tmp_path: Path, *args: str) -> dict[str, str]:
-    unchanged = _unchanged(program, *args)
-    rewritten = results(run_rewritten(PROGRAMS / program, tmp_path, *args))
+    path = _torchrec_only(program)
+    # both runs at once: each is mostly start-up, and a test uses one core of two
+    outputs = run_scripts(
+        unchanged_command(path, *args), rewritten_command(path, tmp_path, *args), cwd=ROOT
+    )
+    unchanged, rewritten = (results(out) for out in outputs)
     assert unchanged == rewritten, (unchanged, rewritten)
     return unchanged
 

@@ -30,19 +30,23 @@ def rewrite(source: str) -> str:
     return source
 
 
-def run_rewritten(program: Path, tmp_path: Path, *args: str, nproc: int = 2) -> str:
-    """``program`` rewritten, on ``nproc`` ranks under torchrun; its standard output."""
+def rewritten_command(program: Path, tmp_path: Path, *args: str, nproc: int = 2) -> list[str]:
+    """The command that runs ``program`` rewritten (written to ``tmp_path``), on ``nproc`` ranks
+    under torchrun."""
     rewritten = tmp_path / program.name
     rewritten.write_text(rewrite(program.read_text()))
-    return run_script(
-        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        str(rewritten), *args, cwd=ROOT,
-    )  # fmt: skip
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            str(rewritten), *args]  # fmt: skip
+
+
+def unchanged_command(program: Path, *args: str, nproc: int = 2) -> list[str]:
+    """The command that runs ``program`` as it is, on ``nproc`` ranks under ``shardkit run``."""
+    return [str(SHARDKIT), "run", f"--nproc-per-node={nproc}", str(program), *args]
 
 
 def run_unchanged(program: Path, *args: str, nproc: int = 2) -> str:
     """``program`` as it is, on ``nproc`` ranks under ``shardkit run``; its standard output."""
-    return run_script(SHARDKIT, "run", f"--nproc-per-node={nproc}", str(program), *args, cwd=ROOT)
+    return run_script(*unchanged_command(program, *args, nproc=nproc), cwd=ROOT)
 
 
 def results(output: str) -> dict[str, str]:

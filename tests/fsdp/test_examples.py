@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.scripts import free_port, run_script
+from tests.scripts import free_port, run_script, run_scripts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -45,8 +45,13 @@ def _epochs(out: str) -> list[tuple[float, float]]:
 
 
 def test_fsdp_mnist_learns_and_matches_ddp(tmp_path):
-    args = ("--epochs", "2", "--save-model", str(tmp_path / "cnn.pt"))
-    fsdp = _run("fsdp_mnist.py", "--mode", "fsdp-offload", *args, cwd=tmp_path, limit=512)
+    # both runs at once (each mostly start-up; shardkit's spawn meets in a file store, no port)
+    fsdp, ddp = run_scripts(
+        [EXAMPLES / "fsdp_mnist.py", "--mode", "fsdp-offload", "--epochs", "2", "--save-model",
+         tmp_path / "cnn.pt"],
+        [EXAMPLES / "fsdp_mnist.py", "--mode", "ddp", "--epochs", "2"],
+        timeout=240, cwd=tmp_path, env={"SHARDKIT_FMNIST_LIMIT": "512"},
+    )  # fmt: skip
     epochs = _epochs(fsdp)
     assert len(epochs) == 2 and epochs[1][1] > epochs[0][1], fsdp  # accuracy rises
     assert epochs[1][0] < epochs[0][0]
@@ -54,7 +59,6 @@ def test_fsdp_mnist_learns_and_matches_ddp(tmp_path):
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: [\d.]+ ms/step, peak RSS \d+ MB, model state", fsdp)
     assert set(torch.load(tmp_path / "cnn.pt")) >= {"fc1.weight", "conv1.weight"}
-    ddp = _run("fsdp_mnist.py", "--mode", "ddp", "--epochs", "2", cwd=tmp_path, limit=512)
     # same seeds, same data order, averaged gradients: the same numbers to print precision
     assert _epochs(ddp) == epochs, (ddp, fsdp)
     state = [
