@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from shardkit.kernels import KernelPath
 from shardkit.modules import PoolingType
 from shardkit.sharding import bucket_rows
 from shardkit.sparse import JaggedTensor, KeyedTensor
@@ -98,7 +99,8 @@ def block_state(state: Mapping[str, torch.Tensor], blocks: Mapping[str, RowBlock
 def bucketize(by_key: dict[str, JaggedTensor], blocks: Mapping[str, RowBlocks]) -> None:
     """Replace, in ``by_key``, each row-wise feature ``f`` by its parts ``f@r`` (see
     [Note: row-wise quantized serving], step 1), grouped by the training input dist's
-    `bucket_rows` (a counting partition for few ranks, a sort for many)."""
+    `bucket_rows` (a counting partition for few ranks, a sort for many; always the eager
+    form, so that a serving process never builds the compiled kernel for it)."""
     for block in blocks.values():
         num_blocks = len(block.starts) - 1
         for f in block.features:
@@ -108,6 +110,7 @@ def bucketize(by_key: dict[str, JaggedTensor], blocks: Mapping[str, RowBlocks]) 
                 lengths=bags.lengths().to(torch.int64),  # [B]
                 weights=bags.weights_or_none(),
                 row_starts=block.starts[:-1],
+                kernel=KernelPath.EAGER,  # serving never waits on a first-use C++ build
             )  # shard_lengths [W, B]; rebased [N], grouped by block
             counts = shard_lengths.sum(dim=1).tolist()  # one host read per feature
             values = rebased.split(counts)

@@ -47,7 +47,7 @@ def bucket_rows(
 
     Args:
         values: ``[n]`` int64 global row ids.
-        lengths: ``[B]`` int64 bag lengths.
+        lengths: ``[B]`` int64 (or int32) bag lengths.
         weights: ``[n]`` per-id weights, or None.
         row_starts: the shards' first rows, ascending, the first one 0 (host ints).
         max_partition_shards: the most shards for which the counting partition runs, else the
@@ -85,6 +85,8 @@ def _compiled(
         return False
     if kernel is None:
         return kernels.kernel_path() == kernels.KernelPath.COMPILED
+    if kernels.KernelPath(kernel) == kernels.KernelPath.EAGER:
+        return False  # no scope entered, no library loaded
     with kernels.use_kernel(kernel) as path:  # resolves AUTO, loads the library
         return path == kernels.KernelPath.COMPILED
 

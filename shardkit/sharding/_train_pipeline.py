@@ -24,8 +24,8 @@ too, starts the lead's input dist itself, just before that batch's forward (the 
 collections start theirs in their forwards).
 
 As in TorchRec, ``model(batch)`` returns ``(losses, output)``; in training mode (the model's
-``training`` flag) the pipeline zeroes the gradients, runs ``torch.sum(losses, dim=0)
-.backward()`` and steps the optimizer (the sharded tables' fused optimizers run inside
+``training`` flag) the pipeline zeroes the gradients, runs ``losses.backward()`` (``torch.sum(
+losses, dim=0).backward()`` for a loss per example) and steps the optimizer (the sharded tables' fused optimizers run inside
 backward); in eval mode it only runs forward. `progress` returns ``output``.
 
 When the next batch's input dist starts early, and on which streams, is in

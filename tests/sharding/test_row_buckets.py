@@ -33,7 +33,8 @@ def _spec(lengths, values, row_starts):
 @pytest.mark.parametrize(
     "row_starts,num_ids",
     [([0], 7), ([0, 4], 9), ([0, 4, 7], 13), ([0, 2, 3, 5, 8], 11), ([0, 5], 0),
-     ([0, 3, 3, 6], 12), (list(range(0, 18, 2)), 23)],  # an empty shard; 9 shards
+     ([0, 3, 3, 6], 12), (list(range(0, 18, 2)), 23),  # an empty shard; 9 shards
+     (list(range(0, 36, 3)), 40)],  # 12 shards: the compiled op's binary search
 )  # fmt: skip
 def test_bucket_rows_matches_the_spec(monkeypatch, path, row_starts, num_ids):
     monkeypatch.setattr(_row_buckets, "PARTITION_MAX_SHARDS", 64 if path == "partition" else 0)
@@ -44,6 +45,9 @@ def test_bucket_rows_matches_the_spec(monkeypatch, path, row_starts, num_ids):
     edges = torch.tensor([*row_starts, *(s - 1 for s in row_starts[1:])])  # ids at shard edges
     values = torch.randint(0, row_starts[-1] + 3, (num_ids,), generator=g)
     values[: min(num_ids, edges.numel())] = edges[:num_ids]
+    if num_ids:
+        values[-1] = -1  # unchecked ids (validate_ids=False) go to shard 0 on every path
+    values = values[torch.randperm(num_ids, generator=g)]  # edges in every bag
     for weights, lengths_dtype in ((torch.rand(num_ids, generator=g), torch.int64),
                                    (None, torch.int32)):  # fmt: skip
         shard_lengths, rebased, sorted_weights, order = bucket_rows(
@@ -60,8 +64,12 @@ def test_bucket_rows_matches_the_spec(monkeypatch, path, row_starts, num_ids):
             torch.testing.assert_close(sorted_weights, weights[want_order])
 
 
-def test_compiled_bucket_rows_refuses_lengths_that_do_not_fit_the_ids():
+def test_compiled_bucket_rows_refuses_what_it_cannot_bucket():
     values = torch.tensor([0, 4, 6])
+    with pytest.raises(RuntimeError, match=r"row_starts must ascend \(one first row per shard\), got \[0, 5, 3\]"):  # fmt: skip
+        kernels.bucket_rows(values, torch.tensor([3]), [0, 5, 3])
+    with pytest.raises(RuntimeError, match=r"row_starts must start at 0, got \[1, 5\]"):
+        kernels.bucket_rows(values, torch.tensor([3]), [1, 5])
     with pytest.raises(RuntimeError, match=r"the lengths sum to 4, not 3 ids"):
         kernels.bucket_rows(values, torch.tensor([2, 2]), [0, 5])
     with pytest.raises(RuntimeError, match=r"bag 1 has length -1 < 0"):

@@ -67,7 +67,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bucket_rows_cpu(
                   (lengths.scalar_type() == at::kLong || lengths.scalar_type() == at::kInt),
               "bucket_rows: lengths must be 1-D int64 or int32, got ", lengths.scalar_type());
   TORCH_CHECK(!row_starts.empty() && row_starts[0] == 0,
-              "bucket_rows: row_starts must start at 0");
+              "bucket_rows: row_starts must start at 0, got ", row_starts);
+  for (size_t s = 1; s < row_starts.size(); ++s) {
+    TORCH_CHECK(row_starts[s] >= row_starts[s - 1],
+                "bucket_rows: row_starts must ascend (one first row per shard), got ", row_starts);
+  }
   const at::Tensor vals = values.contiguous(), lens = lengths.contiguous();
   const int64_t n = vals.numel(), num_bags = lens.numel();
   const int64_t num_shards = static_cast<int64_t>(row_starts.size());
