@@ -19,16 +19,18 @@ issued in the same order everywhere.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from shardkit import comm
-from shardkit.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from shardkit.sharding._data_parallel import DataParallelWrapper
 from shardkit.types import ShardingEnv
+
+if TYPE_CHECKING:  # imported on first use: shardkit.fsdp pulls in DTensor (~1 s at start-up)
+    from shardkit.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 __all__ = ["FullyShardDataParallelWrapper", "average_gradients", "dense_unit_paths"]
 
@@ -63,6 +65,8 @@ class FullyShardDataParallelWrapper(DataParallelWrapper):
             self._kwargs["offload_policy"] = offload_policy
 
     def wrap(self, dmp: nn.Module, env: ShardingEnv, device: torch.device) -> None:
+        from shardkit.fsdp import FSDPModule, fully_shard
+
         module, sharded_paths = dmp._dmp_wrapped_module, dmp._sharded_paths
         sharded_names = dmp.sharded_parameter_names
         assert isinstance(module, nn.Module) and isinstance(sharded_paths, list)  # dmp: a DMP
