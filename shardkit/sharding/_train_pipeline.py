@@ -7,8 +7,9 @@ dist (the header all-to-all, then the ids all-to-alls left in flight) on every s
 collection of the model a batch's KJT can feed, then runs forward, backward and the optimizer
 step of the current batch, whose ids arrived during the previous step. Which KJT goes to which
 collection is read off the batch: every KeyedJaggedTensor the batch holds
-(``batch.sparse_features``, a dataclass field or attribute, a dict value) is prefetched for
-every sharded collection whose features it has, except a collection nested inside another
+(``batch.sparse_features``, a dataclass field or attribute, a dict value) can be prefetched
+for every sharded collection whose features it has; each collection gets the first such KJT
+only (one input dist per collection and batch, as the prefetch mask counts them), except a collection nested inside another
 sharded module (a managed-collision or feature-processed collection's own, which sees what
 that module made of the batch). A collection's forward uses a prefetched input only for the
 very KJT object it was started for (the way DLRM-style models pass ``batch.sparse_features``
@@ -143,6 +144,7 @@ class _Pipeline(TrainPipeline):
         # forward uses]); and what it started for the first batch
         self._kept = self._collections[1:] if self._lead is not None else self._collections
         self._first_fed: list[ShardedCollection] | None = None
+        self._consumed_before: dict[int, int] = {}  # id -> consumed_prefetches() at first fetch
         self._lead_fed = True
         self._lead_checked = False
         self._batch_count = 0
@@ -183,15 +185,18 @@ class _Pipeline(TrainPipeline):
         """Start ``batch``'s input dist with this rank's flag in the lead's header (see
         [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
         have a batch, `InputError` if their batches feed other collections ([Note: prefetch
-        mask]). The lead's header exchange is every rank's first collective: a rank that ran
-        out joins it alone, so nothing may start before it."""
+        mask]). A batch fetched before the fall back to flags joins with a header alone, on
+        every rank alike: no forward would use its prefetch. The lead's header exchange is
+        every rank's first collective: a rank that ran out joins it alone, so nothing may start
+        before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
         tag = self._mask(batch)
-        fed = prefetch_into([lead], batch, tag=tag)
+        # fetched before every rank fell back (``self._lead`` None): a header alone agrees
+        fed = prefetch_into([lead], batch, tag=tag) if lead is self._lead else []
         if not fed:
             self._lead_fed = False
             lead.join_without_input(exhausted=False, tag=tag)
@@ -209,8 +214,9 @@ class _Pipeline(TrainPipeline):
         agreed; remember what the first batch got ([Note: prefetches no forward uses])."""
         if self._agree_at_fetch():
             fed = fed + prefetch_into(self._kept, batch)
-        if self._first_fed is None:
+        if self._first_fed is None:  # count the uses from this batch on, not since construction
             self._first_fed = fed
+            self._consumed_before = {id(m): m.consumed_prefetches() for m in self._collections}
 
     def _check_prefetches_used(self) -> None:
         """After the first overlapped step: stop prefetching, on every rank at once, the
@@ -220,9 +226,13 @@ class _Pipeline(TrainPipeline):
             return
         self._lead_checked = True
         candidates = [m for m in (self._lead, *self._kept) if m is not None]
-        unused = unused_on_any_rank(candidates, self._first_fed or [], self._group)
+        unused = unused_on_any_rank(
+            candidates, self._first_fed or [], self._group, consumed_before=self._consumed_before
+        )
         if not unused:
             return
+        for module in unused:
+            module.drop_prefetches()  # the next batch's, started already: no forward uses them
         logger.info(
             "train pipeline: the forwards of %s used no prefetched input (fed another KJT than "
             "the batch's); their input dists run in their forwards from now on%s",
@@ -247,6 +257,7 @@ class _Pipeline(TrainPipeline):
             "train pipeline: the model's first sharded collection was not fed the batch's own "
             "KJT; the ranks agree on data by an all-gather per batch from now on"
         )
+        self._lead.drop_prefetches()
         self._lead = None
 
     def _agree_at_fetch(self) -> bool:
