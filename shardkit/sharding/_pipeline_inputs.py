@@ -51,6 +51,7 @@ from shardkit.types import ShardedModule
 __all__ = [
     "batch_kjts",
     "collection_names",
+    "drop_unused_on_any_rank",
     "fed_collections",
     "lead_collection",
     "mask_names",
@@ -59,7 +60,6 @@ __all__ = [
     "prefetch_into",
     "prefetch_mask",
     "sharded_collections",
-    "unused_on_any_rank",
 ]
 
 _MASK_BITS = 63  # an int64 header field, kept non-negative
@@ -183,7 +183,7 @@ def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> Sharde
     return lead
 
 
-def unused_on_any_rank(
+def drop_unused_on_any_rank(
     collections: list[ShardedCollection],
     fed: list[ShardedCollection],
     group,
@@ -193,10 +193,14 @@ def unused_on_any_rank(
     """Of ``collections``, those in ``fed`` (prefetched for a batch whose forward has run)
     whose forward used no prefetched input on some rank since ``consumed_before`` (``id`` of
     a collection -> its `consumed_prefetches` when that batch's prefetch started); every rank
-    gets the same list (one all-reduce; see [Note: prefetches no forward uses])."""
+    gets the same list (one all-reduce; see [Note: prefetches no forward uses]), and waits
+    for and drops their prefetches started already (the next batch's: no forward uses them)."""
     unused = [
         any(m is f for f in fed) and m.consumed_prefetches() == consumed_before.get(id(m), 0)
         for m in collections
     ]
     agreed = any_rank_each(unused, group)
-    return [m for m, flag in zip(collections, agreed) if flag]
+    dropped = [m for m, flag in zip(collections, agreed) if flag]
+    for module in dropped:
+        module.drop_prefetches()
+    return dropped
