@@ -386,6 +386,7 @@ def _fed_differently(rank: int, world_size: int, overlap: bool):
     with pytest.raises(InputError, match=rf"{per_rank} .* or run it with overlap=False"):
         pipeline.progress(iter([{"x": x, "y": y}] * 3))
     _used_before_and_fed_twice(rank, x)
+    _both_used_then_one_rank_unused(rank, x)
 
 
 def _used_before_and_fed_twice(rank: int, x: KeyedJaggedTensor) -> None:
@@ -474,3 +475,41 @@ def test_headers_without_input_decide_the_same_on_every_rank():
     with pytest.raises(TagMismatchError, match=r"other tags in their input-dist headers") as tags:
         check_headers([[0, NO_INPUT, 2], [0, NO_INPUT, 0]], error=None)  # header alone too
     assert tags.value.tags == [2, 0]
+
+
+def _both_used_then_one_rank_unused(rank: int, x: KeyedJaggedTensor) -> None:
+    """Both collections prefetched (the same non-zero mask on every rank): trains as a plain
+    loop. Then rank 1 alone finds the second's prefetch unused: both ranks drop it at once."""
+    y = KeyedJaggedTensor(keys=["b"], values=torch.arange(2) + rank, lengths=torch.ones(2).long())
+    losses, tags = {}, []
+    for mode in ("plain", "pipelined"):
+        torch.manual_seed(0)
+        model = DistributedModelParallel(_TwoInputs())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if mode == "plain":
+            for _ in range(3):
+                optimizer.zero_grad()
+                loss, _ = model({"x": x, "y": y})
+                loss.sum().backward()
+                optimizer.step()
+            losses[mode] = [model({"x": x, "y": y})[1]]
+            continue
+        prefetch = model.module.first.prefetch
+        model.module.first.prefetch = lambda kjt, tag, prefetch=prefetch: (
+            tags.append(tag),
+            prefetch(kjt, tag=tag),
+        )
+        pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+        batches = iter([{"x": x, "y": y}] * 4)
+        losses[mode] = [pipeline.progress(batches) for _ in range(4)][-1:]
+        assert len(pipeline._kept) == 1 and model.module.second.unused_prefetches() == 0
+    torch.testing.assert_close(losses["pipelined"], losses["plain"])
+    assert tags == [2] * 4  # bit 1: the second collection, the lead being the 0th
+    pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+    if rank == 1:
+        model.module.second.consumed_prefetches = lambda: 7  # no use counted on rank 1
+    batches = iter([{"x": x, "y": y}] * 3)
+    with pytest.raises(StopIteration):
+        for _ in range(4):
+            pipeline.progress(batches)
+    assert pipeline._kept == [] and model.module.second.unused_prefetches() == 0
