@@ -157,8 +157,8 @@ def mismatch_error(masks: list[int], names: list[str]) -> InputError:
     per_rank = {rank: mask_names(mask, names) for rank, mask in enumerate(masks)}
     return InputError(
         f"the ranks' batches feed other sharded collections: {per_rank} (rank: the "
-        "collections whose every feature its batch's KJTs hold, besides the lead, whose header "
-        "carries this check); an overlapping train pipeline starts their input dists one "
+        "collections whose every feature one of its batch's KJTs holds, but the lead where its "
+        "header carries this check, the ranks' first collective); an overlapping train pipeline starts their input dists one "
         "step ahead, so every rank's batches must hold "
         "KJTs with the same keys (give a feature a rank lacks empty bags), or run it with "
         "overlap=False, where each collection's forward starts its own"

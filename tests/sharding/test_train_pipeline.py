@@ -18,6 +18,7 @@ from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
+    EvalPipelineSparseDist,
     InputError,
     ShardedEmbeddingBagCollection,
     TrainPipelineBase,
@@ -408,6 +409,13 @@ def _used_before_and_fed_twice(rank: int, x: KeyedJaggedTensor) -> None:
             pipeline.progress(batches)
     assert [pipeline._names[pipeline._collections.index(m)] for m in pipeline._kept] == []
     assert model.module.second.unused_prefetches() == 0
+    evaluation = EvalPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    evaluation._overlap = True  # as where a core is free (see [Note: when the pipeline overlaps])
+    batches = iter([batch] * 3)
+    with pytest.raises(StopIteration):
+        for _ in range(4):
+            evaluation.progress(batches)
+    assert evaluation._kept == [] and model.module.second.unused_prefetches() == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
