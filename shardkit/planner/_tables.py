@@ -201,18 +201,7 @@ def _choices(
     source: TableSource, c: ParameterConstraints | None
 ) -> tuple[tuple[ShardingType, tuple[EmbeddingComputeKernel, ...]], ...]:
     name = source.config.name
-    types = [t for t in ShardingType if t in source.sharding_types]
-    if c and c.sharding_types:
-        types = [t for t in types if t in c.sharding_types]
-        if not types:
-            raise PlannerError(
-                f"table '{name}': constraint sharding_types={[str(t) for t in c.sharding_types]} "
-                f"leaves no sharding type: {source.sharder_name} supports "
-                f"{[t.value for t in source.sharding_types]}; allow one of those",
-                PlannerErrorType.STRICT_CONSTRAINTS,
-            )
-    else:  # as in TorchRec, grid sharding only when asked for
-        types = [t for t in types if t != ShardingType.GRID_SHARD]
+    types = _sharding_types(source, c)
     choices = []
     for sharding_type in types:
         kernels = list(source.kernels.get(sharding_type, ()))
@@ -237,6 +226,31 @@ def _choices(
             PlannerErrorType.STRICT_CONSTRAINTS,
         )
     return tuple(choices)
+
+
+def _sharding_types(source: TableSource, c: ParameterConstraints | None) -> list[ShardingType]:
+    """The sharding types the planner may choose for ``source``'s table (none: it raises)."""
+    name, offered = source.config.name, [t.value for t in source.sharding_types]
+    types = [t for t in ShardingType if t in source.sharding_types]
+    if c and c.sharding_types:
+        types = [t for t in types if t in c.sharding_types]
+        if not types:
+            raise PlannerError(
+                f"table '{name}': constraint sharding_types={[str(t) for t in c.sharding_types]} "
+                f"leaves no sharding type: {source.sharder_name} supports {offered}; allow one "
+                "of those",
+                PlannerErrorType.STRICT_CONSTRAINTS,
+            )
+        return types
+    types = [t for t in types if t != ShardingType.GRID_SHARD]  # TorchRec: only when asked for
+    if not types:
+        raise ValueError(
+            f"table '{name}': {source.sharder_name} offers no sharding type the planner may "
+            f"choose unasked: it offers {offered} (grid_shard only where a constraint's "
+            "sharding_types names it); return another from its sharding_types("
+            "compute_device_type), or constrain the table to grid_shard"
+        )
+    return types
 
 
 def input_bytes(tables: Sequence[TableSpec]) -> float:

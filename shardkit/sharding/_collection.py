@@ -338,8 +338,17 @@ class ShardedCollection(nn.Module):
         return len(self._prefetched)
 
     def consumed_prefetches(self) -> int:
-        """Prefetched inputs a forward has used, since construction."""
+        """Prefetched inputs a forward has used, since construction (a pipeline compares
+        against its own snapshot, see [Note: prefetches no forward uses])."""
         return self._consumed
+
+    def drop_prefetches(self) -> int:
+        """Wait for the prefetched inputs no forward has used and discard them (their
+        collectives completed, on every rank alike); returns how many."""
+        dropped, self._prefetched = self._prefetched, []
+        for prefetched in dropped:
+            prefetched.pending.wait()
+        return len(dropped)
 
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError

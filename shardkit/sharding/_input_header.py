@@ -63,7 +63,12 @@ class TagMismatchError(RuntimeError):
     """
 
     def __init__(self, tags: list[int]) -> None:
-        super().__init__(f"ranks sent other tags in their input-dist headers: {tags}")
+        super().__init__(
+            f"ranks sent other tags in their input-dist headers: {tags} (rank order); every "
+            "rank must pass the same tag= to input_dist/prefetch for one batch, as an "
+            "overlapping train pipeline does with its prefetch mask (where they differ, it "
+            "raises an InputError naming the collections instead)"
+        )
         self.tags = tags
 
 

@@ -79,7 +79,7 @@ class DistributedModelParallel(nn.Module):
         # cuda under `shardkit run` on a machine without one: see [Note: cuda on cpu]
         self.device = device_of(resolve_device(device), self._env)
         self._sharders = list(sharders) if sharders is not None else get_default_sharders()
-        sharding_sharders(self._sharders)  # before planning, a collective
+        sharding_sharders(self._sharders, module=module)  # before planning, a collective
         self._local_world_size = local_world_size or _local_world_size(self._env.world_size)
         if plan is None:
             planner = EmbeddingShardingPlanner(
@@ -104,7 +104,7 @@ class DistributedModelParallel(nn.Module):
     # -- construction --------------------------------------------------------------------
 
     def _shard(self, module: nn.Module, gradient_division: bool) -> nn.Module:
-        by_type = sharders_by_type(self._sharders)
+        by_type = sharders_by_type(self._sharders, module=module)
         targets = [
             (path, child, plan)
             for path, child in module.named_modules()

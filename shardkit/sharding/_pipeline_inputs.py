@@ -8,10 +8,12 @@ KJTs can feed, the lead's first. Were a rank's batch to feed another set of the 
 collections than the other ranks' (rank 0's batch feeds A and B, rank 1's only A), rank 0
 would start B's header exchange where rank 1 starts its next collective: a hang, or an abort
 on mismatched sizes. So the lead's header carries, as its tag (see `_input_header`), the mask
-of the other collections this rank is about to start (bit ``i``: the ``i``-th after the lead,
-`prefetch_mask`), and every rank reads every rank's mask before any of them starts one: where
+of the other collections this rank is about to start (bit ``i``: the pipeline's ``i``-th
+collection, counting the lead as the 0th, whose bit stays 0; `prefetch_mask`), and every rank reads every rank's mask before any of them starts one: where
 they differ, every rank raises an `InputError` naming the ranks and the collections, before
-the mismatched collective. A rank without a batch sends 0, but the ranks' disagreement on
+the mismatched collective. One bit counts one input dist: where two KJTs of a batch hold
+one collection's features, only the first is prefetched for it (`_feeds`). A rank without
+a batch sends 0, but the ranks' disagreement on
 data is checked first. A synchronous pipeline starts only the lead's input dist (mask 0): the
 others start in their forwards, as in a plain loop. Past 63 other collections the bits fold
 (collection ``i`` sets bit ``i % 63``): a mismatch between only ``i`` and ``i + 63`` goes
@@ -23,7 +25,9 @@ prefetch was started for. A model that builds its own KJT (feature processing in
 forward) leaves every prefetch unused: an input dist per step sent for nothing, beside the one
 its forward runs. So after the first overlapped step the ranks agree, by one all-reduce, on
 the collections that were prefetched for that batch but whose forward used none on some rank,
-and from the next fetch on the pipeline prefetches none of them; if the lead is among them,
+and from the next fetch on the pipeline prefetches none of them (and waits for and drops
+those started for the next batch already); the uses count from the first batch's prefetch,
+not since the collection was built (another pipeline may have used it before); if the lead is among them,
 the ranks agree on data by flags (as a synchronous pipeline does after its first step,
 [Note: deferred agreement]). It falls back rather than raises: such a model is correct and
 trains as in a plain loop, only without the overlap for those collections (one INFO line
@@ -47,6 +51,7 @@ from shardkit.types import ShardedModule
 __all__ = [
     "batch_kjts",
     "collection_names",
+    "drop_unused_on_any_rank",
     "fed_collections",
     "lead_collection",
     "mask_names",
@@ -55,7 +60,6 @@ __all__ = [
     "prefetch_into",
     "prefetch_mask",
     "sharded_collections",
-    "unused_on_any_rank",
 ]
 
 _MASK_BITS = 63  # an int64 header field, kept non-negative
@@ -104,14 +108,17 @@ def _outer_modules(module: nn.Module) -> list[nn.Module]:
 def _feeds(
     collections: list[ShardedCollection], batch: Any
 ) -> list[tuple[ShardedCollection, KeyedJaggedTensor]]:
-    """(collection, KJT) for each of the batch's KJTs that has a collection's features."""
+    """(collection, KJT) for each collection some KJT of the batch has the features of: the
+    first such KJT, one per collection, as the prefetch mask has one bit per collection
+    ([Note: prefetch mask])."""
     kjts = [(kjt, set(kjt.keys())) for kjt in batch_kjts(batch)]
-    return [
-        (module, kjt)
-        for module in collections
-        for kjt, keys in kjts
-        if keys.issuperset(module.feature_names())
-    ]
+    fed = []
+    for module in collections:
+        names = module.feature_names()
+        kjt = next((kjt for kjt, keys in kjts if keys.issuperset(names)), None)
+        if kjt is not None:
+            fed.append((module, kjt))
+    return fed
 
 
 def fed_collections(collections: list[ShardedCollection], batch: Any) -> list[ShardedCollection]:
@@ -150,8 +157,8 @@ def mismatch_error(masks: list[int], names: list[str]) -> InputError:
     per_rank = {rank: mask_names(mask, names) for rank, mask in enumerate(masks)}
     return InputError(
         f"the ranks' batches feed other sharded collections: {per_rank} (rank: the "
-        "collections whose every feature its batch's KJTs hold, besides the lead, whose header "
-        "carries this check); an overlapping train pipeline starts their input dists one "
+        "collections whose every feature one of its batch's KJTs holds, but the lead where its "
+        "header carries this check, the ranks' first collective); an overlapping train pipeline starts their input dists one "
         "step ahead, so every rank's batches must hold "
         "KJTs with the same keys (give a feature a rank lacks empty bags), or run it with "
         "overlap=False, where each collection's forward starts its own"
@@ -176,12 +183,24 @@ def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> Sharde
     return lead
 
 
-def unused_on_any_rank(
-    collections: list[ShardedCollection], fed: list[ShardedCollection], group
+def drop_unused_on_any_rank(
+    collections: list[ShardedCollection],
+    fed: list[ShardedCollection],
+    group,
+    *,
+    consumed_before: dict[int, int],
 ) -> list[ShardedCollection]:
     """Of ``collections``, those in ``fed`` (prefetched for a batch whose forward has run)
-    whose forward used no prefetched input on some rank; every rank gets the same list (one
-    all-reduce; see [Note: prefetches no forward uses])."""
-    unused = [any(m is f for f in fed) and m.consumed_prefetches() == 0 for m in collections]
+    whose forward used no prefetched input on some rank since ``consumed_before`` (``id`` of
+    a collection -> its `consumed_prefetches` when that batch's prefetch started); every rank
+    gets the same list (one all-reduce; see [Note: prefetches no forward uses]), and waits
+    for and drops their prefetches started already (the next batch's: no forward uses them)."""
+    unused = [
+        any(m is f for f in fed) and m.consumed_prefetches() == consumed_before.get(id(m), 0)
+        for m in collections
+    ]
     agreed = any_rank_each(unused, group)
-    return [m for m, flag in zip(collections, agreed) if flag]
+    dropped = [m for m, flag in zip(collections, agreed) if flag]
+    for module in dropped:
+        module.drop_prefetches()
+    return dropped

@@ -130,7 +130,9 @@ class EvalPipelineSparseDist(TrainPipelineSparseDist):
     def _step(self, batch: Any, between: Callable[[], None]) -> Any:
         _, output = self._model_fwd(batch)
         between()
-        if not self._agree_at_fetch():
+        if self._agree_at_fetch():
+            self._check_prefetches_used()  # See [Note: prefetches no forward uses]
+        else:
             self._check_lead_used()  # See [Note: deferred agreement]
         return output
 

@@ -96,7 +96,7 @@ def shard_modules(
     the meta device are materialised on ``device``."""
     env, device = _env_and_device(env, device)
     sharders = list(sharders) if sharders is not None else get_default_sharders()
-    by_type = sharders_by_type(sharders)
+    by_type = sharders_by_type(sharders, module=module)
     local = get_local_size(env.world_size)
     if plan is None:
         topology = Topology(world_size=env.world_size, compute_device=device.type,

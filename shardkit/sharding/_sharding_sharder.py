@@ -32,15 +32,20 @@ class ShardingSharder(Protocol):
     ) -> nn.Module: ...
 
 
-def sharding_sharders(sharders: Iterable[Any]) -> list[ShardingSharder]:
-    """``sharders`` as they are, each checked to build its sharded module (``shard``).
+def sharding_sharders(
+    sharders: Iterable[Any], *, module: nn.Module | None = None
+) -> list[ShardingSharder]:
+    """``sharders`` as they are, each checked to build its sharded module (``shard``); given
+    ``module``, only those for a module type it contains (the others never shard).
 
     Raises:
         TypeError: naming a sharder without ``shard`` (a planner-only `ModuleSharder`).
     """
+    types = None if module is None else {type(m) for m in module.modules()}
     checked = []
     for sharder in sharders:
-        if not isinstance(sharder, ShardingSharder):
+        used = types is None or getattr(sharder, "module_type", None) in types
+        if used and not isinstance(sharder, ShardingSharder):
             kind = getattr(getattr(sharder, "module_type", None), "__name__", "?")
             raise TypeError(
                 f"sharder {sharder!r} (for {kind}) has no shard(module, params, env, device, "
@@ -52,7 +57,10 @@ def sharding_sharders(sharders: Iterable[Any]) -> list[ShardingSharder]:
     return checked
 
 
-def sharders_by_type(sharders: Iterable[Any]) -> dict[type, ShardingSharder]:
-    """Module type -> its sharder (each checked by `sharding_sharders`)."""
+def sharders_by_type(
+    sharders: Iterable[Any], *, module: nn.Module | None = None
+) -> dict[type, ShardingSharder]:
+    """Module type -> its sharder (checked by `sharding_sharders`, for ``module``)."""
     given = list(sharders)
-    return {s.module_type: checked for s, checked in zip(given, sharding_sharders(given))}
+    checked = sharding_sharders(given, module=module)
+    return {s.module_type: c for s, c in zip(given, checked)}

@@ -8,13 +8,13 @@ collection of the model a batch's KJT can feed, then runs forward, backward and 
 step of the current batch, whose ids arrived during the previous step. Which KJT goes to which
 collection is read off the batch: every KeyedJaggedTensor the batch holds
 (``batch.sparse_features``, a dataclass field or attribute, a dict value) is prefetched for
-every sharded collection whose features it has, except a collection nested inside another
-sharded module (a managed-collision or feature-processed collection's own, which sees what
-that module made of the batch). A collection's forward uses a prefetched input only for the
-very KJT object it was started for (the way DLRM-style models pass ``batch.sparse_features``
-on); a collection fed another KJT runs its input dist in its forward: correct, not overlapped
-([Note: prefetches no forward uses]; ranks whose batches feed other collections all raise,
-[Note: prefetch mask], both in `_pipeline_inputs`).
+every sharded collection whose features it has (a collection gets the first such only), except
+a collection nested in another sharded module (a managed-collision or feature-processed
+collection's own, which sees what that module made of the batch). A collection's forward uses a
+prefetched input only for the very KJT object it was started for (the way DLRM-style models
+pass ``batch.sparse_features`` on); a collection fed another KJT runs its input dist in its
+forward: correct, not overlapped ([Note: prefetches no forward uses]; ranks whose batches feed
+other collections all raise, [Note: prefetch mask], both in `_pipeline_inputs`).
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
@@ -59,6 +59,7 @@ from shardkit.sharding._pipeline_context import TorchCompileConfig, TrainPipelin
 from shardkit.sharding._pipeline_inputs import (
     batch_kjts,
     collection_names,
+    drop_unused_on_any_rank,
     fed_collections,
     lead_collection,
     mismatch_error,
@@ -66,7 +67,6 @@ from shardkit.sharding._pipeline_inputs import (
     prefetch_into,
     prefetch_mask,
     sharded_collections,
-    unused_on_any_rank,
 )
 from shardkit.sharding._pipeline_schedule import (
     SideStreams,
@@ -134,15 +134,13 @@ class _Pipeline(TrainPipeline):
         self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
         self._model_fwd = custom_model_fwd or model
         self._group = group
-        self._lead = lead_collection(
-            model, group
-        )  # None: agree by flags ([Note: deferred agreement])
+        self._lead = lead_collection(model, group)  # None: flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
         self._names = collection_names(model, self._collections)
         # what an overlapping fetch prefetches besides the lead (See [Note: prefetches no
-        # forward uses]); and what it started for the first batch
+        # forward uses]); what it started for the first batch, each's consumed_prefetches() then
         self._kept = self._collections[1:] if self._lead is not None else self._collections
-        self._first_fed: list[ShardedCollection] | None = None
+        self._first: tuple[list[ShardedCollection], dict[int, int]] | None = None
         self._lead_fed = True
         self._lead_checked = False
         self._batch_count = 0
@@ -180,18 +178,18 @@ class _Pipeline(TrainPipeline):
         return fetched
 
     def _carry(self, lead: ShardedCollection, batch: Any) -> None:
-        """Start ``batch``'s input dist with this rank's flag in the lead's header (see
-        [Note: deferred agreement]); raises `RanksExhaustedError` on every rank if only some
-        have a batch, `InputError` if their batches feed other collections ([Note: prefetch
-        mask]). The lead's header exchange is every rank's first collective: a rank that ran
-        out joins it alone, so nothing may start before it."""
+        """Start ``batch``'s input dist with this rank's flag and mask in the lead's header
+        ([Note: deferred agreement]): `RanksExhaustedError` on every rank if only some have a
+        batch, `TagMismatchError` if the masks differ (`_fetch` names the collections,
+        [Note: prefetch mask]). A batch fetched before the fall back to flags joins with a
+        header alone. It is every rank's first collective: nothing may start before it."""
         if self._streams is not None:
             self._streams.wait_for_copy()  # a synchronous take runs on the main stream
         if batch is None:
             lead.join_without_input(exhausted=True)
             return
         tag = self._mask(batch)
-        fed = prefetch_into([lead], batch, tag=tag)
+        fed = prefetch_into([lead], batch, tag=tag) if lead is self._lead else []
         if not fed:
             self._lead_fed = False
             lead.join_without_input(exhausted=False, tag=tag)
@@ -209,8 +207,8 @@ class _Pipeline(TrainPipeline):
         agreed; remember what the first batch got ([Note: prefetches no forward uses])."""
         if self._agree_at_fetch():
             fed = fed + prefetch_into(self._kept, batch)
-        if self._first_fed is None:
-            self._first_fed = fed
+        if self._first is None:  # count the uses from this batch on, not since construction
+            self._first = fed, {id(m): m.consumed_prefetches() for m in self._collections}
 
     def _check_prefetches_used(self) -> None:
         """After the first overlapped step: stop prefetching, on every rank at once, the
@@ -220,7 +218,8 @@ class _Pipeline(TrainPipeline):
             return
         self._lead_checked = True
         candidates = [m for m in (self._lead, *self._kept) if m is not None]
-        unused = unused_on_any_rank(candidates, self._first_fed or [], self._group)
+        fed, before = self._first or ([], {})
+        unused = drop_unused_on_any_rank(candidates, fed, self._group, consumed_before=before)
         if not unused:
             return
         logger.info(
@@ -247,6 +246,7 @@ class _Pipeline(TrainPipeline):
             "train pipeline: the model's first sharded collection was not fed the batch's own "
             "KJT; the ranks agree on data by an all-gather per batch from now on"
         )
+        self._lead.drop_prefetches()
         self._lead = None
 
     def _agree_at_fetch(self) -> bool:

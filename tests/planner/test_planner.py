@@ -224,6 +224,17 @@ def test_errors_name_the_missing_topology_and_unknown_tables():
         EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(
             meta_ebc(seed_tables()), [NoKernel()]
         )
+
+    class NoType(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type):
+            return []
+
+    with pytest.raises(
+        ValueError, match=r"'large_table_0': NoType offers no sharding type .* it offers \[\] \("
+    ):
+        EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(
+            meta_ebc(seed_tables()), [NoType()]
+        )
     with pytest.raises(
         ValueError, match=r"batch_size must be an int >= 1 \(examples per rank\), got 0"
     ):

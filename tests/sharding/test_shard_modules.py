@@ -1,5 +1,6 @@
 """`shard_modules` on a collection its plan leaves out: left unsharded, as a child would be;
-sharders that cannot build a sharded module are refused before any planning."""
+sharders that cannot build a sharded module are refused before any planning, where the model
+holds their module type."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def test_a_sharder_without_shard_is_refused(entry):
             shard_modules(ebc, env, sharders=[_PlannerOnlySharder()], plan=ShardingPlan({}))
         else:
             DistributedModelParallel(ebc, env, sharders=[_PlannerOnlySharder()])
+
+
+@pytest.mark.parametrize("entry", ["shard_modules", "dmp"])
+def test_a_sharder_without_shard_for_a_type_the_model_lacks_is_never_used(entry):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    env = ShardingEnv(1, 0, None)
+    if entry == "shard_modules":
+        out = shard_modules(model, env, sharders=[_PlannerOnlySharder()], plan=ShardingPlan({}))
+        assert out is model
+    else:
+        sharders = [_PlannerOnlySharder()]
+        dmp = DistributedModelParallel(model, env, sharders=sharders, plan=ShardingPlan({}))
+        torch.testing.assert_close(dmp(torch.ones(1, 2)), model(torch.ones(1, 2)))

@@ -18,12 +18,14 @@ from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
+    EvalPipelineSparseDist,
     InputError,
     ShardedEmbeddingBagCollection,
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
 from shardkit.sharding._pipeline_schedule import choose_overlap
+from shardkit.sharding._train_pipeline import prefetch_batch
 from shardkit.sparse import KeyedJaggedTensor
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
@@ -244,12 +246,13 @@ def _uneven_dense(rank: int, world_size: int, carried: bool, overlap: bool = Fal
     pipeline = TrainPipelineSparseDist(
         model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap
     )
-    prefetches = []
+    prefetches, lead = [], pipeline._lead
     if pipeline._lead is not None:
         original = pipeline._lead.prefetch
         pipeline._lead.prefetch = lambda kjt, **kw: (prefetches.append(kjt), original(kjt, **kw))
     steps = _steps_until_rank_1_runs_out(pipeline, batches)
-    return steps, pipeline._lead is None, len(prefetches)
+    left = 0 if lead is None else lead.unused_prefetches()  # dropped at the fallback
+    return steps, pipeline._lead is None, len(prefetches), left
 
 
 def _rebuilt(batch: Batch) -> Batch:
@@ -266,9 +269,9 @@ def _rebuilt(batch: Batch) -> Batch:
 @pytest.mark.parametrize(
     ("carried", "overlap", "expected"),
     [
-        (False, False, (3, True, 0)),
-        (True, False, (3, True, 2)),  # the second batch was fetched before the check
-        (True, True, (2, True, 2)),  # prefetched for the first two batches, then no more
+        (False, False, (3, True, 0, 0)),
+        (True, False, (3, True, 1, 0)),  # the second, fetched before the check: a header
+        (True, True, (2, True, 2, 0)),  # prefetched for the first two batches, then no more
     ],
     ids=["dense", "rebuilt_kjt", "rebuilt_kjt_overlap"],
 )
@@ -337,9 +340,11 @@ class _TwoInputs(torch.nn.Module):
         super().__init__()
         self.first = EmbeddingBagCollection(tables=[_table("t0", ["a"])])
         self.second = EmbeddingBagCollection(tables=[_table("t1", ["b"])])
+        self.copy_second = False  # feed the second a copy: its prefetches go unused
 
     def forward(self, batch: dict[str, KeyedJaggedTensor]):
-        loss = self.first(batch["x"]).values().sum() + self.second(batch["y"]).values().sum()
+        second = copy.copy(batch["y"]) if self.copy_second else batch["y"]
+        loss = self.first(batch["x"]).values().sum() + self.second(second).values().sum()
         return loss.reshape(1), loss.detach()
 
 
@@ -381,6 +386,36 @@ def _fed_differently(rank: int, world_size: int, overlap: bool):
     per_rank = re.escape(str({0: [first, second], 1: [first]}))
     with pytest.raises(InputError, match=rf"{per_rank} .* or run it with overlap=False"):
         pipeline.progress(iter([{"x": x, "y": y}] * 3))
+    _used_before_and_fed_twice(rank, x)
+    _both_used_then_one_rank_unused(rank, x)
+
+
+def _used_before_and_fed_twice(rank: int, x: KeyedJaggedTensor) -> None:
+    """The second collection used a prefetch before this pipeline (`prefetch_batch`), then is
+    fed copies: the pipeline still finds its prefetches unused and drops them, on both ranks.
+    Rank 1's batches hold its features twice: one input dist per collection all the same."""
+    model = DistributedModelParallel(_TwoInputs())
+    y = KeyedJaggedTensor(keys=["b"], values=torch.arange(2), lengths=torch.ones(2).long())
+    assert prefetch_batch(model, {"x": x, "y": y}) == 2
+    model({"x": x, "y": y})
+    model.module.copy_second = True
+    pipeline = TrainPipelineSparseDist(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=True
+    )
+    batch = {"x": x, "y": y, **({"z": copy.copy(y)} if rank == 1 else {})}
+    batches = iter([batch] * 3)
+    with pytest.raises(StopIteration):
+        for _ in range(4):
+            pipeline.progress(batches)
+    assert [pipeline._names[pipeline._collections.index(m)] for m in pipeline._kept] == []
+    assert model.module.second.unused_prefetches() == 0
+    evaluation = EvalPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    evaluation._overlap = True  # as where a core is free (see [Note: when the pipeline overlaps])
+    batches = iter([batch] * 3)
+    with pytest.raises(StopIteration):
+        for _ in range(4):
+            evaluation.progress(batches)
+    assert evaluation._kept == [] and model.module.second.unused_prefetches() == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
@@ -445,6 +480,47 @@ def test_headers_without_input_decide_the_same_on_every_rank():
     check_headers([[0, NO_INPUT, 3], [0, NO_INPUT, 3]], error=None)  # no input anywhere: agreed
     with pytest.raises(InputError, match=r"rank\(s\) \[0\] fed no input to this sharded"):
         check_headers([[0, NO_INPUT, 0], [4, OK, 0]], error=None)
-    with pytest.raises(TagMismatchError, match=r"other tags in their input-dist headers") as tags:
+    with pytest.raises(
+        TagMismatchError,
+        match=r"other tags in their input-dist headers: \[2, 0\] .* same tag= to input_dist",
+    ) as tags:
         check_headers([[0, NO_INPUT, 2], [0, NO_INPUT, 0]], error=None)  # header alone too
     assert tags.value.tags == [2, 0]
+
+
+def _both_used_then_one_rank_unused(rank: int, x: KeyedJaggedTensor) -> None:
+    """Both collections prefetched (the same non-zero mask on every rank): trains as a plain
+    loop. Then rank 1 alone finds the second's prefetch unused: both ranks drop it at once."""
+    y = KeyedJaggedTensor(keys=["b"], values=torch.arange(2) + rank, lengths=torch.ones(2).long())
+    losses, tags = {}, []
+    for mode in ("plain", "pipelined"):
+        torch.manual_seed(0)
+        model = DistributedModelParallel(_TwoInputs())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if mode == "plain":
+            for _ in range(3):
+                optimizer.zero_grad()
+                loss, _ = model({"x": x, "y": y})
+                loss.sum().backward()
+                optimizer.step()
+            losses[mode] = [model({"x": x, "y": y})[1]]
+            continue
+        prefetch = model.module.first.prefetch
+        model.module.first.prefetch = lambda kjt, tag, prefetch=prefetch: (
+            tags.append(tag),
+            prefetch(kjt, tag=tag),
+        )
+        pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+        batches = iter([{"x": x, "y": y}] * 4)
+        losses[mode] = [pipeline.progress(batches) for _ in range(4)][-1:]
+        assert len(pipeline._kept) == 1 and model.module.second.unused_prefetches() == 0
+    torch.testing.assert_close(losses["pipelined"], losses["plain"])
+    assert tags == [2] * 4  # bit 1: the second collection, the lead being the 0th
+    pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+    if rank == 1:
+        model.module.second.consumed_prefetches = lambda: 7  # no use counted on rank 1
+    batches = iter([{"x": x, "y": y}] * 3)
+    with pytest.raises(StopIteration):
+        for _ in range(4):
+            pipeline.progress(batches)
+    assert pipeline._kept == [] and model.module.second.unused_prefetches() == 0
