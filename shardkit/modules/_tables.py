@@ -202,10 +202,10 @@ class TableStack:
                 group.tables.optimizer.to_(fn)
             if was_meta:  # (``to_empty``: new memory, not yet written)
                 advise_new_table(group.tables.weight)
-                for state in (
-                    group.tables.optimizer.state.values() if group.tables.optimizer else ()
-                ):
-                    advise_new_table(state)
+                if group.tables.optimizer is not None:
+                    for state in group.tables.optimizer.state.values():
+                        advise_new_table(state)
+                    group.tables.optimizer.reset_state()  # not garbage: zeros (or Adagrad's)
             for position, (index, view) in enumerate(
                 zip(group.table_indices, group.tables.table_views())
             ):

@@ -18,7 +18,7 @@ import torch
 
 from shardkit.optim._config import FusedOptimizerConfig
 from shardkit.optim._keyed import KeyedOptimizer
-from shardkit.optim._rules import apply_rule, new_state
+from shardkit.optim._rules import apply_rule, new_state, reset_state
 
 __all__ = ["FusedOptimizer", "FusedTable", "RowOptimizer"]
 
@@ -65,6 +65,11 @@ class RowOptimizer:
     def to_(self, fn: Any) -> None:
         """Apply a tensor conversion (``Module._apply``'s ``fn``) to the state buffers."""
         self.state = {name: fn(t) for name, t in self.state.items()}
+
+    def reset_state(self) -> None:
+        """The state's starting values again, and no step taken (e.g. after ``to_empty``)."""
+        reset_state(self.kind, self.state, self.config.initial_accumulator_value)
+        self.step = 0
 
     def state_rows(self, start: int, end: int) -> dict[str, torch.Tensor]:
         """Views of the state of rows ``[start, end)`` (one table of the buffer)."""

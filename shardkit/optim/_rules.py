@@ -38,15 +38,21 @@ def new_state(
     """Zero (or ``initial``) optimizer state for a ``[rows, dim]`` table; ``prepare`` (if given)
     sees each buffer after its allocation and before its first write (e.g. to advise its pages:
     `shardkit.kernels.advise_new_table`)."""
-    shapes = STATE_SHAPES[kind](rows, dim)
-    initial = initial if kind in _ADAGRADS else 0.0  # only Adagrad's accumulator starts there
     state = {}
-    for name, shape in shapes.items():
+    for name, shape in STATE_SHAPES[kind](rows, dim).items():
         state[name] = torch.empty(shape, device=device)
         if prepare is not None:
             prepare(state[name])
-        state[name].fill_(initial if name == "momentum1" else 0.0)
+    reset_state(kind, state, initial)
     return state
+
+
+def reset_state(kind: EmbOptimType, state: State, initial: float = 0.0) -> None:
+    """Write the state's starting values in place: zeros, and ``initial`` in Adagrad's
+    accumulator (also after ``to_empty``, whose memory holds whatever was there)."""
+    for name, buffer in state.items():
+        starts_at = initial if kind in _ADAGRADS and name == "momentum1" else 0.0
+        buffer.fill_(starts_at)
 
 
 def apply_rule(

@@ -224,6 +224,28 @@ def test_meta_device_state_dict_and_init_range():
     assert out.values().shape == (B, 18)
 
 
+@pytest.mark.parametrize("kind", [EmbOptimType.ADAM, EmbOptimType.EXACT_ROWWISE_ADAGRAD])
+def test_to_empty_then_reset_trains_like_a_module_built_in_place(kind):
+    """meta -> ``to_empty`` -> ``reset_parameters`` (DMP's meta path): the fused optimizer's
+    state must start at its initial values, not at whatever the new memory held."""
+    fused = {"optimizer": kind, "learning_rate": 0.05, "initial_accumulator_value": 0.25}
+    torch.manual_seed(3)
+    built = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
+    late = EmbeddingBagCollection(tables=_configs(), fused_params=fused, device="meta")
+    garbage = torch.full((1 << 16,), float("nan"))  # freed memory to_empty may be handed
+    del garbage
+    late.to_empty(device="cpu")
+    torch.manual_seed(3)
+    late.reset_parameters()
+    _assert_same_state(late.fused_optimizer.state_dict(), built.fused_optimizer.state_dict())
+    for step in range(2):
+        for ebc in (built, late):
+            ebc(_batch(step, False)).values().sum().backward()
+    for name, table in built.embedding_bags.items():
+        torch.testing.assert_close(late.embedding_bags[name].weight, table.weight, rtol=0, atol=0)
+    _assert_same_state(late.fused_optimizer.state_dict(), built.fused_optimizer.state_dict())
+
+
 def test_load_state_dict_writes_into_the_batched_buffer():
     ebc = EmbeddingBagCollection(tables=_configs())
     state = {k: torch.full_like(v, 0.5) for k, v in ebc.state_dict().items()}
