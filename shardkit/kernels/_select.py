@@ -124,8 +124,11 @@ def advise_new_table(weight: torch.Tensor) -> bool:
         Whether the advice was given (see `shardkit.kernels._pages.advise_table`).
 
     Raises:
-        ValueError: ``SHARDKIT_KERNEL`` or ``SHARDKIT_HUGE_PAGES`` has a value they do not take.
+        ValueError: ``SHARDKIT_KERNEL`` or ``SHARDKIT_HUGE_PAGES`` has a value they do not take
+            (read for CPU tables only: other devices never run the CPU kernel's pages).
     """
+    if weight.device.type != "cpu":
+        return False
     if _scoped:
         eager = _scoped[-1] == KernelPath.EAGER
     elif _choice is not None:

@@ -142,6 +142,7 @@ def test_bad_env_vars_are_refused_before_any_build_and_at_allocation(monkeypatch
     monkeypatch.setenv(_select.ENV_VAR, "fast")
     with pytest.raises(ValueError, match=r"SHARDKIT_KERNEL: unknown embedding kernel 'fast'; "):
         advise_new_table(torch.empty(MIB))
+    assert not advise_new_table(torch.empty(MIB, device="meta"))  # not a CPU table: not read
 
 
 def _marked_huge(tensor: torch.Tensor) -> bool:
