@@ -33,6 +33,7 @@ import torch.distributed as dist
 from shardkit.comm._errors import collective_error
 from shardkit.comm._exit import remember
 from shardkit.comm._label import label
+from shardkit.comm._placement import check_placement
 
 __all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Launched", "Reduce", "ReduceScatter"]
 
@@ -78,6 +79,7 @@ def _launch(
     name: str, group: Group, call: Callable[[], dist.Work | None], *handed: torch.Tensor
 ) -> dist.Work | None:
     """``call()`` (the backend's collective on the ``handed`` tensors), errors named."""
+    check_placement(name, group, _backend_for(group, torch.device("cpu")), handed)
     remember(*handed)  # See [Note: gloo at exit]
     with label(f"shardkit::{name}"):
         try:
