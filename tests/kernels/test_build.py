@@ -4,6 +4,7 @@ the lock and load that build."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -66,3 +67,16 @@ def test_a_process_keeps_its_library_when_the_cache_has_another(monkeypatch, tmp
     with use_kernel("compiled") as path:
         assert path is KernelPath.COMPILED
     assert _build.load_library().startswith("already loaded in this process from ")
+
+
+def test_cuda_build_check_refuses_a_cpu_torch(capsys):
+    # `make check-cuda-build` runs `python -m shardkit.kernels --cuda` in a venv with torch's
+    # CUDA build; with the CPU build it fails at once and says why (no fallback to the CPU kernel).
+    from shardkit.kernels.__main__ import main
+
+    assert main(["--cuda"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(
+        r"check-cuda-build: FAILED: torch 2\.\d+\.\d+\+cpu is a CPU build: install a CUDA build",
+        err,
+    ), err
