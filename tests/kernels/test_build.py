@@ -8,6 +8,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from shardkit.kernels import KernelPath, _build, use_kernel
 
 # load_library() with the compiler replaced by a slow fake that counts its runs.
@@ -69,6 +72,7 @@ def test_a_process_keeps_its_library_when_the_cache_has_another(monkeypatch, tmp
     assert _build.load_library().startswith("already loaded in this process from ")
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs torch's CPU build")
 def test_cuda_build_check_refuses_a_cpu_torch(capsys):
     # `make check-cuda-build` runs `python -m shardkit.kernels --cuda` in a venv with torch's
     # CUDA build; with the CPU build it fails at once and says why (no fallback to the CPU kernel).
