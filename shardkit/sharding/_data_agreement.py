@@ -62,11 +62,8 @@ class DataExhaustedError(RuntimeError):
 def _flag(value: bool | list[int], group: dist.ProcessGroup | None) -> torch.Tensor:
     """``value`` (a flag, or numbers) as a tensor on the device the group carries (a GPU's
     for NCCL)."""
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
     values = value if isinstance(value, list) else [int(value)]
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return torch.tensor(values, dtype=torch.int64, device=comm.group_device(group))
 
 
 def start_agreement(
