@@ -101,6 +101,7 @@ PUBLIC = {
         "lookup",
         "mean_as_weights",
         "stack_tables",
+        "with_values",
     ],
     "shardkit.modules.activation": ["SwishLayerNorm"],
     "shardkit.modules.mlp": ["MLP", "Perceptron"],
@@ -156,8 +157,6 @@ PUBLIC = {
     "shardkit.quant": [
         "EmbeddingBagCollection",
         "EmbeddingCollection",
-        "QuantConfig",
-        "dtype_to_data_type",
         "quantize_state_dict",
         "quantize_table_weights",
         "TableWeights",
