@@ -86,7 +86,15 @@ from shardkit.sharding._module_internals import (
     replace_placement_with_meta_device,
     set_ec_index_dedup,
 )
-from shardkit.sharding._pipelines import (
+from shardkit.sharding._pipeline._train import (
+    DataExhaustedError,
+    TorchCompileConfig,
+    TrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineContext,
+    TrainPipelineSparseDist,
+)
+from shardkit.sharding._pipeline._variants import (
     DataLoadingThread,
     EvalPipelineSparseDist,
     GradientAccumulationConfig,
@@ -121,14 +129,6 @@ from shardkit.sharding._sharding_plan import (
 )
 from shardkit.sharding._state import fused_state, load_fused_state, quiet_sharded_tensor
 from shardkit.sharding._tracing import ArgInfo, ArgInfoStepFactory, CallArgs, Tracer
-from shardkit.sharding._train_pipeline import (
-    DataExhaustedError,
-    TorchCompileConfig,
-    TrainPipeline,
-    TrainPipelineBase,
-    TrainPipelineContext,
-    TrainPipelineSparseDist,
-)
 
 __all__ = [
     "EC_INDEX_DEDUP",

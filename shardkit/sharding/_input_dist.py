@@ -12,7 +12,7 @@ Three all-to-alls per batch, all ranks in step:
    A train pipeline's rank that has run out of batches sends a header alone, with status
    "exhausted" (`exchange_status`), and every rank raises `RanksExhaustedError` naming it
    before the ids' all-to-all: the ranks' agreement on data costs no collective of its own
-   ([Note: deferred agreement] in `_data_agreement`).
+   ([Note: deferred agreement] in `_pipeline._agreement`).
 2. int64 lengths then ids: for each slot bound for the destination (see [Note: routes]) its
    ``B`` bag lengths, then all the slots' ids.
 3. float32 per-id weights, when the collection has any (weighted input or MEAN pooling, whose

@@ -7,7 +7,7 @@ refused input, a batch-size mismatch, a rank without a batch or ranks that sent 
 every rank raise the same error there, instead of leaving some waiting in a collective the
 others never call. The tag is the caller's: a number every rank must send alike (the train
 pipeline's mask of the collections whose input dists it starts next, [Note: prefetch mask] in
-`_pipeline_inputs`; 0 elsewhere).
+`_pipeline._feeds`; 0 elsewhere).
 """
 
 from __future__ import annotations

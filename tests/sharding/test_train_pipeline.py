@@ -24,8 +24,8 @@ from shardkit.sharding import (
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
-from shardkit.sharding._pipeline_schedule import choose_overlap
-from shardkit.sharding._train_pipeline import prefetch_batch
+from shardkit.sharding._pipeline._schedule import choose_overlap
+from shardkit.sharding._pipeline._train import prefetch_batch
 from shardkit.sparse import KeyedJaggedTensor
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan

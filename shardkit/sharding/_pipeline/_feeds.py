@@ -1,5 +1,5 @@
 """Which KeyedJaggedTensors of a batch feed which sharded collections: the train pipelines'
-prefetch (see [Note: pipelined input dist] in `_train_pipeline`), and the collection whose
+prefetch (see [Note: pipelined input dist] in `_train`), and the collection whose
 input dist carries the ranks' agreement on data ([Note: deferred agreement]).
 
 [Note: prefetch mask]
@@ -43,8 +43,8 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import any_rank_each
 from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._pipeline._agreement import any_rank_each
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ShardedModule
 

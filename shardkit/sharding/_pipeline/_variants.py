@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.sharding._train_pipeline import (
+from shardkit.sharding._pipeline._train import (
     TorchCompileConfig,
     TrainPipeline,
     TrainPipelineBase,

@@ -14,7 +14,7 @@ collection's own, which sees what that module made of the batch). A collection's
 prefetched input only for the very KJT object it was started for (the way DLRM-style models
 pass ``batch.sparse_features`` on); a collection fed another KJT runs its input dist in its
 forward: correct, not overlapped ([Note: prefetches no forward uses]; ranks whose batches feed
-other collections all raise, [Note: prefetch mask], both in `_pipeline_inputs`).
+other collections all raise, [Note: prefetch mask], both in `_feeds`).
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
@@ -29,7 +29,7 @@ losses, dim=0).backward()`` for a loss per example) and steps the optimizer (the
 backward); in eval mode it only runs forward. `progress` returns ``output``.
 
 When the next batch's input dist starts early, and on which streams, is in
-`shardkit.sharding._pipeline_schedule` ([Note: when the pipeline overlaps],
+`shardkit.sharding._pipeline._schedule` ([Note: when the pipeline overlaps],
 [Note: pipeline streams]).
 """
 
@@ -48,15 +48,15 @@ from torch import nn
 
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import (
+from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._pipeline._agreement import (
     DataExhaustedError,
     Fetched,
     any_rank,
     start_agreement,
 )
-from shardkit.sharding._input_header import TagMismatchError
-from shardkit.sharding._pipeline_context import TorchCompileConfig, TrainPipelineContext
-from shardkit.sharding._pipeline_inputs import (
+from shardkit.sharding._pipeline._context import TorchCompileConfig, TrainPipelineContext
+from shardkit.sharding._pipeline._feeds import (
     batch_kjts,
     collection_names,
     drop_unused_on_any_rank,
@@ -68,7 +68,7 @@ from shardkit.sharding._pipeline_inputs import (
     prefetch_mask,
     sharded_collections,
 )
-from shardkit.sharding._pipeline_schedule import (
+from shardkit.sharding._pipeline._schedule import (
     SideStreams,
     agreed_overlap,
     choose_overlap,
@@ -148,7 +148,7 @@ class _Pipeline(TrainPipeline):
         self._connected = False
 
     def _fetch(self, dataloader_iter: Iterator[Any]) -> Fetched:
-        """The next batch, its flags on their way (see [Note: deferred agreement] in `_data_agreement`)."""
+        """The next batch, its flags on their way (see [Note: deferred agreement] in `_agreement`)."""
         try:
             batch = next(dataloader_iter)
         except StopIteration:
