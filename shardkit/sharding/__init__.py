@@ -21,6 +21,8 @@ from shardkit.sharding._comm_helpers import (
     intra_and_cross_node_pg_2D,
 )
 from shardkit.sharding._data_parallel import DataParallelWrapper, DefaultDataParallelWrapper
+from shardkit.sharding._dist._input import InputError
+from shardkit.sharding._dist._row_buckets import bucket_rows
 from shardkit.sharding._dmp_utils import (
     HybridEvalDMP,
     get_module,
@@ -59,7 +61,6 @@ from shardkit.sharding._fp_embeddingbag import (
     ShardedFeatureProcessedEmbeddingBagCollection,
 )
 from shardkit.sharding._fully_shard_wrapper import FullyShardDataParallelWrapper
-from shardkit.sharding._input_dist import InputError
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_embedding import (
     ManagedCollisionEmbeddingBagCollectionSharder,
@@ -113,7 +114,6 @@ from shardkit.sharding._plan_helpers import (
     placement_helper,
     placement_string,
 )
-from shardkit.sharding._row_buckets import bucket_rows
 from shardkit.sharding._shard import shard, shard_modules
 from shardkit.sharding._sharding_plan import (
     ParameterShardingGenerator,

@@ -37,17 +37,17 @@ from shardkit.sharding._collection_state import (
     state_dict_hook,
 )
 from shardkit.sharding._device import resolve_device
-from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._input_dist import (
+from shardkit.sharding._dist._input import (
     PendingInput,
     SourceBatch,
     exchange_start,
     exchange_status,
 )
-from shardkit.sharding._inputs import expanded_features, source_batch, variable_batch_inverse
+from shardkit.sharding._dist._output import HostGroups
+from shardkit.sharding._dist._qcomm import check_codecs
+from shardkit.sharding._dist._source import expanded_features, source_batch, variable_batch_inverse
+from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
-from shardkit.sharding._output_dist import HostGroups
-from shardkit.sharding._qcomm_dist import check_codecs
 from shardkit.sharding._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
 from shardkit.sharding._shard_groups import (
     ShardGroup,
@@ -291,7 +291,7 @@ class ShardedCollection(nn.Module):
 
     def input_dist(self, features: KeyedJaggedTensor, *, tag: int = 0) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async).
-        ``tag``: a number every rank must send alike in its header (see `_input_header`)."""
+        ``tag``: a number every rank must send alike in its header (see `_dist._header`)."""
         inverse = None
         if self._ACCEPTS_VARIABLE_BATCH:
             inverse = variable_batch_inverse(features, self.feature_names())

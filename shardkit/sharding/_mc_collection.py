@@ -41,7 +41,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 from shardkit import comm
 from shardkit.modules import BaseEmbeddingConfig, with_values
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
-from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._state import quiet_sharded_tensor
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv

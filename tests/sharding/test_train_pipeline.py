@@ -463,7 +463,7 @@ def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
 
 def test_headers_without_input_decide_the_same_on_every_rank():
     """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
-    from shardkit.sharding._input_header import (
+    from shardkit.sharding._dist._header import (
         EXHAUSTED,
         NO_INPUT,
         OK,

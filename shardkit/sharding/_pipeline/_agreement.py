@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.sharding._input_dist import RanksExhaustedError
-from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._dist._header import TagMismatchError
+from shardkit.sharding._dist._input import RanksExhaustedError
 
 __all__ = ["DataExhaustedError", "Fetched", "any_rank", "any_rank_each", "start_agreement"]
 

@@ -7,7 +7,7 @@ An overlapping pipeline starts, at fetch, the input dist of every sharded collec
 KJTs can feed, the lead's first. Were a rank's batch to feed another set of the other
 collections than the other ranks' (rank 0's batch feeds A and B, rank 1's only A), rank 0
 would start B's header exchange where rank 1 starts its next collective: a hang, or an abort
-on mismatched sizes. So the lead's header carries, as its tag (see `_input_header`), the mask
+on mismatched sizes. So the lead's header carries, as its tag (see `_dist._header`), the mask
 of the other collections this rank is about to start (bit ``i``: the pipeline's ``i``-th
 collection, counting the lead as the 0th, whose bit stays 0; `prefetch_mask`), and every rank reads every rank's mask before any of them starts one: where
 they differ, every rank raises an `InputError` naming the ranks and the collections, before
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._pipeline._agreement import any_rank_each
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ShardedModule

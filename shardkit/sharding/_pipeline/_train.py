@@ -48,7 +48,7 @@ from torch import nn
 
 from shardkit.compat import resolve_device
 from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._dist._header import TagMismatchError
 from shardkit.sharding._pipeline._agreement import (
     DataExhaustedError,
     Fetched,
