@@ -8,7 +8,10 @@ and `quiet_sharded_tensor` are the interface ``shardkit.checkpoint`` saves and l
 ``shardkit.inference``'s row-wise serving.
 """
 
-from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._collection._base import ShardedCollection
+from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._state import fused_state, load_fused_state, quiet_sharded_tensor
 from shardkit.sharding._comm_helpers import (
     get_group_rank,
     get_local_rank,
@@ -30,7 +33,6 @@ from shardkit.sharding._dmp_utils import (
     get_unwrapped_module,
     sharded_model_copy,
 )
-from shardkit.sharding._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -55,7 +57,6 @@ from shardkit.sharding._embedding_types import (
     ShardedMetaConfig,
     compute_kernel_to_embedding_location,
 )
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._fp_embeddingbag import (
     FeatureProcessedEmbeddingBagCollectionSharder,
     ShardedFeatureProcessedEmbeddingBagCollection,
@@ -127,7 +128,6 @@ from shardkit.sharding._sharding_plan import (
     table_row_wise,
     table_wise,
 )
-from shardkit.sharding._state import fused_state, load_fused_state, quiet_sharded_tensor
 from shardkit.sharding._tracing import ArgInfo, ArgInfoStepFactory, CallArgs, Tracer
 
 __all__ = [

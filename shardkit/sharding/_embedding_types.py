@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from shardkit.modules import DataType, EmbeddingTableConfig, PoolingType
-from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.streamable import Multistreamable
 from shardkit.types import (

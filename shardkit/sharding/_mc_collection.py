@@ -41,8 +41,8 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 from shardkit import comm
 from shardkit.modules import BaseEmbeddingConfig, with_values
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
+from shardkit.sharding._collection._state import quiet_sharded_tensor
 from shardkit.sharding._dist._input import InputError
-from shardkit.sharding._state import quiet_sharded_tensor
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv
 

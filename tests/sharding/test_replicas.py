@@ -261,7 +261,7 @@ def _logged(rank: int, world_size: int) -> list[str]:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    logger = logging.getLogger("shardkit.sharding._replicas")
+    logger = logging.getLogger("shardkit.sharding._collection._replicas")
     handler, level = Keep(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -42,7 +42,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._pipeline._agreement import any_rank_each
 from shardkit.sparse import KeyedJaggedTensor

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.compat import resolve_device
-from shardkit.sharding._collection import ShardedCollection
+from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._dist._header import TagMismatchError
 from shardkit.sharding._pipeline._agreement import (
     DataExhaustedError,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from shardkit.modules import EmbeddingConfig, expand_bags, lookup
-from shardkit.sharding._collection import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._base import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._shard_groups import shard_group_input
 from shardkit.sharding._dist._sequence import distribute_rows
 from shardkit.sharding._layout import Unit
-from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ShardedEmbeddingCollection"]

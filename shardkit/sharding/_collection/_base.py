@@ -22,7 +22,7 @@ from shardkit.modules import (
     TableDict,
     collection_tables,
 )
-from shardkit.sharding._collection_build import (
+from shardkit.sharding._collection._build import (
     DEFAULT_FUSED,
     check_row_norm_rules,
     fused_optimizer,
@@ -31,7 +31,15 @@ from shardkit.sharding._collection_build import (
     shard_initialiser,
     table_keys,
 )
-from shardkit.sharding._collection_state import (
+from shardkit.sharding._collection._grad import scale_grad
+from shardkit.sharding._collection._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
+from shardkit.sharding._collection._shard_groups import (
+    ShardGroup,
+    build_shard_group,
+    classes,
+    shard_group_specs,
+)
+from shardkit.sharding._collection._state_hooks import (
     ShardedTable,
     load_state_dict_pre_hook,
     state_dict_hook,
@@ -46,15 +54,7 @@ from shardkit.sharding._dist._input import (
 from shardkit.sharding._dist._output import HostGroups
 from shardkit.sharding._dist._qcomm import check_codecs
 from shardkit.sharding._dist._source import expanded_features, source_batch, variable_batch_inverse
-from shardkit.sharding._grad import scale_grad
 from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
-from shardkit.sharding._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
-from shardkit.sharding._shard_groups import (
-    ShardGroup,
-    build_shard_group,
-    classes,
-    shard_group_specs,
-)
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv
 
