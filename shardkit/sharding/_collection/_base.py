@@ -62,9 +62,6 @@ __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTab
 
 logger = logging.getLogger(__name__)
 
-# Input dists started ahead of their forward that a collection keeps (the pipeline needs 2).
-_MAX_PREFETCHED = 2
-
 
 @dataclass
 class DistributedInput:
@@ -147,8 +144,6 @@ class ShardedCollection(nn.Module):
             self._shard_groups, self._replica_groups, shard_key=self._shard_key,
             tables_attr=self._TABLES,
         )  # fmt: skip
-        self._prefetched: list[DistributedInput] = []
-        self._consumed = 0  # prefetched inputs a forward used
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
@@ -319,12 +314,6 @@ class ShardedCollection(nn.Module):
         vbe = inverse if isinstance(inverse, torch.Tensor) else None
         return DistributedInput(features, pending, source, full, vbe)
 
-    def prefetch(self, features: KeyedJaggedTensor, *, tag: int = 0) -> None:
-        """Start the input dist of ``features`` now; the forward that receives this very KJT
-        object uses it (see `TrainPipelineSparseDist`). ``tag``: see `input_dist`."""
-        self._prefetched.append(self.input_dist(features, tag=tag))
-        del self._prefetched[:-_MAX_PREFETCHED]
-
     def join_without_input(self, *, exhausted: bool, tag: int = 0) -> None:
         """Take part in this collection's input dist with a header alone: no batch left
         (``exhausted``), or none for this collection (see `exchange_status`)."""
@@ -333,32 +322,13 @@ class ShardedCollection(nn.Module):
             exhausted=exhausted, device=self._device, tag=tag,
         )  # fmt: skip
 
-    def unused_prefetches(self) -> int:
-        """Prefetched inputs no forward has used yet."""
-        return len(self._prefetched)
-
-    def consumed_prefetches(self) -> int:
-        """Prefetched inputs a forward has used, since construction (a pipeline compares
-        against its own snapshot, see [Note: prefetches no forward uses])."""
-        return self._consumed
-
-    def drop_prefetches(self) -> int:
-        """Wait for the prefetched inputs no forward has used and discard them (their
-        collectives completed, on every rank alike); returns how many."""
-        dropped, self._prefetched = self._prefetched, []
-        for prefetched in dropped:
-            prefetched.pending.wait()
-        return len(dropped)
-
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError
 
     def forward(self, features: KeyedJaggedTensor) -> Any:
-        for index, prefetched in enumerate(self._prefetched):
-            if prefetched.features is features:
-                del self._prefetched[: index + 1]  # older ones were never used
-                self._consumed += 1
-                return self.compute_and_output_dist(prefetched)
+        """The input dist, then compute and output dist; a train pipeline swaps in a forward
+        that uses the input dist it started ahead (see [Note: pipelined forward] in
+        `sharding._pipeline._prefetches`)."""
         return self.compute_and_output_dist(self.input_dist(features))
 
     def _local_features(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
