@@ -33,6 +33,11 @@ from shardkit.sharding._dmp_utils import (
     get_unwrapped_module,
     sharded_model_copy,
 )
+from shardkit.sharding._embedding_module import (
+    FeatureShardingMixIn,
+    ModuleShardingMixIn,
+    ShardedEmbeddingModule,
+)
 from shardkit.sharding._embedding_sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -44,15 +49,12 @@ from shardkit.sharding._embedding_types import (
     BaseQuantEmbeddingSharder,
     DTensorMetadata,
     EmbeddingAttributes,
-    FeatureShardingMixIn,
     GroupedEmbeddingConfig,
     InputDistOutputs,
     KJTList,
     ListOfKJTList,
-    ModuleShardingMixIn,
     OptimType,
     ShardedConfig,
-    ShardedEmbeddingModule,
     ShardedEmbeddingTable,
     ShardedMetaConfig,
     compute_kernel_to_embedding_location,

@@ -26,7 +26,7 @@ from shardkit.modules.fp_embedding_modules import (
 from shardkit.optim import FusedOptimizer
 from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._dist._input import InputError
-from shardkit.sharding._embedding_types import ShardedEmbeddingModule
+from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
 

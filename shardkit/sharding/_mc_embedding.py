@@ -27,8 +27,8 @@ from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._collection._state import reset_rows
+from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sharding._embedding_sharders import _CollectionSharder
-from shardkit.sharding._embedding_types import ShardedEmbeddingModule
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_plan import aligned_plan
 from shardkit.sparse import KeyedJaggedTensor
