@@ -20,11 +20,6 @@ import torch
 from torch import nn
 
 from shardkit.modules import DataType, EmbeddingTableConfig, PoolingType
-from shardkit.sharding._embedding_module import (
-    FeatureShardingMixIn,
-    ModuleShardingMixIn,
-    ShardedEmbeddingModule,
-)
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.streamable import Multistreamable
 from shardkit.types import (
@@ -42,15 +37,12 @@ __all__ = [
     "BaseQuantEmbeddingSharder",
     "DTensorMetadata",
     "EmbeddingAttributes",
-    "FeatureShardingMixIn",
     "GroupedEmbeddingConfig",
     "InputDistOutputs",
     "KJTList",
     "ListOfKJTList",
-    "ModuleShardingMixIn",
     "OptimType",
     "ShardedConfig",
-    "ShardedEmbeddingModule",
     "ShardedEmbeddingTable",
     "ShardedMetaConfig",
     "compute_kernel_to_embedding_location",
