@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     construct_module_sharding_plan,
     row_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.fake_gpu import DeviceMismatch, host_syncs
 from tests.sharding.common import global_batch, local_part
 

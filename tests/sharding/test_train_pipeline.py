@@ -15,7 +15,6 @@ from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
     EvalPipelineSparseDist,
@@ -27,6 +26,7 @@ from shardkit.sharding import (
 )
 from shardkit.sharding._pipeline._schedule import choose_overlap
 from shardkit.sparse import KeyedJaggedTensor
+from shardkit.types import ShardingPlan
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
