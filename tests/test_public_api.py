@@ -70,6 +70,7 @@ PUBLIC = {
     "shardkit.compat": [
         "ALIASES",
         "NotInShardkitError",
+        "carry_to_children",
         "cuda_mapped",
         "install_aliases",
         "map_cuda_to_cpu",
@@ -472,6 +473,7 @@ PUBLIC = {
         "refuse_kernel_settings",
         "scope",
         "split_evenly",
+        "validate_module_plan",
     ],
     "shardkit.metrics.metric_module": [
         "MODEL_METRIC_LABEL",

@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
-from shardkit.types import ParameterSharding, ShardingType
+from shardkit.types import ParameterSharding, ShardingType, validate_module_plan
 
 __all__ = ["aligned_plan"]
 
@@ -23,6 +23,7 @@ def aligned_plan(
 ) -> dict[str, ParameterSharding]:
     """The plan with each row-wise table's shards moved onto its bucket bounds; refuses a
     sharding type managed collision cannot take, naming the table and what works."""
+    validate_module_plan(plan)  # plans are mutable: an edited one is checked where applied
     out = {}
     for name, module in modules.items():
         sharding = plan[name]

@@ -265,7 +265,7 @@ def test_constraints_that_exclude_everything_name_table_and_constraint():
     }
     with pytest.raises(
         PlannerError,
-        match=r"table 'large_table_0': constraint compute_kernels=\['batched_fused'\] leaves no kernel for its sharding types; an embedding collection offers \{'data_parallel': \['batched_dense'\]\}",
+        match=r"table 'large_table_0': constraint compute_kernels=\['fused'\] leaves no kernel for its sharding types; an embedding collection offers \{'data_parallel': \['dense'\]\}",
     ):
         plan_tables(table, topology, constraints=only_dp_fused)
     grid = {"large_table_0": ParameterConstraints(sharding_types=["grid_shard"])}
@@ -504,4 +504,4 @@ def test_tables_stepped_by_row_norms_never_get_column_shards(optimizer):
             tables, topology, fused_params={"optimizer": optimizer}, constraints=dense
         )
         t0 = plan.plan.plan[""]["t0"]
-        assert (t0.sharding_type, t0.compute_kernel) == ("column_wise", "batched_dense")
+        assert (t0.sharding_type, t0.compute_kernel) == ("column_wise", "dense")
