@@ -25,6 +25,15 @@ PUBLIC = {
         "__version__",
     ],
     "shardkit.streamable": ["Multistreamable", "Pipelineable"],
+    "shardkit.tensor_types": [
+        "UInt2Tensor",
+        "UInt4Tensor",
+        "UIntXTensor",
+        "down_size",
+        "fill_defaults",
+        "find_arg_of_type",
+        "up_size",
+    ],
     "shardkit.datasets": [],
     "shardkit.datasets.utils": [
         "PATH_MANAGER_KEY",
@@ -183,6 +192,9 @@ PUBLIC = {
         "quant_prep_customize_row_alignment",
         "quant_prep_enable_cache_features_order",
         "quant_prep_enable_register_tbes",
+        "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS",
+        "quant_prep_enable_quant_state_dict_split_scale_bias",
+        "quant_prep_enable_quant_state_dict_split_scale_bias_for_types",
     ],
     "shardkit.inference": [
         "ShardedQuantEmbeddingBagCollection",
