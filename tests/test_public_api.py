@@ -724,6 +724,7 @@ PUBLIC = {
     ],
     "shardkit.sharding": [
         "ArgInfo",
+        "DMPCollection",
         "ArgInfoStepFactory",
         "BaseEmbeddingLookup",
         "BaseEmbeddingUpdate",
@@ -899,6 +900,7 @@ PUBLIC = {
         "scope",
     ],
     "shardkit.distributed.model_parallel": [
+        "DMPCollection",
         "DataParallelWrapper",
         "DefaultDataParallelWrapper",
         "DistributedModelParallel",

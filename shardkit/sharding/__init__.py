@@ -21,6 +21,7 @@ from shardkit.sharding._comm_helpers import (
     intra_and_cross_node_pg_2D,
 )
 from shardkit.sharding._data_parallel import DataParallelWrapper, DefaultDataParallelWrapper
+from shardkit.sharding._dmp_collection import DMPCollection
 from shardkit.sharding._dmp_utils import (
     HybridEvalDMP,
     get_module,
@@ -139,6 +140,7 @@ __all__ = [
     "BaseGroupedFeatureProcessor",
     "BaseQuantEmbeddingSharder",
     "CallArgs",
+    "DMPCollection",
     "DTensorMetadata",
     "DataExhaustedError",
     "DataLoadingThread",
