@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.programs.harness import assert_figures_close, run_on_shardkit, run_on_torchrec
 
 

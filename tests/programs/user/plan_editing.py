@@ -7,13 +7,12 @@ stepped by the dense optimizer), and checks the kernel names against TorchRec's 
 """
 
 import json
-
 import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed import _remote_device
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
