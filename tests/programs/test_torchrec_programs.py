@@ -35,3 +35,15 @@ def test_int8_serving_from_a_fresh_python(tmp_path):
         got = json.loads(figures.pop("state_dict_shapes"))
         assert got == {f"0.embedding_bags.t{i}.weight": shapes[who] for i in range(2)}, got
     assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp1_transformer_with_the_documented_sharded_reload(tmp_path):
+    ours, theirs = _both("fsdp1_transformer.py", tmp_path, rewrite_fsdp=True)
+    assert theirs["resumed_losses"] == theirs["continued_losses"]  # torch's reload is exact
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_fsdp2_transformer_with_torchs_state_dict_api(tmp_path):
+    ours, theirs = _both("fsdp2_transformer.py", tmp_path, rewrite_fsdp=True)
+    assert theirs["resumed_losses"] == theirs["continued_losses"]
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
