@@ -47,3 +47,13 @@ def test_fsdp2_transformer_with_torchs_state_dict_api(tmp_path):
     ours, theirs = _both("fsdp2_transformer.py", tmp_path, rewrite_fsdp=True)
     assert theirs["resumed_losses"] == theirs["continued_losses"]
     assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_two_tower_retrieval(tmp_path):
+    ours, theirs = _both("two_tower.py", tmp_path)
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_dlrm_variants_through_the_train_pipeline(tmp_path):
+    ours, theirs = _both("dlrm_variants.py", tmp_path)
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
