@@ -1,14 +1,16 @@
 """``torchrec.distributed.model_parallel``: `DistributedModelParallel`, `DMPCollection` (2-D
 parallelism), their data-parallel wrappers and unwrapping helpers."""
 
+from shardkit.distributed._dmp_utils import (
+    HybridEvalDMP,
+    get_module,
+    get_unwrapped_module,
+)
 from shardkit.sharding import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
     DistributedModelParallel,
     DMPCollection,
-    HybridEvalDMP,
-    get_module,
-    get_unwrapped_module,
 )
 
 __all__ = [

@@ -11,14 +11,12 @@ from shardkit.planner import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
-    ParameterSharding,
-    ShardingPlan,
     ShardingType,
     ShardMetadata,
     ShardPlacement,
     placement,
 )
-from shardkit.types import validate_module_plan
+from shardkit.types import ParameterSharding, ShardingPlan, validate_module_plan
 
 
 def _table_wise(rank: int, device: str = "cpu") -> ParameterSharding:

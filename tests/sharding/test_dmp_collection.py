@@ -15,8 +15,8 @@ import torch.distributed as dist
 from shardkit import checkpoint
 from shardkit.distributed.model_parallel import DMPCollection
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.types import ShardingPlan
 from tests.sharding.common import (
     assert_pairs_close,
     dlrm,

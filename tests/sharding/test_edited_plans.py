@@ -14,12 +14,11 @@ from shardkit.distributed import DistributedModelParallel
 from shardkit.planner import (
     EmbeddingComputeKernel,
     EnumerableShardingSpec,
-    ShardingPlan,
     ShardingType,
     ShardMetadata,
 )
 from shardkit.sharding import shard
-from shardkit.types import ShardingEnv
+from shardkit.types import ShardingEnv, ShardingPlan
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 
