@@ -57,3 +57,20 @@ def test_two_tower_retrieval(tmp_path):
 def test_dlrm_variants_through_the_train_pipeline(tmp_path):
     ours, theirs = _both("dlrm_variants.py", tmp_path)
     assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_bert4rec_like_sequence_model(tmp_path):
+    ours, theirs = _both("bert4rec_like.py", tmp_path)
+    assert len(json.loads(theirs["state_dict_keys"])) == 16
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_plan_saved_by_the_planner_and_loaded_by_every_rank(tmp_path):
+    ours, theirs = _both("plan_loading.py", tmp_path)
+    # Where each table goes is the planner's choice (TorchRec's puts t0 on rank 0, shardkit's
+    # on rank 1); types, kernels and shards are the same and every table has its ranks.
+    for figures in (ours, theirs):
+        ranks = json.loads(figures.pop("ranks"))
+        assert sorted(ranks) == ["t0", "t1", "t2", "t3"] and ranks["t2"] == [0, 1], ranks
+    assert json.loads(theirs["layout"])["t1"][0] == "column_wise"
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
