@@ -20,15 +20,16 @@ import shardkit
 
 ROOT = Path(shardkit.__file__).parent
 
-# Every package may import these (they import nothing of ours): TorchRec-name refusals and
-# TorchRec's stream interfaces.
-BOTTOM = {"compat", "streamable"}
+# Every package may import these (they import nothing of ours): TorchRec-name refusals,
+# TorchRec's stream interfaces and its 4- and 2-bit tensor types.
+BOTTOM = {"compat", "streamable", "tensor_types"}
 
 # package -> shardkit packages it may import (besides itself and BOTTOM)
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "compat": set(),
     "streamable": set(),
+    "tensor_types": set(),
     "launch": set(),
     "comm": {"launch"},
     "sparse": set(),

@@ -25,6 +25,15 @@ PUBLIC = {
         "__version__",
     ],
     "shardkit.streamable": ["Multistreamable", "Pipelineable"],
+    "shardkit.tensor_types": [
+        "UInt2Tensor",
+        "UInt4Tensor",
+        "UIntXTensor",
+        "down_size",
+        "fill_defaults",
+        "find_arg_of_type",
+        "up_size",
+    ],
     "shardkit.datasets": [],
     "shardkit.datasets.utils": [
         "PATH_MANAGER_KEY",
@@ -70,6 +79,7 @@ PUBLIC = {
     "shardkit.compat": [
         "ALIASES",
         "NotInShardkitError",
+        "carry_to_children",
         "cuda_mapped",
         "install_aliases",
         "map_cuda_to_cpu",
@@ -181,6 +191,9 @@ PUBLIC = {
         "quant_prep_customize_row_alignment",
         "quant_prep_enable_cache_features_order",
         "quant_prep_enable_register_tbes",
+        "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS",
+        "quant_prep_enable_quant_state_dict_split_scale_bias",
+        "quant_prep_enable_quant_state_dict_split_scale_bias_for_types",
     ],
     "shardkit.inference": [
         "ShardedQuantEmbeddingBagCollection",
@@ -475,6 +488,7 @@ PUBLIC = {
         "refuse_kernel_settings",
         "scope",
         "split_evenly",
+        "validate_module_plan",
     ],
     "shardkit.metrics.metric_module": [
         "MODEL_METRIC_LABEL",
@@ -661,6 +675,7 @@ PUBLIC = {
         "split_evenly",
     ],
     "shardkit.sharding": [
+        "DMPCollection",
         "DataExhaustedError",
         "DataLoadingThread",
         "DataParallelWrapper",
@@ -792,6 +807,7 @@ PUBLIC = {
         "scope",
     ],
     "shardkit.distributed.model_parallel": [
+        "DMPCollection",
         "DataParallelWrapper",
         "DefaultDataParallelWrapper",
         "DistributedModelParallel",

@@ -29,6 +29,7 @@ from shardkit.sharding._comm_helpers import (
 from shardkit.sharding._data_parallel import DataParallelWrapper, DefaultDataParallelWrapper
 from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._dist._row_buckets import bucket_rows
+from shardkit.sharding._dmp_collection import DMPCollection
 from shardkit.sharding._embedding_module import (
     FeatureShardingMixIn,
     ModuleShardingMixIn,
@@ -86,6 +87,7 @@ from shardkit.sharding._sharding_plan import (
 )
 
 __all__ = [
+    "DMPCollection",
     "DataExhaustedError",
     "DataLoadingThread",
     "DataParallelWrapper",
