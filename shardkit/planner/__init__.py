@@ -45,6 +45,15 @@ from shardkit.planner._partitioners import (
     round_to_one_sigfig,
 )
 from shardkit.planner._planner import EmbeddingShardingPlanner
+from shardkit.planner._predict import RankStep, StepPrediction
+from shardkit.planner._profile import (
+    COLLECTIVE_KINDS,
+    KernelFit,
+    LinkFit,
+    MachineProfile,
+    load_profile,
+    miss_fraction,
+)
 from shardkit.planner._proposers import (
     MAX_PROPOSALS,
     DynamicProgrammingProposer,
@@ -59,6 +68,7 @@ from shardkit.planner._reservations import (
     InferenceStorageReservation,
     StorageReservationType,
 )
+from shardkit.planner._simulate import ClusterShape, ScalingPoint, Simulation, simulate
 from shardkit.planner._stats import PlanStats, RankStats, TableStats
 from shardkit.planner._tr_interfaces import (
     EmbeddingPlannerBase,
@@ -118,6 +128,7 @@ from shardkit.types import (
 
 __all__ = [
     "BATCH_SIZE",
+    "COLLECTIVE_KINDS",
     "DDR_CAP",
     "GUARDED_COMPUTE_KERNELS",
     "GUARDED_SHARDING_TYPES_FOR_FP_MODULES",
@@ -128,6 +139,7 @@ __all__ = [
     "MIN_WIDTH",
     "BaseEmbeddingSharder",
     "BasicCommsBandwidths",
+    "ClusterShape",
     "CollectiveType",
     "CriticalPathEstimate",
     "CustomTopologyData",
@@ -153,6 +165,9 @@ __all__ = [
     "HeuristicalStorageReservation",
     "InferenceStorageReservation",
     "KernelConfig",
+    "KernelFit",
+    "LinkFit",
+    "MachineProfile",
     "MemoryBalancedPartitioner",
     "ModuleSharder",
     "NoopEmbeddingStats",
@@ -171,6 +186,8 @@ __all__ = [
     "PlannerErrorType",
     "Proposer",
     "RankStats",
+    "RankStep",
+    "ScalingPoint",
     "Shard",
     "ShardEstimator",
     "ShardMetadata",
@@ -181,8 +198,10 @@ __all__ = [
     "ShardingOptionGroup",
     "ShardingPlan",
     "ShardingType",
+    "Simulation",
     "SortBy",
     "Stats",
+    "StepPrediction",
     "Storage",
     "StorageReservation",
     "StorageReservationType",
@@ -203,11 +222,14 @@ __all__ = [
     "hash_planner_context_inputs_str",
     "hash_sha256_str",
     "hash_sha256_to_int",
+    "load_profile",
+    "miss_fraction",
     "placement",
     "plan_tables",
     "proposers_to_proposals_list",
     "round_to_nearest",
     "round_to_one_sigfig",
     "sharder_name",
+    "simulate",
     "split_evenly",
 ]
