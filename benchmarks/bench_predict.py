@@ -110,6 +110,7 @@ def _constraints(case: str, kind: str | None):
 
 
 def make_plan(case: str, kind: str, world: int, topology, batch: int):
+    local = topology.local_world_size
     """(plan JSON, predicted ms, prediction) for every table as ``kind`` (None: the planner's
     own choice)."""
     from shardkit import EmbeddingBagCollection
@@ -128,7 +129,7 @@ def make_plan(case: str, kind: str, world: int, topology, batch: int):
             for i in range(len(tables))
         }
         module_plan = construct_module_sharding_plan(
-            ebc, gens, world_size=world, local_size=world, device_type="cpu"
+            ebc, gens, world_size=world, local_size=local, device_type="cpu"
         )
         plan = ShardingPlan({"ebc": module_plan})
     else:
@@ -254,21 +255,56 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", help="write the markdown report here (and .json beside it)")
     args = parser.parse_args()
-    from shardkit.planner import Topology, load_profile
+    from shardkit.planner import load_profile
 
     profile = load_profile(args.profile)
-    rows: dict[tuple, dict] = {}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rows = _under_torchrun(profile, args)
+        if rows is None:
+            return
+    else:
+        rows = _spawned(profile, args)
+    report = {"args": vars(args), "machine": machine_info(), "profile": profile.to_dict()}
+    report["profile"].pop("points", None)
+    report["rows"] = [{k: v for k, v in row.items() if k != "plan"} for row in rows.values()]
+    text = render(report)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def _planned(profile, args, world: int, local: int, torchrec: bool) -> dict[tuple, dict]:
+    """Every (case, type) this world allows, planned and predicted."""
+    from shardkit.planner import Topology
+
+    rows = {}
+    topology = Topology.from_profile(profile, world_size=world, local_world_size=local)
     for case in args.cases:
-        for world in args.world_sizes:
-            topology = Topology.from_profile(profile, world_size=world)
-            kinds = [k for k in args.types if world > 1 or k in [*ONE_RANK, PLANNER]]
-            for kind in kinds:
-                plan_json, prediction = make_plan(case, kind, world, topology, args.batch)
-                row = {"case": case, "world": world, "type": kind, "plan": plan_json}
-                row["predicted_ms"] = prediction.step_ms
-                row["phases"] = dict(prediction.phases)
-                row["torchrec_ms"] = torchrec_estimate(case, kind, world, args.batch)
-                rows[case, world, kind] = row
+        kinds = [k for k in args.types if world > 1 or k in [*ONE_RANK, PLANNER]]
+        if local < 2:  # one rank per host: the host-level types have nothing to split over
+            kinds = [
+                k for k in kinds if k not in ("table_row_wise", "table_column_wise", "grid_shard")
+            ]
+        for kind in kinds:
+            plan_json, prediction = make_plan(case, kind, world, topology, args.batch)
+            row = {"case": case, "world": world, "hosts": world // local, "type": kind}
+            row.update(plan=plan_json, predicted_ms=prediction.step_ms)
+            row["phases"] = dict(prediction.phases)
+            row["torchrec_ms"] = (
+                torchrec_estimate(case, kind, world, args.batch) if torchrec else None
+            )
+            rows[case, world, kind] = row
+    return rows
+
+
+def _spawned(profile, args) -> dict[tuple, dict]:
+    """Each case in fresh ranks of each world size on this host, contenders in turns."""
+    rows: dict[tuple, dict] = {}
+    for world in args.world_sizes:
+        rows.update(_planned(profile, args, world, world, torchrec=True))
     for round_ in range(args.rounds):
         for key, row in rows.items():
             case, world, kind = key
@@ -281,22 +317,35 @@ def main() -> None:
                 row["failed"] = str(exc).splitlines()[0][:200]
                 print(f"{case} {world} {kind}: failed: {row['failed']}", flush=True)
                 continue
-            row.setdefault("rounds", []).append(statistics.median(times))
-            print(
-                f"round {round_ + 1}: {case:7} x{world} {kind:18} measured "
-                f"{row['rounds'][-1]:8.1f} ms, predicted {row['predicted_ms']:8.1f} ms",
-                flush=True,
-            )
-    report = {"args": vars(args), "machine": machine_info(), "profile": profile.to_dict()}
-    report["profile"].pop("points", None)
-    report["rows"] = [{k: v for k, v in row.items() if k != "plan"} for row in rows.values()]
-    text = render(report)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump(report, f, indent=1)
+            _record(row, times, round_)
+    return rows
+
+
+def _under_torchrun(profile, args) -> dict[tuple, dict] | None:
+    """Launched by torchrun (several hosts): the world's ranks run every case in turn; rank 0
+    returns the rows, the others None."""
+    from shardkit.launch import init_from_env, shutdown
+
+    info = init_from_env(backend="gloo", timeout=900)
+    try:
+        world, local = info.world_size, info.local_world_size
+        rows = _planned(profile, args, world, local, torchrec=False)
+        for round_ in range(args.rounds):
+            for key, row in rows.items():
+                case, _, kind = key
+                _record(row, run_rank(info.rank, world, case, kind, row["plan"], args), round_)
+        return rows if info.rank == 0 else None
+    finally:
+        shutdown()
+
+
+def _record(row: dict, times: list[float], round_: int) -> None:
+    row.setdefault("rounds", []).append(statistics.median(times))
+    print(
+        f"round {round_ + 1}: {row['case']:7} x{row['world']} {row['type']:18} measured "
+        f"{row['rounds'][-1]:8.1f} ms, predicted {row['predicted_ms']:8.1f} ms",
+        flush=True,
+    )
 
 
 def render(report: dict) -> str:
@@ -317,7 +366,7 @@ def render(report: dict) -> str:
         "same type (the busiest rank's embedding lookups and communication; it has no dense "
         "model). error = predicted / measured - 1.",
         "",
-        "| case | ranks | type | measured ms (rounds) | predicted ms | error | TorchRec est. ms "
+        "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | TorchRec est. ms "
         "| dominant (predicted) |",
         "|---|---:|---|---|---:|---:|---:|---|",
     ]
@@ -343,7 +392,8 @@ def render(report: dict) -> str:
         tr_text = "-" if tr is None else f"{tr:.3g}"
         dominant = max(row["phases"].items(), key=lambda p: p[1])[0]
         lines.append(
-            f"| {row['case']} | {row['world']} | {row['type']} | {measured_text} | "
+            f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {row['type']} | "
+            f"{measured_text} | "
             f"{row['predicted_ms']:.1f} | {error_text} | {tr_text} | {dominant} |"
         )
     lines += ["", "## The planner's first choice against the fastest type measured", ""]

@@ -327,42 +327,46 @@ def fit_kernel(optimizer: str, points: Sequence[dict]) -> KernelFit:
     return KernelFit(optimizer, tuple(fwd), tuple(bwd))
 
 
-def _collective(kind: str, nbytes: int, world: int, device: torch.device) -> Callable[[], object]:
+def _collective(
+    kind: str, nbytes: int, world: int, device: torch.device, group: dist.ProcessGroup | None
+) -> Callable[[], object]:
     count = max(world, nbytes // 4 // world * world)
     x = torch.ones(count, device=device)
     if kind == "all_to_all":
         out = torch.empty_like(x)
-        return lambda: dist.all_to_all_single(out, x)
+        return lambda: dist.all_to_all_single(out, x, group=group)
     if kind == "all_reduce":
-        return lambda: dist.all_reduce(x)
+        return lambda: dist.all_reduce(x, group=group)
     if kind == "reduce_scatter":
         part = x.new_empty(count // world)
-        return lambda: dist.reduce_scatter_single(part, x)
+        return lambda: dist.reduce_scatter_single(part, x, group=group)
     part = x[: count // world].clone()
-    return lambda: dist.all_gather_single(x, part)
+    return lambda: dist.all_gather_single(x, part, group=group)
 
 
-def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict]:
-    """Each collective at each size among this process group's ranks (call on every rank):
-    the slowest rank's fastest loop, ms per call."""
-    world = dist.get_world_size()
-    device = current().device if dist.get_backend() == "nccl" else torch.device("cpu")
+def measure_collectives(
+    sizes: Sequence[int], repeats: int, group: dist.ProcessGroup | None = None
+) -> list[dict]:
+    """Each collective at each size among ``group``'s ranks (default: the world; call on each
+    of them): the slowest rank's fastest loop, ms per call."""
+    world = dist.get_world_size(group)
+    device = current().device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     rows = []
     for kind in COLLECTIVE_KINDS:
         for nbytes in sizes:
-            call = _collective(kind, nbytes, world, device)
+            call = _collective(kind, nbytes, world, device, group)
             call()
             samples = []
             calls = 3 if nbytes >= (1 << 20) else 10
             for _ in range(repeats):
-                dist.barrier()
+                dist.barrier(group)
                 start = time.perf_counter()
                 for _ in range(calls):
                     call()
                 _sync(device)
                 samples.append((time.perf_counter() - start) * 1e3 / calls)
             ms = torch.tensor([min(samples)], dtype=torch.float64, device=device)
-            dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=group)
             rows.append({"kind": kind, "bytes": nbytes, "world_size": world, "ms": float(ms)})
     return rows
 
@@ -467,11 +471,72 @@ def fit_overhead(rows: Sequence[dict], kernel: KernelFit) -> tuple[float, float,
 
 def calibrate(
     config: CalibrationConfig, *, log: Callable[[str], None] = lambda _: None
+) -> MachineProfile | None:
+    """Measure this machine (see the module docstring) and return its profile. Under torchrun
+    (``WORLD_SIZE`` > 1 in the environment) every rank joins, the world's and each host's
+    collectives are measured, and rank 0 returns the profile (the others None)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _calibrate_world(config, log)
+    return _calibrate_host(config, log, _spawned_links(config, log))
+
+
+def _spawned_links(config: CalibrationConfig, log: Callable[[str], None]) -> list[dict]:
+    """The collectives among fresh ranks of each of ``config.world_sizes`` on this host."""
+    rows: list[dict] = []
+    for world in config.world_sizes:
+        rows += spawn(
+            _collective_rank, world_size=world, args=(tuple(config.sizes), config.repeats),
+            backend=_backend(config), threads_per_rank=config.threads_per_rank, timeout=300,
+        )[0]  # fmt: skip
+    for row in rows:
+        row["scope"] = "intra"
+    return rows
+
+
+def _backend(config: CalibrationConfig) -> str:
+    return "nccl" if config.device == "cuda" else "gloo"
+
+
+def _calibrate_world(
+    config: CalibrationConfig, log: Callable[[str], None]
+) -> MachineProfile | None:
+    """Under torchrun: the world's collectives (between hosts when there are several), each
+    host's among its ranks, then rank 0 measures its own host as `calibrate` does alone."""
+    from shardkit.launch import init_from_env, shutdown
+
+    info = init_from_env(backend=_backend(config), timeout=900)
+    try:
+        torch.set_num_threads(config.threads_per_rank)
+        world, local = info.world_size, info.local_world_size
+        hosts = world // local
+        rows = measure_collectives(config.sizes, config.repeats)
+        for row in rows:
+            row["scope"] = "inter" if hosts > 1 else "intra"
+        if hosts > 1 and local > 1:
+            mine, _ = dist.new_subgroups_by_enumeration(
+                [list(range(h * local, (h + 1) * local)) for h in range(hosts)]
+            )
+            for row in measure_collectives(config.sizes, config.repeats, mine):
+                rows.append({**row, "scope": "intra"})
+        profile = None
+        if info.rank == 0:
+            log(f"measured the collectives of {world} ranks in {hosts} host(s) of {local}")
+            if local < 2 or hosts == 1:
+                rows += _spawned_links(config, log)  # inside one host, in fresh ranks
+            profile = _calibrate_host(config, log, rows)
+        dist.barrier()  # the others wait while rank 0 measures its host
+        return profile
+    finally:
+        shutdown()
+
+
+def _calibrate_host(
+    config: CalibrationConfig, log: Callable[[str], None], rows: list[dict]
 ) -> MachineProfile:
-    """Measure this machine (see the module docstring) and return its profile."""
+    """This host's kernels, memory, matmul and step overhead, with the collectives ``rows``."""
     torch.set_num_threads(config.threads_per_rank)
     device = torch.device(config.device, 0) if config.device == "cuda" else torch.device("cpu")
-    backend = "nccl" if config.device == "cuda" else "gloo"
+    backend = _backend(config)
     started = time.perf_counter()
     cache = cache_bytes(config.device)
     bandwidth = memory_bandwidth(config, device)
@@ -485,13 +550,11 @@ def calibrate(
         kernels.append(fit)
         points[f"kernel:{optimizer}"] = measured
         log(f"kernel {optimizer}: {_kernel_line(fit, measured)}")
-    rows: list[dict] = []
-    for world in config.world_sizes:
-        rows += spawn(
-            _collective_rank, world_size=world, args=(tuple(config.sizes), config.repeats),
-            backend=backend, threads_per_rank=config.threads_per_rank, timeout=300,
-        )[0]  # fmt: skip
-    links = fit_links(rows, "intra")
+    links = [
+        link
+        for scope in ("intra", "inter")
+        for link in fit_links([r for r in rows if r["scope"] == scope], scope)
+    ]
     points["collectives"] = rows
     steps = spawn(
         _overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
@@ -505,8 +568,8 @@ def calibrate(
     )
     for link in links:
         log(
-            f"{link.kind} x {link.world_size}: {link.latency_ms * 1e3:.0f} us + bytes / "
-            f"{link.bytes_per_ms / 1e6:.2f} GB/s"
+            f"{link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
+            f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
         )
     profile = MachineProfile(
         identity=tuple(machine_identity(config.device, backend).items()),

@@ -24,7 +24,7 @@ __all__ = ["add_simulate_arguments", "format_simulation", "run_simulation"]
 _RATE_UNITS = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 ASSUMPTIONS = (
     "[Note: simulated scaling] every rank computes as the profiled one did, on cores of its own; "
-    "collectives follow the ring model (busbw, latency per step) at every size, no congestion "
+    "collectives move their bytes at the bus bandwidth and pay log2(ranks) latencies, no congestion "
     "between hosts; the step is bulk-synchronous (each phase waits for its slowest rank), the "
     "DDP all-reduce is not overlapped; ids are uniform over rows. docs/planner.md has the rest."
 )
@@ -50,11 +50,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--ranks-per-host", type=int, help="default: --local-world-size, else 8")
     group.add_argument("--intra-bw", type=_rate, help="bus bandwidth per rank in a host, e.g. 230G")
-    group.add_argument("--intra-latency-us", type=float, help="latency per ring step in a host")
+    group.add_argument("--intra-latency-us", type=float, help="latency of one message in a host")
     group.add_argument(
         "--inter-bw", type=_rate, help="bus bandwidth per rank between hosts, e.g. 23G"
     )
-    group.add_argument("--inter-latency-us", type=float, help="latency per ring step between hosts")
+    group.add_argument(
+        "--inter-latency-us", type=float, help="latency of one message between hosts"
+    )
     group.add_argument("--memory-per-rank", type=_memory, help="memory per rank (default: profile)")
     group.add_argument("--sizes", type=int, nargs="+", help="world sizes (default 8 16 ... 4096)")
     group.add_argument(

@@ -26,12 +26,16 @@ it holds, so it takes the ids as drawn uniformly: ``unique = rows * (1 - exp(-id
 [Note: calibrated collective model]
 A collective of ``n`` bytes (all-to-all: what a rank sends; all-reduce: the tensor;
 reduce-scatter: the input; all-gather: the output) over ``W`` ranks takes
-``steps(W) * step_latency + n * bus_factor(W) / bus_bw`` ms, the ring model of nccl-tests:
-``bus_factor`` is ``2 (W - 1) / W`` for all-reduce and ``(W - 1) / W`` for the others, ``steps``
-``2 (W - 1)`` and ``W - 1``. Calibration fits ``latency + n / bandwidth`` at each world size it
-runs; a world size it measured uses its own fit, any other the fit of the nearest measured size
-turned into the ring model's two constants, which hold for any ``W`` on the same links. Across
-hosts, the bytes that leave a host cross ``inter_host`` links: see `collective_ms`.
+``steps(W) * step_latency + n * bus_factor(W) / bus_bw`` ms: the bytes at the bus bandwidth of
+nccl-tests (``bus_factor`` is ``2 (W - 1) / W`` for all-reduce and ``(W - 1) / W`` for the
+others: what each link carries in a ring, the least any algorithm moves), and a latency that
+grows as ``log2 W`` (``steps`` is ``2 ceil(log2 W)`` for all-reduce, ``ceil(log2 W)`` for the
+others): what NCCL's trees and recursive halving/doubling reach at scale; a ring's ``W - 1``
+steps would give 4,096 GPUs a latency no library has. Calibration fits ``latency + n /
+bandwidth`` at each world size it runs; a world size it measured uses its own fit, any other
+the fit of the nearest measured size turned into the model's two constants, which hold for any
+``W`` on the same links. Across hosts, the bytes that leave a host cross ``inter_host`` links:
+see `collective_ms`.
 """
 
 from __future__ import annotations
@@ -75,8 +79,12 @@ def bus_factor(kind: str, world_size: int) -> float:
     return 2 * share if kind == "all_reduce" else share
 
 
-def ring_steps(kind: str, world_size: int) -> int:
-    return max(0, (2 if kind == "all_reduce" else 1) * (world_size - 1))
+def latency_steps(kind: str, world_size: int) -> int:
+    """Latencies a collective over ``world_size`` ranks pays (see
+    [Note: calibrated collective model])."""
+    if world_size <= 1:
+        return 0
+    return (2 if kind == "all_reduce" else 1) * math.ceil(math.log2(world_size))
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,7 @@ class LinkFit:
 
     @property
     def step_latency_ms(self) -> float:
-        return self.latency_ms / ring_steps(self.kind, self.world_size)
+        return self.latency_ms / latency_steps(self.kind, self.world_size)
 
     @property
     def bus_bytes_per_ms(self) -> float:
@@ -393,8 +401,8 @@ def collective_ms(
     """Milliseconds of one ``kind`` collective of ``nbytes`` among ``world_size`` ranks in hosts
     of ``local_world_size`` (see [Note: calibrated collective model]).
 
-    Inside one host: the profile's fit for that world size, or the ring model from the nearest
-    measured size. Spanning hosts, a ring's slowest link is a host's exit: the bytes cross the
+    Inside one host: the profile's fit for that world size, or the model from the nearest
+    measured size. Spanning hosts, the slowest link is a host's exit: the bytes cross the
     profile's ``"inter"`` links (each rank's share of its host's link), at their latency per
     step; an all-to-all sends only the share bound for other hosts over them. One rank alone
     takes no time.
@@ -410,7 +418,7 @@ def collective_ms(
             )
         if fit.world_size == world_size:
             return fit.ms(nbytes)
-        steps, factor = ring_steps(kind, world_size), bus_factor(kind, world_size)
+        steps, factor = latency_steps(kind, world_size), bus_factor(kind, world_size)
         return steps * fit.step_latency_ms + nbytes * factor / fit.bus_bytes_per_ms
     link = profile.link(kind, world_size, "inter")
     if link is None:
@@ -422,7 +430,7 @@ def collective_ms(
     if link.world_size == world_size:
         return link.ms(nbytes)
     intra = profile.link(kind, max(2, local_world_size), "intra")
-    steps, factor = ring_steps(kind, world_size), bus_factor(kind, world_size)
+    steps, factor = latency_steps(kind, world_size), bus_factor(kind, world_size)
     latency = steps * link.step_latency_ms
     wire = nbytes * factor / link.bus_bytes_per_ms
     if kind == "all_to_all" and intra is not None:

@@ -6,7 +6,7 @@ For each world size ``W`` (8 to 4,096 by default) the simulation plans the table
 in hosts of ``ranks_per_host`` (one host while ``W`` is smaller) with the profile's measured
 kernels and dense throughput, and the cluster's links in place of the profile's: inside a host,
 ``intra_host_bw`` (bus bandwidth per rank, nccl-tests' busbw) and ``intra_host_latency_ms`` per
-ring step (the profile's calibrated links where not given); between hosts, ``inter_host_bw``
+latency step (the profile's calibrated links where not given); between hosts, ``inter_host_bw``
 per rank and ``inter_host_latency_ms`` per step (see [Note: calibrated collective model]). The
 planner chooses the layout at each size by predicted step time (see
 [Note: choosing by predicted step]), and the prediction of its plan is the point:
@@ -16,7 +16,7 @@ planner chooses the layout at each size by predicted step time (see
 
 Assumptions, beyond those of [Note: step-time model]: every host is alike and every rank has
 the profile's compute (its kernels, matmul and memory bandwidth measured on one rank of the
-calibrated machine) on cores of its own; collectives follow the ring model
+calibrated machine) on cores of its own; collectives follow the latency-bandwidth model of [Note: calibrated collective model]
 at any size (no tree algorithms, no congestion in the network between hosts, no contention
 from other jobs); a per-rank batch too small to keep the device busy runs as fast as the fit
 says (the fits' fixed costs per call remain); memory is the planner's model of each rank's
@@ -40,7 +40,7 @@ from shardkit.planner._profile import (
     LinkFit,
     MachineProfile,
     bus_factor,
-    ring_steps,
+    latency_steps,
 )
 from shardkit.planner._tables import config_sources
 
@@ -56,7 +56,7 @@ class ClusterShape:
         inter_host_bw: each rank's bandwidth to other hosts (its share of its host's network),
             bus bandwidth in nccl-tests' sense, bytes/ms; e.g. one 200 Gb/s NIC per GPU:
             ``25e9 / 1e3``.
-        inter_host_latency_ms: latency of one ring step between hosts.
+        inter_host_latency_ms: latency of one step between hosts (one message).
         intra_host_bw, intra_host_latency_ms: the same inside a host (None: the profile's
             calibrated links), e.g. A100 NVLink ~230 GB/s all-reduce busbw: ``230e9 / 1e3``.
         memory_per_rank: bytes of memory for tables per rank (None: the profile's).
@@ -97,8 +97,8 @@ class ClusterShape:
         if self.intra_host_bw is not None:
             assert self.intra_host_latency_ms is not None
             local = max(2, self.ranks_per_host)
-            links = _ring_links(local, self.intra_host_bw, self.intra_host_latency_ms, "intra")
-        links += _ring_links(2, self.inter_host_bw, self.inter_host_latency_ms, "inter")
+            links = _model_links(local, self.intra_host_bw, self.intra_host_latency_ms, "intra")
+        links += _model_links(2, self.inter_host_bw, self.inter_host_latency_ms, "inter")
         memory = profile.memory_bytes if self.memory_per_rank is None else self.memory_per_rank
         if self.memory_per_rank is not None and profile.compute_device == "cpu":
             memory = self.memory_per_rank * self.ranks_per_host  # host memory, shared by its ranks
@@ -107,13 +107,13 @@ class ClusterShape:
         return replace(profile, links=tuple(links), memory_bytes=memory, cores=cores)
 
 
-def _ring_links(world: int, bus_bw: float, step_latency_ms: float, scope: str) -> list[LinkFit]:
-    """LinkFits at ``world`` ranks whose ring-model constants are ``bus_bw`` and the latency."""
+def _model_links(world: int, bus_bw: float, step_latency_ms: float, scope: str) -> list[LinkFit]:
+    """LinkFits at ``world`` ranks whose model constants are ``bus_bw`` and the latency."""
     return [
         LinkFit(
             kind,
             world,
-            ring_steps(kind, world) * step_latency_ms,
+            latency_steps(kind, world) * step_latency_ms,
             bus_bw / bus_factor(kind, world),
             scope,
         )

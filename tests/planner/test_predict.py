@@ -136,12 +136,13 @@ def test_one_rank_has_no_collectives():
     assert phases["embedding"] == pytest.approx(0.1 + 1e-6 * 1000 * 16 + 0.2 + 1e-5 * 1000)
 
 
-def test_collective_model_extrapolates_by_the_ring():
+def test_collective_model_extrapolates_to_other_sizes():
     prof = replace(profile(), links=(LinkFit("all_reduce", 2, 1.0, 1e6),))
     at = {"profile": prof, "local_world_size": 8}
     assert collective_ms("all_reduce", 5e5, world_size=2, **at) == pytest.approx(1.5)
-    # at 2 ranks: 2 steps of 0.5 ms; bus bandwidth 1e6 x 2 (2 - 1) / 2 = 1e6 bytes/ms
-    expected = 2 * 7 * 0.5 + 5e5 * (2 * 7 / 8) / 1e6
+    # at 2 ranks: 2 latencies of 0.5 ms; bus bandwidth 1e6 x 2 (2 - 1) / 2 = 1e6 bytes/ms;
+    # at 8: 2 log2(8) latencies, and each link carries 2 (8 - 1) / 8 of the bytes
+    expected = 2 * 3 * 0.5 + 5e5 * (2 * 7 / 8) / 1e6
     assert collective_ms("all_reduce", 5e5, world_size=8, **at) == pytest.approx(expected)
     assert collective_ms("all_reduce", 5e5, world_size=1, **at) == 0.0
     with pytest.raises(ValueError, match="needs the link between hosts"):
