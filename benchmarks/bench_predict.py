@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -154,7 +155,10 @@ def _batches(rank: int, case: str, batch: int, count: int = 4):
     return out
 
 
-def run_rank(rank: int, world: int, case: str, kind: str, plan_json: str, args) -> list[float]:
+def run_rank(
+    rank: int, world: int, case: str, kind: str, plan_json: str, args
+) -> tuple[list[float], list[float]]:
+    """(wall ms, CPU-derived ms) of each timed step; see `_record`."""
     from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -191,15 +195,31 @@ def run_rank(rank: int, world: int, case: str, kind: str, plan_json: str, args) 
 
     for i in range(args.warmup):
         step(i)
-    times = []
+    times, cpu = [], []
     for i in range(args.iters):
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step(i)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return [t * 1e3 for t in slowest.tolist()]
+    busiest = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(busiest, op=dist.ReduceOp.MAX)
+    total = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(total)
+    # What the step would take alone on the machine's cores: the busiest rank's CPU time (its
+    # threads', gloo's included), or all ranks' CPU time spread over the cores they share.
+    cores = min(world, _cores())
+    alone = torch.maximum(busiest, total / cores)
+    return [t * 1e3 for t in slowest.tolist()], [t * 1e3 for t in alone.tolist()]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def torchrec_estimate(case: str, kind: str, world: int, batch: int) -> float | None:
@@ -258,6 +278,7 @@ def main() -> None:
     from shardkit.planner import load_profile
 
     profile = load_profile(args.profile)
+    load_before = os.getloadavg()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         rows = _under_torchrun(profile, args)
         if rows is None:
@@ -265,6 +286,7 @@ def main() -> None:
     else:
         rows = _spawned(profile, args)
     report = {"args": vars(args), "machine": machine_info(), "profile": profile.to_dict()}
+    report["load_average"] = {"before": load_before, "after": os.getloadavg()}
     report["profile"].pop("points", None)
     report["rows"] = [{k: v for k, v in row.items() if k != "plan"} for row in rows.values()]
     text = render(report)
@@ -339,13 +361,36 @@ def _under_torchrun(profile, args) -> dict[tuple, dict] | None:
         shutdown()
 
 
-def _record(row: dict, times: list[float], round_: int) -> None:
+def _record(row: dict, measured: tuple[list[float], list[float]], round_: int) -> None:
+    """One round: its median wall step (the slower rank's), its fastest step, and the median
+    of what the steps' CPU time says they would take on a machine of their own (the busiest
+    rank's CPU time, or all ranks' over the cores they share: a proxy that other processes
+    holding the cores do not inflate, though the memory traffic they cause still does)."""
+    times, alone = measured
     row.setdefault("rounds", []).append(statistics.median(times))
+    row.setdefault("cpu_rounds", []).append(statistics.median(alone))
+    row["fastest_step"] = min([row.get("fastest_step", math.inf), *times])
     print(
         f"round {round_ + 1}: {row['case']:7} x{row['world']} {row['type']:18} measured "
-        f"{row['rounds'][-1]:8.1f} ms, predicted {row['predicted_ms']:8.1f} ms",
+        f"{row['rounds'][-1]:8.1f} ms (from CPU time {row['cpu_rounds'][-1]:8.1f}), "
+        f"predicted {row['predicted_ms']:8.1f} ms",
         flush=True,
     )
+
+
+def _load(report: dict, when: str) -> str:
+    return ", ".join(f"{v:.1f}" for v in report["load_average"][when])
+
+
+def _fastest_types(rows: list[dict], field: str) -> dict[tuple, tuple[str, float]]:
+    """Per (case, world): the sharding type measured fastest by ``field``, and its ms."""
+    best: dict[tuple, tuple[str, float]] = {}
+    for row in rows:
+        if row.get(field) and row["type"] != PLANNER:
+            key, ms = (row["case"], row["world"]), min(row[field])
+            if key not in best or ms < best[key][1]:
+                best[key] = (row["type"], ms)
+    return best
 
 
 def render(report: dict) -> str:
@@ -360,27 +405,34 @@ def render(report: dict) -> str:
         f"Machine: {ident.get('cpu_model')} ({ident.get('cpu_family_model')}; {ident.get('isa')};"
         f" THP {ident.get('transparent_huge_pages')}), {ident.get('cores')} cores, 1 thread per "
         f"rank, gloo, torch {ident.get('torch')}; host {report['machine']['host']}.",
+        f"Load average (1, 5, 15 min) before: {_load(report, 'before')}; after: "
+        f"{_load(report, 'after')} on {report['profile']['cores']} cores: "
+        + (
+            "a shared, loaded machine, so wall times are inflated (see alone (CPU))."
+            if max(report["load_average"]["before"][1], report["load_average"]["after"][1])
+            > report["profile"]["cores"]
+            else "a quiet machine."
+        ),
         "",
-        "Measured: the fastest round's median step of the slower rank (ms). Predicted: the "
+        "Measured: the fastest round's median step of the slower rank (wall ms). Alone (CPU): "
+        "what the steps' CPU time says they would take with the machine to themselves: per step "
+        "the busiest rank's CPU time (gloo's threads included), or all ranks' CPU time over the "
+        "cores they share if more; a proxy other processes holding the cores do not inflate "
+        "(the memory traffic they cause still does). Predicted: the "
         "planner's step prediction from the profile. TorchRec: its planner's estimate for the "
         "same type (the busiest rank's embedding lookups and communication; it has no dense "
         "model). error = predicted / measured - 1.",
         "",
-        "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | TorchRec est. ms "
-        "| dominant (predicted) |",
-        "|---|---:|---|---|---:|---:|---:|---|",
+        "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | alone "
+        "(CPU) ms | its error | TorchRec est. ms | dominant (predicted) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    best = {}
-    for row in report["rows"]:
-        if row.get("rounds") and row["type"] != PLANNER:
-            key = (row["case"], row["world"])
-            measured = min(row["rounds"])
-            if key not in best or measured < best[key][1]:
-                best[key] = (row["type"], measured)
-    errors = []
+    best = {field: _fastest_types(report["rows"], field) for field in ("rounds", "cpu_rounds")}
+    errors, alone_errors = [], []
     for row in report["rows"]:
         if not row.get("rounds"):
             measured_text, error_text = row.get("failed", "not run"), "-"
+            fastest_text = fastest_error = "-"
         else:
             measured = min(row["rounds"])
             rounds = ", ".join(f"{r:.1f}" for r in row["rounds"])
@@ -388,32 +440,42 @@ def render(report: dict) -> str:
             error = row["predicted_ms"] / measured - 1
             errors.append((abs(error), row))
             error_text = f"{100 * error:+.0f}%"
+            alone = min(row["cpu_rounds"])
+            fastest_text = f"{alone:.1f}"
+            fastest_error = f"{100 * (row['predicted_ms'] / alone - 1):+.0f}%"
+            alone_errors.append((abs(row["predicted_ms"] / alone - 1), row))
         tr = row.get("torchrec_ms")
         tr_text = "-" if tr is None else f"{tr:.3g}"
         dominant = max(row["phases"].items(), key=lambda p: p[1])[0]
         lines.append(
             f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {row['type']} | "
             f"{measured_text} | "
-            f"{row['predicted_ms']:.1f} | {error_text} | {tr_text} | {dominant} |"
+            f"{row['predicted_ms']:.1f} | {error_text} | {fastest_text} | {fastest_error} | "
+            f"{tr_text} | {dominant} |"
         )
     lines += ["", "## The planner's first choice against the fastest type measured", ""]
-    lines += ["| case | ranks | planner's choice ms | fastest type | its ms | choice / fastest |"]
-    lines += ["|---|---:|---:|---|---:|---:|"]
+    lines += ["| case | ranks | measure | planner's choice ms | fastest type | its ms | ratio |"]
+    lines += ["|---|---:|---|---:|---|---:|---:|"]
     for row in report["rows"]:
         key = (row["case"], row["world"])
-        if row["type"] != PLANNER or not row.get("rounds") or key not in best:
+        if row["type"] != PLANNER or not row.get("rounds"):
             continue
-        mine = min(row["rounds"])
-        lines.append(
-            f"| {key[0]} | {key[1]} | {mine:.1f} | {best[key][0]} | {best[key][1]:.1f} | "
-            f"{mine / best[key][1]:.2f} |"
-        )
-    if errors:
-        within = sum(1 for e, _ in errors if e <= 0.2)
-        worst = max(errors, key=lambda item: item[0])
+        for field, label in (("rounds", "wall"), ("cpu_rounds", "alone (CPU)")):
+            if key not in best[field]:
+                continue
+            mine, (kind, theirs) = min(row[field]), best[field][key]
+            lines.append(
+                f"| {key[0]} | {key[1]} | {label} | {mine:.1f} | {kind} | {theirs:.1f} | "
+                f"{mine / theirs:.2f} |"
+            )
+    for label, found in (("wall", errors), ("alone (CPU)", alone_errors)):
+        if not found:
+            continue
+        within = sum(1 for e, _ in found if e <= 0.2)
+        worst = max(found, key=lambda item: item[0])
         lines += [
             "",
-            f"{within} of {len(errors)} cases within 20%; largest error "
+            f"Against {label}: {within} of {len(found)} cases within 20%; largest error "
             f"{100 * worst[0]:.0f}% ({worst[1]['case']}, {worst[1]['world']} ranks, "
             f"{worst[1]['type']}).",
         ]

@@ -3,14 +3,15 @@ predicts step times from (see [Note: calibrated kernel model] and
 [Note: calibrated collective model] in the planner).
 
 What it times, each point the fastest of a few repeats after a warm-up (other processes only
-add time):
+add time), one rank's own work in its thread's CPU time when it runs one thread on a CPU:
 
 - the embedding kernel (`BatchedTables` + `lookup`, the kernel the sharded modules run), forward
   and backward with the fused update, per optimizer, at ``ids x rows x dim`` points chosen so
-  that ids, touched rows and columns vary independently; then a least-squares fit per
-  optimizer (`fit_nonnegative`);
-- memory bandwidth (a large tensor copied), dense float32 matmul throughput (an MLP-sized
-  ``[B, K] @ [K, N]``);
+  that ids, bags, touched rows, columns and table size (inside or far outside the cache) vary
+  apart; then a least-squares fit per optimizer (`fit_nonnegative`), and the cache size the
+  kernel effectively has (`fit_kernels`);
+- memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
+  layer's forward and backward);
 - each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
   ranks of each world size, on the backend they will train on, fitted to
   ``latency + bytes / bandwidth``. Run under ``torchrun`` on several hosts, the world's own
@@ -26,16 +27,24 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from shardkit.launch import current, spawn
-from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig, lookup, stack_tables
+from shardkit.modules import (
+    BatchedTables,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    lookup,
+    stack_tables,
+)
 from shardkit.optim import EmbOptimType, FusedOptimizerConfig
 from shardkit.planner import COLLECTIVE_KINDS, KernelFit, LinkFit, MachineProfile, miss_fraction
 from shardkit.sparse import KeyedJaggedTensor
@@ -43,6 +52,7 @@ from shardkit.sparse import KeyedJaggedTensor
 __all__ = [
     "CalibrationConfig",
     "calibrate",
+    "fit_kernels",
     "fit_nonnegative",
     "format_profile",
     "machine_identity",
@@ -62,19 +72,20 @@ class CalibrationConfig:
         ids: ids per call of the kernel points.
         big_table_bytes: the table far outside the cache (the small one: ids / 4 rows, many
             repeats, inside it); at most 8 times the cache is used.
-        world_sizes: ranks to time the collectives among (each spawned fresh on this host).
+        world_sizes: ranks to time the collectives among (each spawned fresh on this host; 1:
+            what one rank's collectives, copies of its own bytes, take).
         sizes: collective message sizes, bytes.
         threads_per_rank: intra-op threads each rank trains with.
-        repeats: timed repeats per point (the median is kept).
+        repeats: timed repeats per point (the fastest is kept).
         copy_bytes: the tensor copied to measure memory bandwidth.
         device: ``"cpu"`` or ``"cuda"``.
     """
 
     optimizers: tuple[str, ...] = ("exact_row_wise_adagrad", "exact_sgd", "exact_adagrad", "adam")
     dims: tuple[int, ...] = (16, 64, 128)
-    ids: tuple[int, ...] = (8_192, 65_536)
+    ids: tuple[int, ...] = (16_384, 131_072)
     big_table_bytes: int = 256 * _MIB
-    world_sizes: tuple[int, ...] = (2, 4)
+    world_sizes: tuple[int, ...] = (1, 2, 4)
     sizes: tuple[int, ...] = (16 << 10, 512 << 10, 4 << 20)
     threads_per_rank: int = 1
     repeats: int = 5
@@ -87,9 +98,9 @@ class CalibrationConfig:
                 raise ValueError(f"CalibrationConfig.{name} is empty; give at least one value")
         for opt in self.optimizers:
             EmbOptimType.parse(opt)
-        bad = [w for w in self.world_sizes if not (isinstance(w, int) and w >= 2)]
+        bad = [w for w in self.world_sizes if not (isinstance(w, int) and w >= 1)]
         if bad:
-            raise ValueError(f"world_sizes must be ints >= 2 (collectives need 2 ranks), got {bad}")
+            raise ValueError(f"world_sizes must be ints >= 1, got {bad}")
         if self.threads_per_rank < 1 or self.repeats < 1:
             raise ValueError(
                 f"threads_per_rank and repeats must be >= 1, got {self.threads_per_rank} and "
@@ -209,17 +220,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _clock(device: torch.device) -> Callable[[], float]:
+    """What times one rank's work: on a CPU running one intra-op thread, the calling thread's
+    CPU time (the time other processes hold the core does not count, while the memory
+    traffic they cause still does); else wall time."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _best_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     """The fastest of ``repeats`` timed calls after a warm-up: other processes on the machine
     only ever add time, so the minimum is the machine's own speed."""
+    clock = _clock(device)
     fn()  # warm up
     samples = []
     for _ in range(repeats):
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         fn()
         _sync(device)
-        samples.append((time.perf_counter() - start) * 1e3)
+        samples.append((clock() - start) * 1e3)
     return min(samples)
 
 
@@ -228,16 +249,17 @@ def _best_pair(
 ) -> tuple[float, float]:
     """`_best_ms` of two calls timed in turns, so that a busy spell of the machine falls on both
     alike rather than on one of the pair whose difference is wanted."""
+    clock = _clock(device)
     first()
     second()
     samples: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for fn, out in ((first, samples[0]), (second, samples[1])):
             _sync(device)
-            start = time.perf_counter()
+            start = clock()
             fn()
             _sync(device)
-            out.append((time.perf_counter() - start) * 1e3)
+            out.append((clock() - start) * 1e3)
     return min(samples[0]), min(samples[1])
 
 
@@ -251,26 +273,34 @@ def memory_bandwidth(config: CalibrationConfig, device: torch.device) -> float:
 
 
 def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
-    """Float32 ``[1024, 512] @ [512, 256]`` (an MLP layer's shape), flop/ms."""
+    """A float32 linear layer's forward and backward (``[1024, 512] -> [1024, 256]``, an MLP
+    layer's shape: three matmuls, two of them on transposes), flop/ms."""
     m, k, n = 1024, 512, 256
-    a = torch.randn(m, k, device=device)
-    b = torch.randn(k, n, device=device)
-    ms = _best_ms(lambda: a @ b, max(3, config.repeats), device)
-    return 2 * m * k * n / ms
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    w = torch.randn(n, k, device=device, requires_grad=True)
+    grad = torch.randn(m, n, device=device)
+
+    def layer() -> None:
+        (x @ w.t()).backward(grad)
+
+    ms = _best_ms(layer, max(3, config.repeats), device)
+    return 3 * 2 * m * k * n / ms
 
 
 def kernel_points(
     config: CalibrationConfig, optimizer: str, device: torch.device, cache_bytes: int
 ) -> list[dict]:
     """Forward and backward+update ms of the batched kernel at each (ids, table, dim) point:
-    bags of 20 ids, one table inside the cache and one far outside it, the compiled kernel
+    bags of 20 or 2 ids, one table inside the cache and one far outside it, the compiled kernel
     where it serves (as training runs)."""
     points = []
     rule = FusedOptimizerConfig(optimizer=EmbOptimType.parse(optimizer), learning_rate=0.01)
     g = torch.Generator().manual_seed(0)
     big_bytes = min(config.big_table_bytes, 8 * cache_bytes)
-    for dim in config.dims:
-        for num_ids in config.ids:
+    for d, dim in enumerate(config.dims):
+        for i, num_ids in enumerate(config.ids):
+            # 20 ids per bag, or 2: bags vary apart from ids, so the fit can tell them apart
+            pooling = 20 if (d + i) % 2 == 0 else 2
             for rows in (max(16, num_ids // 4), max(16, big_bytes // (4 * dim))):
                 tables = stack_tables(
                     [rows], dim, dtype=torch.float32, device=device, optimizer=rule
@@ -283,7 +313,7 @@ def kernel_points(
                     for _ in range(2 * config.repeats + 2)
                 ]
                 fresh = iter(batches)
-                bags = max(1, num_ids // 20)
+                bags = max(1, num_ids // pooling)
                 offsets = torch.linspace(0, num_ids, bags + 1).long().to(device)
                 grad = torch.full((bags, dim), 1e-3, device=device)
 
@@ -297,34 +327,73 @@ def kernel_points(
                 fwd, total = _best_pair(forward, step, config.repeats, device)
                 points.append(
                     {"ids": num_ids, "rows": rows, "unique": int(torch.unique(batches[0]).numel()),
-                     "bags": bags, "dim": dim, "miss": miss_fraction(rows * dim * 4, cache_bytes),
+                     "bags": bags, "dim": dim, "touched": _touched(tables, bags),
                      "forward_ms": fwd, "backward_ms": max(total - fwd, 1e-4)}
                 )  # fmt: skip
                 del tables, params
     return points
 
 
-def fit_kernel(optimizer: str, points: Sequence[dict]) -> KernelFit:
-    """The `KernelFit` of ``points`` (see [Note: calibrated kernel model])."""
+def _touched(tables: BatchedTables, bags: int) -> int:
+    """Bytes a kernel call touches: the table, its optimizer state and the pooled rows."""
+    state = tables.optimizer.state.values() if tables.optimizer is not None else ()
+    weights = tables.weight.numel() * tables.weight.element_size()
+    return weights + sum(t.numel() * t.element_size() for t in state) + bags * tables.dim * 4
+
+
+def fit_kernel(optimizer: str, points: Sequence[dict], cache: int) -> KernelFit:
+    """The `KernelFit` of ``points`` with a cache of ``cache`` bytes (see
+    [Note: calibrated kernel model])."""
+    miss = [miss_fraction(p["touched"], cache) for p in points]
     fwd = fit_nonnegative(
         [
-            [1.0, p["ids"], p["ids"] * p["dim"], p["bags"] * p["dim"], p["miss"] * p["ids"],
-             p["miss"] * p["ids"] * p["dim"]]
-            for p in points
+            [1.0, p["ids"], p["ids"] * p["dim"], p["bags"] * p["dim"], m * p["ids"],
+             m * p["ids"] * p["dim"]]
+            for p, m in zip(points, miss)
         ],
         [p["forward_ms"] for p in points],
         outliers=True,
     )  # fmt: skip
     bwd = fit_nonnegative(
         [
-            [1.0, p["ids"], p["ids"] * p["dim"], p["unique"] * p["dim"], p["miss"] * p["unique"],
-             p["miss"] * p["unique"] * p["dim"]]
-            for p in points
+            [1.0, p["ids"], p["ids"] * p["dim"], p["unique"] * p["dim"], m * p["unique"],
+             m * p["unique"] * p["dim"]]
+            for p, m in zip(points, miss)
         ],
         [p["backward_ms"] for p in points],
         outliers=True,
     )  # fmt: skip
     return KernelFit(optimizer, tuple(fwd), tuple(bwd))
+
+
+def fit_kernels(points: dict[str, list[dict]], nominal_cache: int) -> tuple[int, list[KernelFit]]:
+    """(effective cache bytes, a fit per optimizer): the cache size among ``nominal_cache /
+    2**k`` (k = 0..4) whose fits miss the points least on average. A rank seldom has the whole last-level
+    cache: a VM's cores share it with other tenants' and other ranks' cores."""
+    best: tuple[float, int, list[KernelFit]] | None = None
+    for k in range(5):
+        cache = nominal_cache >> k
+        fits = [fit_kernel(name, measured, cache) for name, measured in points.items()]
+        error = sum(
+            statistics.mean(_misses(fit, measured, cache))
+            for fit, measured in zip(fits, points.values())
+        )
+        if best is None or error < best[0]:
+            best = (error, cache, fits)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _misses(fit: KernelFit, points: Sequence[dict], cache: int) -> list[float]:
+    """|predicted / measured - 1| of forward + backward at each point."""
+    errors = []
+    for p in points:
+        m = miss_fraction(p["touched"], cache)
+        predicted = fit.forward_ms(p["ids"], p["bags"], p["dim"], miss=m) + fit.backward_ms(
+            p["ids"], p["unique"], p["dim"], miss=m
+        )
+        errors.append(abs(predicted / (p["forward_ms"] + p["backward_ms"]) - 1))
+    return sorted(errors)
 
 
 def _collective(
@@ -409,8 +478,16 @@ class _TinyModel(torch.nn.Module):
         return self.head(self.ebc(kjt).values()).sum()
 
 
-_OVERHEAD_POINTS = ((1, 128), (1, 1024), (16, 128), (16, 1024))  # (features, batch)
-_TINY_DIM, _TINY_ROWS = 8, 64
+# (features, batch, dim) of the tiny models whose steps give the overhead
+_OVERHEAD_POINTS = (
+    (1, 128, 8),
+    (1, 1024, 8),
+    (16, 128, 8),
+    (16, 1024, 8),
+    (4, 1024, 64),
+    (16, 512, 64),
+)
+_TINY_ROWS = 64
 
 
 def _overhead_rank(rank: int, world_size: int, threads: int, repeats: int) -> list[dict]:
@@ -425,14 +502,14 @@ def _overhead_rank(rank: int, world_size: int, threads: int, repeats: int) -> li
     torch.set_num_threads(threads)
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
     rows = []
-    for features, batch in _OVERHEAD_POINTS:
+    for features, batch, dim in _OVERHEAD_POINTS:
         configs = [
-            EmbeddingBagConfig(name=f"t{i}", embedding_dim=_TINY_DIM, num_embeddings=_TINY_ROWS,
+            EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=_TINY_ROWS,
                                feature_names=[f"f{i}"])
             for i in range(features)
         ]  # fmt: skip
         ebc = EmbeddingBagCollection(tables=configs, device="meta")
-        model = _TinyModel(ebc, features * _TINY_DIM)
+        model = _TinyModel(ebc, features * dim)
         plan = construct_module_sharding_plan(
             ebc, {c.name: table_wise(rank=0) for c in configs}, world_size=1, local_size=1,
             device_type="cpu",
@@ -449,24 +526,33 @@ def _overhead_rank(rank: int, world_size: int, threads: int, repeats: int) -> li
             dmp(kjt).backward()
 
         ms = _best_ms(step, max(5, 2 * repeats), torch.device("cpu"))
-        rows.append({"features": features, "batch": batch, "ms": ms})
+        rows.append({"features": features, "batch": batch, "dim": dim, "ms": ms})
     return rows
 
 
-def fit_overhead(rows: Sequence[dict], kernel: KernelFit) -> tuple[float, float, float]:
-    """(per step, per feature, per bag) ms a sharded step takes beyond its kernel, from the
-    tiny-model steps (bags: features x batch, one id each, one kernel call)."""
+def fit_overhead(
+    rows: Sequence[dict], kernel: KernelFit, links: Sequence[LinkFit]
+) -> tuple[float, float, float, float]:
+    """(per step, per feature, per bag, per bag x column) ms a sharded step takes beyond its
+    kernel and its one-rank collectives, from the tiny-model steps (bags: features x batch, one
+    id each, one kernel call)."""
+    alone = {link.kind: link for link in links if link.world_size == 1}
     extra = []
     for row in rows:
-        bags = row["features"] * row["batch"]
-        kernel_ms = kernel.forward_ms(bags, bags, _TINY_DIM) + kernel.backward_ms(
-            bags, min(bags, row["features"] * _TINY_ROWS), _TINY_DIM
+        bags, dim = row["features"] * row["batch"], row["dim"]
+        known = kernel.forward_ms(bags, bags, dim) + kernel.backward_ms(
+            bags, min(bags, row["features"] * _TINY_ROWS), dim
         )
-        extra.append(max(row["ms"] - kernel_ms, 1e-3))
+        for kind, nbytes in (("all_to_all", 24 * bags), ("all_to_all", 4 * bags * dim)):
+            if kind in alone:  # the ids' exchange, the pooled rows' there and back
+                known += alone[kind].ms(nbytes)
+        extra.append(max(row["ms"] - known, 1e-3))
     coef = fit_nonnegative(
-        [[1.0, row["features"], row["features"] * row["batch"]] for row in rows], extra
-    )
-    return coef[0], coef[1], coef[2]
+        [[1.0, r["features"], r["features"] * r["batch"], r["features"] * r["batch"] * r["dim"]]
+         for r in rows],
+        extra,
+    )  # fmt: skip
+    return coef[0], coef[1], coef[2], coef[3]
 
 
 def calibrate(
@@ -538,18 +624,17 @@ def _calibrate_host(
     device = torch.device(config.device, 0) if config.device == "cuda" else torch.device("cpu")
     backend = _backend(config)
     started = time.perf_counter()
-    cache = cache_bytes(config.device)
+    nominal = cache_bytes(config.device)
     bandwidth = memory_bandwidth(config, device)
     log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s")
     flops = matmul_throughput(config, device)
-    log(f"float32 matmul: {flops / 1e6:.1f} GFLOP/s")
-    kernels, points = [], {}
-    for optimizer in config.optimizers:
-        measured = kernel_points(config, optimizer, device, cache)
-        fit = fit_kernel(optimizer, measured)
-        kernels.append(fit)
-        points[f"kernel:{optimizer}"] = measured
-        log(f"kernel {optimizer}: {_kernel_line(fit, measured)}")
+    log(f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s")
+    measured = {name: kernel_points(config, name, device, nominal) for name in config.optimizers}
+    cache, kernels = fit_kernels(measured, nominal)
+    log(f"last-level cache: {nominal >> 20} MiB, of which the kernel sees {cache >> 20} MiB")
+    points: dict[str, Any] = {f"kernel:{name}": rows for name, rows in measured.items()}
+    for fit in kernels:
+        log(f"kernel {fit.optimizer}: {_kernel_line(fit, measured[fit.optimizer], cache)}")
     links = [
         link
         for scope in ("intra", "inter")
@@ -560,11 +645,11 @@ def _calibrate_host(
         _overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
         backend=backend, threads_per_rank=config.threads_per_rank, timeout=300,
     )[0]  # fmt: skip
-    overhead = fit_overhead(steps, kernels[0])
+    overhead = fit_overhead(steps, kernels[0], links)
     points["step_overhead"] = steps
     log(
         f"sharded step overhead: {overhead[0]:.2f} ms + {overhead[1] * 1e3:.0f} us per feature + "
-        f"{overhead[2] * 1e6:.0f} ns per bag"
+        f"{overhead[2] * 1e6:.0f} ns per bag + {overhead[3] * 1e9:.0f} ps per bag x column"
     )
     for link in links:
         log(
@@ -572,7 +657,9 @@ def _calibrate_host(
             f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
         )
     profile = MachineProfile(
-        identity=tuple(machine_identity(config.device, backend).items()),
+        identity=tuple(
+            {**machine_identity(config.device, backend), "llc_bytes": str(nominal)}.items()
+        ),
         compute_device=config.device,
         backend=backend,
         threads_per_rank=config.threads_per_rank,
@@ -590,17 +677,14 @@ def _calibrate_host(
     return profile
 
 
-def _kernel_line(fit: KernelFit, points: Sequence[dict]) -> str:
-    errors = []
-    for p in points:
-        predicted = fit.forward_ms(p["ids"], p["bags"], p["dim"], miss=p["miss"]) + fit.backward_ms(
-            p["ids"], p["unique"], p["dim"], miss=p["miss"]
-        )
-        errors.append(abs(predicted / (p["forward_ms"] + p["backward_ms"]) - 1))
-    big = max(points, key=lambda p: p["ids"] * p["dim"])
+def _kernel_line(fit: KernelFit, points: Sequence[dict], cache: int) -> str:
+    errors = _misses(fit, points, cache)
+    big = max(points, key=lambda p: (p["ids"] * p["dim"], p["rows"]))
     return (
-        f"{big['ids']} ids x dim {big['dim']}: forward {big['forward_ms']:.2f} ms, backward+update "
-        f"{big['backward_ms']:.2f} ms; fit within {100 * max(errors):.0f}% at {len(points)} points"
+        f"{big['ids']} ids x dim {big['dim']}, {big['rows']} rows: forward "
+        f"{big['forward_ms']:.2f} ms, backward+update {big['backward_ms']:.2f} ms; the fit "
+        f"misses its {len(points)} points by {100 * errors[len(errors) // 2]:.0f}% (median), "
+        f"{100 * errors[-1]:.0f}% (worst)"
     )
 
 

@@ -161,9 +161,8 @@ def _calibrated(
     world, local = topology.world_size, topology.intra_group_size
     fit = profile.kernel(table.optimizer.value)
     weights = rows * cols * table.element_size
-    miss = miss_fraction(
-        weights + optimizer_state_bytes(table.optimizer, rows, cols), profile.cache_bytes
-    )
+    touched = weights + optimizer_state_bytes(table.optimizer, rows, cols) + outputs * cols * 4
+    miss = miss_fraction(touched, profile.cache_bytes)
     replica = sharding_type == ShardingType.DATA_PARALLEL
     fused = kernel == EmbeddingComputeKernel.FUSED
     bwd_ids = ids * world if replica and fused else ids
@@ -185,8 +184,6 @@ def _calibrated(
         return ms(nbytes) - ms(0)
 
     out_bytes = outputs * cols * 4
-    if world == 1:
-        return compute, 0.0
     if replica:
         if not fused:
             return compute, wire("all_reduce", weights)

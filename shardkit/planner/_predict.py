@@ -27,7 +27,9 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
 
 The job's step is the sum over phases of the slowest rank in each (phases 2 and 6 per rank,
 collectives at the slowest participant's size), plus the profile's ``step_overhead`` for the
-batch's features and bags (the modules' own Python and autograd, measured on one rank).
+batch's features, bags and pooled values (the modules' own Python, autograd and copies,
+measured on one rank). One rank alone still calls its collectives (copies of its own bytes):
+they take what calibration measured at world size 1.
 A rank's own line adds its compute and the collectives it joins; the slowest rank is the one
 whose compute is largest. CPU ranks that share cores (ranks x threads per host > cores) compute
 ``ranks x threads / cores`` times slower. With the train pipeline, the input distribution of
@@ -260,7 +262,12 @@ def predict_step(
     all_reduce = coll("all_reduce", reduce_bytes) if reduce_bytes > 0 else 0.0
     features = sum(len(p.table.inputs) for p in placed)
     bags = sum(f.num_poolings * f.batch_size for p in placed for f in p.table.inputs)
-    overhead = profile.overhead_ms(features, bags) * slow
+    values = sum(
+        f.num_poolings * f.batch_size * p.table.embedding_dim
+        for p in placed
+        for f in p.table.inputs
+    )
+    overhead = profile.overhead_ms(features, bags, values) * slow
     phases = (
         ("embedding", float(fwd.max() + bwd.max())),
         ("input_dist", in_dist),
@@ -346,7 +353,7 @@ def _add_replicas(item: PlacedTable, sums: _Sums) -> None:
     if not fused:
         sums.dense_dp_bytes += weights
         sums.dense_dp_update += DENSE_UPDATE_PERF_FACTOR * weights
-    elif world > 1:
+    else:
         words = outputs * (cols + 1) + ids * (2 if table.is_weighted else 1)
         sums.output_class(("local", cols))[0] += words * 4 * world  # the all-gather's output
 
@@ -358,7 +365,8 @@ def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarr
     for (_, cols, optimizer, kernel), (ids, bags, nbytes, unique, bwd_ids) in sums.groups.items():
         fit = profile.kernel(optimizer)
         calls = (ids > 0) | (nbytes > 0)
-        miss = np.where(nbytes > cache, 1 - cache / np.maximum(nbytes, 1.0), 0.0)
+        touched = nbytes + bags * cols * 4  # see [Note: calibrated kernel model]
+        miss = np.where(touched > cache, 1 - cache / np.maximum(touched, 1.0), 0.0)
         if forward:
             f0, f1, f2, f3, f4, f5 = fit.forward
             time = f1 * ids + f2 * ids * cols + f3 * bags * cols + miss * ids * (f4 + f5 * cols)
@@ -375,11 +383,8 @@ def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarr
 
 def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float]:
     """(forward, backward) ms of every output class's collectives, in the job."""
-    world, local = topology.world_size, topology.intra_group_size
-    hosts = topology.num_hosts
+    local, hosts = topology.intra_group_size, topology.num_hosts
     forward = backward = 0.0
-    if world == 1:
-        return forward, backward
     for (route, _), (send, recv) in sorted(classes.items()):
         if route == "placed":
             size = float(max(send.max(), recv.max()))

@@ -14,9 +14,11 @@ last-level cache costing extra:
   (b4 * unique + b5 * unique * cols)`` ms (a call's fixed cost, sorting the ids, scattering the
   output gradient, updating each touched row with its optimizer state, and the misses).
 
-``m = max(0, 1 - cache_bytes / table_bytes)`` is the chance that a row drawn uniformly from the
-group's tables is not in a cache of ``cache_bytes`` (the profile's last-level cache): 0 for a
-group that fits, near 1 for one many times larger. ``shardkit bench calibrate`` times the kernel
+``m = max(0, 1 - cache_bytes / working_set)`` is the chance that a row drawn uniformly from the
+group's tables is not in a cache of ``cache_bytes`` (the profile's last-level cache), the
+working set being the tables with their optimizer state and the pooled rows the call writes
+(forward) or reads (backward), which pass through the same cache: 0 for a call that fits, near
+1 for one many times larger. ``shardkit bench calibrate`` times the kernel
 at a few points per optimizer (tables inside and far outside the cache) and fits the
 coefficients (least squares on relative error, none negative). ``unique`` is the number of
 distinct rows a step touches; the planner knows only how many ids a shard gets and how many rows
@@ -134,11 +136,12 @@ class KernelFit:
         return calls * b0 + b1 * ids + b2 * ids * cols + touched
 
 
-def miss_fraction(table_bytes: float, cache_bytes: int) -> float:
-    """Chance that a uniformly drawn row of ``table_bytes`` of tables is not in the cache."""
-    if table_bytes <= cache_bytes or table_bytes <= 0:
+def miss_fraction(working_set: float, cache_bytes: int) -> float:
+    """Chance that a uniformly drawn row is not in the cache when a kernel call touches
+    ``working_set`` bytes (see [Note: calibrated kernel model])."""
+    if working_set <= cache_bytes or working_set <= 0:
         return 0.0
-    return 1.0 - cache_bytes / table_bytes
+    return 1.0 - cache_bytes / working_set
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,8 @@ class LinkFit:
             )
         if self.scope not in _SCOPES:
             raise ValueError(f"LinkFit.scope must be one of {list(_SCOPES)}, got {self.scope!r}")
-        if not (isinstance(self.world_size, int) and self.world_size >= 2):
-            raise ValueError(f"LinkFit.world_size must be an int >= 2, got {self.world_size!r}")
+        if not (isinstance(self.world_size, int) and self.world_size >= 1):
+            raise ValueError(f"LinkFit.world_size must be an int >= 1, got {self.world_size!r}")
         if not (self.latency_ms >= 0 and self.bytes_per_ms > 0):
             raise ValueError(
                 f"LinkFit({self.kind}, {self.world_size}): latency_ms must be >= 0 and "
@@ -194,12 +197,13 @@ class MachineProfile:
         memory_bytes: memory of one GPU, or of the host on CPU.
         cache_bytes: the last-level cache tables are read through (L3 on CPUs, L2 on GPUs).
         memory_bw: copy bandwidth of the memory tables live in, bytes/ms (read + write).
-        matmul_flops: dense float32 matrix multiply, flop/ms.
+        matmul_flops: dense float32 throughput of a linear layer's forward and backward, flop/ms.
         kernels: the embedding kernel per optimizer.
         links: the collectives, per kind, world size and scope.
         step_overhead: what a sharded training step costs beyond its kernels, collectives and
-            dense layers (the modules' Python, KJT handling, autograd): ms per step, per
-            feature, per bag of one rank's batch.
+            dense layers (the modules' Python, KJT handling, autograd, the pooled rows'
+            copies): ms per step, per feature, per bag and per bag x column of one rank's
+            batch.
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -219,7 +223,7 @@ class MachineProfile:
     matmul_flops: float
     kernels: tuple[KernelFit, ...]
     links: tuple[LinkFit, ...]
-    step_overhead: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    step_overhead: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -229,10 +233,10 @@ class MachineProfile:
         object.__setattr__(self, "kernels", tuple(self.kernels))
         object.__setattr__(self, "links", tuple(self.links))
         overhead = tuple(float(v) for v in self.step_overhead)
-        if len(overhead) != 3 or not all(v >= 0 for v in overhead):
+        if len(overhead) != 4 or not all(v >= 0 for v in overhead):
             raise ValueError(
-                "MachineProfile.step_overhead must be 3 numbers >= 0 (ms per step, per feature, "
-                f"per bag), got {self.step_overhead}"
+                "MachineProfile.step_overhead must be 4 numbers >= 0 (ms per step, per feature, "
+                f"per bag, per bag x column), got {self.step_overhead}"
             )
         object.__setattr__(self, "step_overhead", overhead)
         if self.compute_device not in ("cpu", "cuda"):
@@ -254,10 +258,11 @@ class MachineProfile:
         ident = dict(self.identity)
         return ident.get("gpu") or ident.get("cpu_model") or "unknown machine"
 
-    def overhead_ms(self, features: float, bags: float) -> float:
-        """The sharded step's own cost for a rank's batch of ``features`` and ``bags``."""
-        per_step, per_feature, per_bag = self.step_overhead
-        return per_step + per_feature * features + per_bag * bags
+    def overhead_ms(self, features: float, bags: float, bag_columns: float) -> float:
+        """The sharded step's own cost for a rank's batch of ``features``, ``bags`` and
+        ``bag_columns`` (bags x their tables' columns: the pooled values)."""
+        per_step, per_feature, per_bag, per_value = self.step_overhead
+        return per_step + per_feature * features + per_bag * bags + per_value * bag_columns
 
     def kernel(self, optimizer: str) -> KernelFit:
         """The fit for ``optimizer``; an optimizer not calibrated takes the calibrated one with
@@ -281,6 +286,8 @@ class MachineProfile:
         """The fit measured for (kind, world size, scope), else the nearest world size's of that
         kind and scope, else None."""
         fits = [f for f in self.links if f.kind == kind and f.scope == scope]
+        if world_size > 1:  # one rank's "collective" is a copy: no model for more ranks
+            fits = [f for f in fits if f.world_size > 1]
         if not fits:
             return None
         return min(fits, key=lambda f: (abs(math.log(f.world_size / world_size)), f.world_size))
@@ -334,7 +341,7 @@ class MachineProfile:
                 cache_bytes=int(data["cache_bytes"]),
                 memory_bw=float(data["memory_bw"]),
                 matmul_flops=float(data["matmul_flops"]),
-                step_overhead=_three(data.get("step_overhead", (0.0, 0.0, 0.0))),
+                step_overhead=_four(data.get("step_overhead", (0.0, 0.0, 0.0, 0.0))),
                 kernels=tuple(
                     KernelFit(k["optimizer"], tuple(k["forward"]), tuple(k["backward"]))
                     for k in data["kernels"]
@@ -360,9 +367,9 @@ class MachineProfile:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-def _three(values: Sequence[float]) -> tuple[float, float, float]:
-    per_step, per_feature, per_bag = (float(v) for v in values)
-    return per_step, per_feature, per_bag
+def _four(values: Sequence[float]) -> tuple[float, float, float, float]:
+    per_step, per_feature, per_bag, per_value = (float(v) for v in values)
+    return per_step, per_feature, per_bag, per_value
 
 
 def load_profile(path: str | Path) -> MachineProfile:
@@ -399,7 +406,8 @@ def collective_ms(
     profile: MachineProfile,
 ) -> float:
     """Milliseconds of one ``kind`` collective of ``nbytes`` among ``world_size`` ranks in hosts
-    of ``local_world_size`` (see [Note: calibrated collective model]).
+    of ``local_world_size`` (see [Note: calibrated collective model]). One rank's collectives
+    (copies of its own bytes) take what calibration measured at world size 1, or nothing.
 
     Inside one host: the profile's fit for that world size, or the model from the nearest
     measured size. Spanning hosts, the slowest link is a host's exit: the bytes cross the
@@ -407,8 +415,9 @@ def collective_ms(
     step; an all-to-all sends only the share bound for other hosts over them. One rank alone
     takes no time.
     """
-    if world_size <= 1 or nbytes < 0:
-        return 0.0
+    if world_size <= 1:  # what the backend takes to hand a rank its own bytes, if measured
+        alone = profile.link(kind, 1, "intra")
+        return alone.ms(nbytes) if alone is not None and alone.world_size == 1 else 0.0
     if world_size <= local_world_size:
         fit = profile.link(kind, world_size, "intra")
         if fit is None:

@@ -46,7 +46,7 @@ def test_calibrate_at_toy_sizes(tmp_path, capsys):
     )  # fmt: skip
     assert status == 0
     printed = capsys.readouterr().out
-    for says in ("memory copy bandwidth", "matmul", "kernel exact_sgd", "all_to_all x 2",
+    for says in ("memory copy bandwidth", "linear layer", "kernel exact_sgd", "all_to_all x 2",
                  "sharded step overhead", f"wrote {out}"):  # fmt: skip
         assert says in printed
     profile = load_profile(out)

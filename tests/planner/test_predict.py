@@ -45,7 +45,7 @@ def profile(*, latency: float = LAT, bandwidth: float = BW, cores: int = 4) -> M
         matmul_flops=1e9,
         kernels=(KernelFit("exact_sgd", (0.1, 0, 1e-6, 0, 0, 0), (0.2, 1e-5, 0, 0, 0, 0)),),
         links=tuple(LinkFit(kind, 2, latency, bandwidth) for kind in COLLECTIVE_KINDS),
-        step_overhead=(1.0, 0.0, 0.0),
+        step_overhead=(1.0, 0.0, 0.0, 0.0),
     )
 
 
@@ -136,6 +136,22 @@ def test_one_rank_has_no_collectives():
     assert phases["embedding"] == pytest.approx(0.1 + 1e-6 * 1000 * 16 + 0.2 + 1e-5 * 1000)
 
 
+def test_one_rank_collectives_take_what_calibration_measured_at_one_rank():
+    alone = tuple(LinkFit(kind, 1, 0.05, 1e7) for kind in COLLECTIVE_KINDS)
+    prof = replace(profile(), links=profile().links + alone)
+    p = predicted(_module_plan(table_wise(rank=0), world=1), world=1, prof=prof)
+    phases = dict(p.phases)
+    ids = 1000 * 8 + 1 * 100 * 8  # its own ids and lengths, to itself
+    assert phases["input_dist"] == pytest.approx((0.05 + 64 / 1e7) + (0.05 + ids / 1e7))
+    assert phases["output_dist"] == pytest.approx(2 * (0.05 + 100 * 16 * 4 / 1e7))
+    assert phases["dense_all_reduce"] == pytest.approx(0.05 + 4000 / 1e7)
+    # and two ranks still use the two-rank fits
+    two = predicted(_module_plan(table_wise(rank=0)), prof=prof)
+    assert dict(two.phases) == pytest.approx(
+        dict(predicted(_module_plan(table_wise(rank=0))).phases)
+    )
+
+
 def test_collective_model_extrapolates_to_other_sizes():
     prof = replace(profile(), links=(LinkFit("all_reduce", 2, 1.0, 1e6),))
     at = {"profile": prof, "local_world_size": 8}
@@ -187,8 +203,8 @@ def test_profile_errors(tmp_path):
         LinkFit("gossip", 2, 0.1, 1.0)
     with pytest.raises(ValueError, match="bytes_per_ms > 0"):
         LinkFit("all_reduce", 2, 0.1, 0.0)
-    with pytest.raises(ValueError, match="step_overhead must be 3 numbers >= 0"):
-        replace(profile(), step_overhead=(1.0, -1.0, 0.0))
+    with pytest.raises(ValueError, match="step_overhead must be 4 numbers >= 0"):
+        replace(profile(), step_overhead=(1.0, -1.0, 0.0, 0.0))
     with pytest.raises(TypeError, match="profile must be a MachineProfile"):
         Topology(world_size=2, compute_device="cpu", profile={"memory_bw": 1})
 
@@ -244,3 +260,49 @@ def test_plan_with_a_profile_prints_the_prediction():
         fused_params={"optimizer": "exact_sgd"},
     )  # fmt: skip
     assert again.plan == result.plan and again.stats == result.stats  # pure
+
+
+def test_cluster_shape_sets_the_links():
+    from shardkit.planner import ClusterShape
+
+    cluster = ClusterShape(
+        ranks_per_host=8, inter_host_bw=1e6, inter_host_latency_ms=0.01,
+        intra_host_bw=1e8, intra_host_latency_ms=0.001,
+    )  # fmt: skip
+    prof = cluster.apply(profile())
+    n = 4e6
+    inside = collective_ms("all_reduce", n, world_size=8, local_world_size=8, profile=prof)
+    assert inside == pytest.approx(2 * 3 * 0.001 + n * (2 * 7 / 8) / 1e8)
+    across = collective_ms("all_reduce", n, world_size=16, local_world_size=8, profile=prof)
+    assert across == pytest.approx(2 * 4 * 0.01 + n * (2 * 15 / 16) / 1e6)
+    # an all-to-all sends 8 of its 15 shares to the other host: those cross the slow link
+    a2a = collective_ms("all_to_all", n, world_size=16, local_world_size=8, profile=prof)
+    assert a2a == pytest.approx(4 * 0.01 + n * (15 / 16) * (8 / 15) / 1e6)
+    assert prof.cores == 8  # each rank computes on a core of its own
+    with pytest.raises(ValueError, match="give intra_host_bw and intra_host_latency_ms together"):
+        ClusterShape(ranks_per_host=8, inter_host_bw=1e6, inter_host_latency_ms=0.01,
+                     intra_host_bw=1e8)  # fmt: skip
+    with pytest.raises(ValueError, match="inter_host_bw must be > 0"):
+        ClusterShape(ranks_per_host=8, inter_host_bw=0, inter_host_latency_ms=0.01)
+
+
+def test_dmp_planner_predicts_with_a_profiled_topology():
+    from shardkit.modules import EmbeddingBagCollection
+    from shardkit.planner import EmbeddingShardingPlanner
+    from shardkit.sharding import EmbeddingBagCollectionSharder
+
+    ebc = EmbeddingBagCollection(tables=_many_tables(), device="meta")
+    planner = EmbeddingShardingPlanner(
+        topology=Topology.from_profile(profile(), world_size=2), batch_size=64
+    )
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_sgd"})
+    planner.plan(ebc, [sharder])
+    assert planner.stats is not None and planner.stats.prediction is not None
+    assert planner.stats.prediction.world_size == 2 and planner.stats.prediction.step_ms > 0
+
+
+def test_dense_settings_are_checked():
+    from shardkit.planner._core import PlannerSettings
+
+    with pytest.raises(ValueError, match="dense_parameters must be a number >= 0, got -1"):
+        PlannerSettings(dense_parameters=-1)
