@@ -36,20 +36,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dmp import Batch, Model, _Optimizers
+from bench_dmp import TYPES, Batch, Model, _Optimizers
 
 from shardkit.bench import machine_info
 from shardkit.launch import RankFailedError, spawn
 
-TYPES = [
-    "table_wise",
-    "row_wise",
-    "column_wise",
-    "table_row_wise",
-    "data_parallel",
-    "table_column_wise",
-    "grid_shard",
-]
 ONE_RANK = ["table_wise", "row_wise", "data_parallel"]  # the others need 2 ranks (per host)
 PLANNER = "planner's choice"
 

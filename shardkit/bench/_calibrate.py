@@ -343,27 +343,21 @@ def _touched(tables: BatchedTables, bags: int) -> int:
 
 def fit_kernel(optimizer: str, points: Sequence[dict], cache: int) -> KernelFit:
     """The `KernelFit` of ``points`` with a cache of ``cache`` bytes (see
-    [Note: calibrated kernel model])."""
+    [Note: calibrated kernel model]): forward over bags and the ids that miss, backward over
+    the touched rows and those that miss."""
     miss = [miss_fraction(p["touched"], cache) for p in points]
-    fwd = fit_nonnegative(
-        [
-            [1.0, p["ids"], p["ids"] * p["dim"], p["bags"] * p["dim"], m * p["ids"],
-             m * p["ids"] * p["dim"]]
+    fits = []
+    for written, missed, key in (
+        ("bags", "ids", "forward_ms"),
+        ("unique", "unique", "backward_ms"),
+    ):
+        rows = [
+            [1.0, p["ids"], p["ids"] * p["dim"], p[written] * p["dim"], m * p[missed],
+             m * p[missed] * p["dim"]]
             for p, m in zip(points, miss)
-        ],
-        [p["forward_ms"] for p in points],
-        outliers=True,
-    )  # fmt: skip
-    bwd = fit_nonnegative(
-        [
-            [1.0, p["ids"], p["ids"] * p["dim"], p["unique"] * p["dim"], m * p["unique"],
-             m * p["unique"] * p["dim"]]
-            for p, m in zip(points, miss)
-        ],
-        [p["backward_ms"] for p in points],
-        outliers=True,
-    )  # fmt: skip
-    return KernelFit(optimizer, tuple(fwd), tuple(bwd))
+        ]  # fmt: skip
+        fits.append(tuple(fit_nonnegative(rows, [p[key] for p in points], outliers=True)))
+    return KernelFit(optimizer, fits[0], fits[1])
 
 
 def fit_kernels(points: dict[str, list[dict]], nominal_cache: int) -> tuple[int, list[KernelFit]]:
