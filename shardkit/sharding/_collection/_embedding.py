@@ -1,7 +1,7 @@
 """`ShardedEmbeddingCollection`: an `EmbeddingCollection` whose tables are spread over ranks.
 
 Input dist as for bags; each shard looks its ids up one by one (no pooling); the rows travel
-back by all-to-all and are put back in the input's order (see `_sequence_dist`). The contract
+back by all-to-all and are put back in the input's order (see `_dist._sequence`). The contract
 is the unsharded module's: a dict of JaggedTensors, one per feature, with the KJT's lengths.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from shardkit.modules import EmbeddingConfig, expand_bags, lookup
-from shardkit.sharding._collection import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._base import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._shard_groups import shard_group_input
+from shardkit.sharding._dist._sequence import distribute_rows
 from shardkit.sharding._layout import Unit
-from shardkit.sharding._sequence_dist import distribute_rows
-from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["ShardedEmbeddingCollection"]

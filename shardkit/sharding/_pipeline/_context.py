@@ -1,5 +1,5 @@
 """What TorchRec's train pipelines take and keep besides the model: the per-batch context and
-`TrainPipelinePT2`'s compile settings (shardkit's pipelines are in `_train_pipeline`)."""
+`TrainPipelinePT2`'s compile settings (shardkit's pipelines are in `_train`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A sharded collection's tables and state dict: `ShardedTable` holds this rank's shards of one
 table; the hooks turn them into one ``ShardedTensor`` per table and back.
 
-See [Note: sharded state dicts] (`_state.py`).
+See [Note: sharded state dicts] (`_collection._state.py`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from shardkit.sharding._collection._state import block_of, sharded_tensor
 from shardkit.sharding._layout import ShardSlice
-from shardkit.sharding._state import block_of, sharded_tensor
 
 __all__ = ["ShardedTable", "load_state_dict_pre_hook", "state_dict_hook"]
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardkit.sharding._input_dist import PendingInput, Received
+from shardkit.sharding._collection._shard_groups import ShardGroupSpec, class_slots
+from shardkit.sharding._dist._input import PendingInput, Received
+from shardkit.sharding._dist._qcomm import all_to_all, codecs_of
 from shardkit.sharding._layout import Layout, Route, Slot
-from shardkit.sharding._qcomm_dist import all_to_all, codecs_of
-from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 from shardkit.types import CommOp
 
 __all__ = ["distribute_rows"]

@@ -16,12 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.sharding._train_pipeline import (
+from shardkit.sharding._pipeline._feeds import prefetch_into, sharded_collections
+from shardkit.sharding._pipeline._prefetches import Prefetches
+from shardkit.sharding._pipeline._train import (
     TorchCompileConfig,
     TrainPipeline,
     TrainPipelineBase,
     TrainPipelineSparseDist,
-    prefetch_batch,
 )
 
 __all__ = [
@@ -236,9 +237,12 @@ class SparseDataDistUtil:
         if apply_jit:
             raise ValueError("SparseDataDistUtil(apply_jit=True): not in shardkit; leave False")
         self.model = model
+        self._collections = sharded_collections(model, lead=None)
+        self._prefetches = Prefetches(self._collections)  # See [Note: pipelined forward]
 
     def start_sparse_data_dist(self, batch: Any, *args: Any) -> Any:
-        prefetch_batch(self.model, batch)
+        self._prefetches.attach()
+        prefetch_into(self._prefetches, self._collections, batch)
         return batch
 
     def wait_sparse_data_dist(self, batch: Any = None, *args: Any) -> Any:

@@ -13,9 +13,9 @@ from torch import nn
 
 from shardkit.modules import BaseEmbeddingConfig, data_type_to_dtype, fused_tables
 from shardkit.optim import EmbOptimType, FusedOptimizer, FusedOptimizerConfig, fused_config_of
+from shardkit.sharding._collection._replicas import ReplicaGroup
+from shardkit.sharding._collection._shard_groups import ShardGroup
 from shardkit.sharding._layout import ShardSlice
-from shardkit.sharding._replicas import ReplicaGroup
-from shardkit.sharding._shard_groups import ShardGroup
 from shardkit.types import EmbeddingComputeKernel, ParameterSharding
 
 __all__ = [

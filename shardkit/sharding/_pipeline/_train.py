@@ -14,7 +14,9 @@ collection's own, which sees what that module made of the batch). A collection's
 prefetched input only for the very KJT object it was started for (the way DLRM-style models
 pass ``batch.sparse_features`` on); a collection fed another KJT runs its input dist in its
 forward: correct, not overlapped ([Note: prefetches no forward uses]; ranks whose batches feed
-other collections all raise, [Note: prefetch mask], both in `_pipeline_inputs`).
+other collections all raise, [Note: prefetch mask], both in `_feeds`). What a pipeline started
+is its own, not the collections': it swaps in their forwards while attached and `detach` gives
+them back ([Note: pipelined forward] in `_prefetches`).
 
 Every batch also has the ranks agree on whether each still has one: if some rank ran out
 while others did not, all raise, naming the ranks, instead of some ranks waiting forever in a
@@ -29,7 +31,7 @@ losses, dim=0).backward()`` for a loss per example) and steps the optimizer (the
 backward); in eval mode it only runs forward. `progress` returns ``output``.
 
 When the next batch's input dist starts early, and on which streams, is in
-`shardkit.sharding._pipeline_schedule` ([Note: when the pipeline overlaps],
+`shardkit.sharding._pipeline._schedule` ([Note: when the pipeline overlaps],
 [Note: pipeline streams]).
 """
 
@@ -47,28 +49,28 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.compat import resolve_device
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import (
+from shardkit.sharding._collection._base import ShardedCollection
+from shardkit.sharding._dist._header import TagMismatchError
+from shardkit.sharding._pipeline._agreement import (
     DataExhaustedError,
     Fetched,
     any_rank,
     start_agreement,
 )
-from shardkit.sharding._input_header import TagMismatchError
-from shardkit.sharding._pipeline_context import TorchCompileConfig, TrainPipelineContext
-from shardkit.sharding._pipeline_inputs import (
+from shardkit.sharding._pipeline._context import TorchCompileConfig, TrainPipelineContext
+from shardkit.sharding._pipeline._feeds import (
     batch_kjts,
     collection_names,
     drop_unused_on_any_rank,
     fed_collections,
     lead_collection,
     mismatch_error,
-    prefetch_batch,
     prefetch_into,
     prefetch_mask,
     sharded_collections,
 )
-from shardkit.sharding._pipeline_schedule import (
+from shardkit.sharding._pipeline._prefetches import Prefetches
+from shardkit.sharding._pipeline._schedule import (
     SideStreams,
     agreed_overlap,
     choose_overlap,
@@ -83,7 +85,6 @@ __all__ = [
     "TrainPipelineSparseDist",
     "batch_kjts",
     "choose_overlap",
-    "prefetch_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,8 +138,10 @@ class _Pipeline(TrainPipeline):
         self._lead = lead_collection(model, group)  # None: flags ([Note: deferred agreement])
         self._collections = sharded_collections(model, lead=self._lead)  # the model's are fixed
         self._names = collection_names(model, self._collections)
+        self._prefetches = Prefetches(self._collections)  # See [Note: pipelined forward]
+        self._attached = True
         # what an overlapping fetch prefetches besides the lead (See [Note: prefetches no
-        # forward uses]); what it started for the first batch, each's consumed_prefetches() then
+        # forward uses]); what it started for the first batch, each queue's consumed_prefetches() then
         self._kept = self._collections[1:] if self._lead is not None else self._collections
         self._first: tuple[list[ShardedCollection], dict[int, int]] | None = None
         self._lead_fed = True
@@ -148,7 +151,7 @@ class _Pipeline(TrainPipeline):
         self._connected = False
 
     def _fetch(self, dataloader_iter: Iterator[Any]) -> Fetched:
-        """The next batch, its flags on their way (see [Note: deferred agreement] in `_data_agreement`)."""
+        """The next batch, its flags on their way (see [Note: deferred agreement] in `_agreement`)."""
         try:
             batch = next(dataloader_iter)
         except StopIteration:
@@ -189,7 +192,7 @@ class _Pipeline(TrainPipeline):
             lead.join_without_input(exhausted=True)
             return
         tag = self._mask(batch)
-        fed = prefetch_into([lead], batch, tag=tag) if lead is self._lead else []
+        fed = prefetch_into(self._prefetches, [lead], batch, tag=tag) if lead is self._lead else []
         if not fed:
             self._lead_fed = False
             lead.join_without_input(exhausted=False, tag=tag)
@@ -206,9 +209,10 @@ class _Pipeline(TrainPipeline):
         """Overlapping: start the other collections' input dists too, now that the ranks
         agreed; remember what the first batch got ([Note: prefetches no forward uses])."""
         if self._agree_at_fetch():
-            fed = fed + prefetch_into(self._kept, batch)
+            fed = fed + prefetch_into(self._prefetches, self._kept, batch)
         if self._first is None:  # count the uses from this batch on, not since construction
-            self._first = fed, {id(m): m.consumed_prefetches() for m in self._collections}
+            used = {id(m): self._prefetches.of(m).consumed_prefetches() for m in self._collections}
+            self._first = fed, used
 
     def _check_prefetches_used(self) -> None:
         """After the first overlapped step: stop prefetching, on every rank at once, the
@@ -219,7 +223,9 @@ class _Pipeline(TrainPipeline):
         self._lead_checked = True
         candidates = [m for m in (self._lead, *self._kept) if m is not None]
         fed, before = self._first or ([], {})
-        unused = drop_unused_on_any_rank(candidates, fed, self._group, consumed_before=before)
+        unused = drop_unused_on_any_rank(
+            self._prefetches, candidates, fed, self._group, consumed_before=before
+        )
         if not unused:
             return
         logger.info(
@@ -239,14 +245,14 @@ class _Pipeline(TrainPipeline):
         if self._lead is None or self._lead_checked:
             return
         self._lead_checked = True
-        unused = not self._lead_fed or self._lead.unused_prefetches() > 0
+        unused = not self._lead_fed or self._prefetches.of(self._lead).unused_prefetches() > 0
         if not any_rank(unused, self._group):
             return
         logger.info(
             "train pipeline: the model's first sharded collection was not fed the batch's own "
             "KJT; the ranks agree on data by an all-gather per batch from now on"
         )
-        self._lead.drop_prefetches()
+        self._prefetches.of(self._lead).drop_prefetches()
         self._lead = None
 
     def _agree_at_fetch(self) -> bool:
@@ -276,6 +282,13 @@ class _Pipeline(TrainPipeline):
         else:
             self._check_lead_used()
         return output
+
+    def _resume(self) -> None:
+        """Install the pipeline's forwards at each step ([Note: pipelined forward]): after a
+        `detach`, as TorchRec attaches a detached model again, or where another pipeline over
+        the model ran since."""
+        self._attached = True
+        self._prefetches.attach()
 
     def reset(self) -> None:
         self._connected = False
@@ -308,6 +321,7 @@ class TrainPipelineBase(_Pipeline):
         del enable_inplace_copy_batch  # same batch either way
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        self._resume()
         if not self._connected:
             self._next, self._connected = self._fetch(dataloader_iter), True
         batch = self._next.take() if self._next is not None else None
@@ -378,6 +392,30 @@ class TrainPipelineSparseDist(_Pipeline):
         device = torch.device(where if where is not None else "cpu")
         self._overlap = agreed_overlap(overlap, device=device, group=self._group)
 
+    def detach(self) -> nn.Module:
+        """The model with its sharded collections' own forwards back (TorchRec's ``detach``):
+        evaluate or checkpoint it outside the pipeline, then `attach` (or just call `progress`)
+        to train on. The batches in flight stay with the pipeline, so training resumes where
+        it stopped, as in TorchRec; see [Note: pipelined forward]."""
+        self._prefetches.detach()
+        self._attached = False
+        return self._model
+
+    def attach(self, model: nn.Module | None = None, sparse_dist: bool = True) -> None:
+        """Install the pipeline's forwards again after `detach` (TorchRec's ``attach``; the
+        next `progress` also does). ``model``: the one `detach` returned. ``sparse_dist``:
+        TorchRec's switch to restart the current batch's input dist; shardkit keeps it in
+        flight, so the results are the same either way."""
+        if model is not None and model is not self._model:
+            raise ValueError(
+                f"{type(self).__name__}.attach(model): a {type(model).__name__} other than the "
+                "model this pipeline was built with; the pipeline keeps that model's sharded "
+                "collections and the batches in flight for them, so attach() or "
+                "attach(pipeline.detach()'s model), or build a new pipeline for another model"
+            )
+        del sparse_dist  # same results either way
+        self._resume()
+
     def _agree_at_fetch(self) -> bool:
         return self._overlap  # its input dist starts now (see [Note: deferred agreement])
 
@@ -388,6 +426,7 @@ class TrainPipelineSparseDist(_Pipeline):
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         """One training step on the next batch; raises StopIteration when every rank is done."""
+        self._resume()
         if not self._connected:
             self._next, self._connected = self._fetch(dataloader_iter), True
         batch = self._next.take() if self._next is not None else None

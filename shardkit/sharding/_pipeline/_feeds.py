@@ -1,5 +1,5 @@
 """Which KeyedJaggedTensors of a batch feed which sharded collections: the train pipelines'
-prefetch (see [Note: pipelined input dist] in `_train_pipeline`), and the collection whose
+prefetch (see [Note: pipelined input dist] in `_train`), and the collection whose
 input dist carries the ranks' agreement on data ([Note: deferred agreement]).
 
 [Note: prefetch mask]
@@ -7,7 +7,7 @@ An overlapping pipeline starts, at fetch, the input dist of every sharded collec
 KJTs can feed, the lead's first. Were a rank's batch to feed another set of the other
 collections than the other ranks' (rank 0's batch feeds A and B, rank 1's only A), rank 0
 would start B's header exchange where rank 1 starts its next collective: a hang, or an abort
-on mismatched sizes. So the lead's header carries, as its tag (see `_input_header`), the mask
+on mismatched sizes. So the lead's header carries, as its tag (see `_dist._header`), the mask
 of the other collections this rank is about to start (bit ``i``: the pipeline's ``i``-th
 collection, counting the lead as the 0th, whose bit stays 0; `prefetch_mask`), and every rank reads every rank's mask before any of them starts one: where
 they differ, every rank raises an `InputError` naming the ranks and the collections, before
@@ -42,9 +42,10 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._data_agreement import any_rank_each
-from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._collection._base import ShardedCollection
+from shardkit.sharding._dist._input import InputError
+from shardkit.sharding._pipeline._agreement import any_rank_each
+from shardkit.sharding._pipeline._prefetches import Prefetches
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ShardedModule
 
@@ -56,7 +57,6 @@ __all__ = [
     "lead_collection",
     "mask_names",
     "mismatch_error",
-    "prefetch_batch",
     "prefetch_into",
     "prefetch_mask",
     "sharded_collections",
@@ -78,12 +78,6 @@ def batch_kjts(batch: Any) -> list[KeyedJaggedTensor]:
     else:
         values = list(getattr(batch, "__dict__", {}).values())
     return [v for v in values if isinstance(v, KeyedJaggedTensor)]
-
-
-def prefetch_batch(model: nn.Module, batch: Any) -> int:
-    """Start the input dist of ``batch``'s KJTs on the sharded collections of ``model`` that
-    read them; returns how many were started."""
-    return len(prefetch_into(sharded_collections(model, lead=None), batch))
 
 
 def sharded_collections(model: nn.Module, *, lead: nn.Module | None) -> list[ShardedCollection]:
@@ -127,13 +121,13 @@ def fed_collections(collections: list[ShardedCollection], batch: Any) -> list[Sh
 
 
 def prefetch_into(
-    collections: list[ShardedCollection], batch: Any, *, tag: int = 0
+    prefetches: Prefetches, collections: list[ShardedCollection], batch: Any, *, tag: int = 0
 ) -> list[ShardedCollection]:
     """Start each collection's input dist on the batch's KJT that has its features, in order,
-    with ``tag`` in its header; the collections fed."""
+    with ``tag`` in its header, into its queue in ``prefetches``; the collections fed."""
     fed = _feeds(collections, batch)
     for module, kjt in fed:
-        module.prefetch(kjt, tag=tag)
+        prefetches.of(module).prefetch(kjt, tag=tag)
     return [module for module, _ in fed]
 
 
@@ -184,6 +178,7 @@ def lead_collection(model: nn.Module, group: dist.ProcessGroup | None) -> Sharde
 
 
 def drop_unused_on_any_rank(
+    prefetches: Prefetches,
     collections: list[ShardedCollection],
     fed: list[ShardedCollection],
     group,
@@ -192,15 +187,16 @@ def drop_unused_on_any_rank(
 ) -> list[ShardedCollection]:
     """Of ``collections``, those in ``fed`` (prefetched for a batch whose forward has run)
     whose forward used no prefetched input on some rank since ``consumed_before`` (``id`` of
-    a collection -> its `consumed_prefetches` when that batch's prefetch started); every rank
+    a collection -> its queue's `consumed_prefetches` when that batch's prefetch started); every rank
     gets the same list (one all-reduce; see [Note: prefetches no forward uses]), and waits
     for and drops their prefetches started already (the next batch's: no forward uses them)."""
+    consumed = [prefetches.of(m).consumed_prefetches() for m in collections]
     unused = [
-        any(m is f for f in fed) and m.consumed_prefetches() == consumed_before.get(id(m), 0)
-        for m in collections
+        any(m is f for f in fed) and used == consumed_before.get(id(m), 0)
+        for m, used in zip(collections, consumed)
     ]
     agreed = any_rank_each(unused, group)
     dropped = [m for m, flag in zip(collections, agreed) if flag]
     for module in dropped:
-        module.drop_prefetches()
+        prefetches.of(module).drop_prefetches()
     return dropped

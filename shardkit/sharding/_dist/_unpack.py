@@ -1,5 +1,5 @@
 """The input dist's receiving side: what a rank got for its slots, source by source, out of
-the ids all-to-all (see [Note: input exchange] in `_input_dist`)."""
+the ids all-to-all (see [Note: input exchange] in `_input`)."""
 
 from __future__ import annotations
 

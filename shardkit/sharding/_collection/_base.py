@@ -22,7 +22,7 @@ from shardkit.modules import (
     TableDict,
     collection_tables,
 )
-from shardkit.sharding._collection_build import (
+from shardkit.sharding._collection._build import (
     DEFAULT_FUSED,
     check_row_norm_rules,
     fused_optimizer,
@@ -31,39 +31,36 @@ from shardkit.sharding._collection_build import (
     shard_initialiser,
     table_keys,
 )
-from shardkit.sharding._collection_state import (
-    ShardedTable,
-    load_state_dict_pre_hook,
-    state_dict_hook,
-)
-from shardkit.sharding._device import resolve_device
-from shardkit.sharding._grad import scale_grad
-from shardkit.sharding._input_dist import (
-    PendingInput,
-    SourceBatch,
-    exchange_start,
-    exchange_status,
-)
-from shardkit.sharding._inputs import expanded_features, source_batch, variable_batch_inverse
-from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
-from shardkit.sharding._output_dist import HostGroups
-from shardkit.sharding._qcomm_dist import check_codecs
-from shardkit.sharding._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
-from shardkit.sharding._shard_groups import (
+from shardkit.sharding._collection._grad import scale_grad
+from shardkit.sharding._collection._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
+from shardkit.sharding._collection._shard_groups import (
     ShardGroup,
     build_shard_group,
     classes,
     shard_group_specs,
 )
+from shardkit.sharding._collection._state_hooks import (
+    ShardedTable,
+    load_state_dict_pre_hook,
+    state_dict_hook,
+)
+from shardkit.sharding._device import resolve_device
+from shardkit.sharding._dist._input import (
+    PendingInput,
+    SourceBatch,
+    exchange_start,
+    exchange_status,
+)
+from shardkit.sharding._dist._output import HostGroups
+from shardkit.sharding._dist._qcomm import check_codecs
+from shardkit.sharding._dist._source import expanded_features, source_batch, variable_batch_inverse
+from shardkit.sharding._layout import Route, ShardSlice, Unit, build_layout
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv
 
 __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
 
 logger = logging.getLogger(__name__)
-
-# Input dists started ahead of their forward that a collection keeps (the pipeline needs 2).
-_MAX_PREFETCHED = 2
 
 
 @dataclass
@@ -147,8 +144,6 @@ class ShardedCollection(nn.Module):
             self._shard_groups, self._replica_groups, shard_key=self._shard_key,
             tables_attr=self._TABLES,
         )  # fmt: skip
-        self._prefetched: list[DistributedInput] = []
-        self._consumed = 0  # prefetched inputs a forward used
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
@@ -291,7 +286,7 @@ class ShardedCollection(nn.Module):
 
     def input_dist(self, features: KeyedJaggedTensor, *, tag: int = 0) -> DistributedInput:
         """Start sending this rank's ids to the shards' ranks (the all-to-alls run async).
-        ``tag``: a number every rank must send alike in its header (see `_input_header`)."""
+        ``tag``: a number every rank must send alike in its header (see `_dist._header`)."""
         inverse = None
         if self._ACCEPTS_VARIABLE_BATCH:
             inverse = variable_batch_inverse(features, self.feature_names())
@@ -319,12 +314,6 @@ class ShardedCollection(nn.Module):
         vbe = inverse if isinstance(inverse, torch.Tensor) else None
         return DistributedInput(features, pending, source, full, vbe)
 
-    def prefetch(self, features: KeyedJaggedTensor, *, tag: int = 0) -> None:
-        """Start the input dist of ``features`` now; the forward that receives this very KJT
-        object uses it (see `TrainPipelineSparseDist`). ``tag``: see `input_dist`."""
-        self._prefetched.append(self.input_dist(features, tag=tag))
-        del self._prefetched[:-_MAX_PREFETCHED]
-
     def join_without_input(self, *, exhausted: bool, tag: int = 0) -> None:
         """Take part in this collection's input dist with a header alone: no batch left
         (``exhausted``), or none for this collection (see `exchange_status`)."""
@@ -333,32 +322,13 @@ class ShardedCollection(nn.Module):
             exhausted=exhausted, device=self._device, tag=tag,
         )  # fmt: skip
 
-    def unused_prefetches(self) -> int:
-        """Prefetched inputs no forward has used yet."""
-        return len(self._prefetched)
-
-    def consumed_prefetches(self) -> int:
-        """Prefetched inputs a forward has used, since construction (a pipeline compares
-        against its own snapshot, see [Note: prefetches no forward uses])."""
-        return self._consumed
-
-    def drop_prefetches(self) -> int:
-        """Wait for the prefetched inputs no forward has used and discard them (their
-        collectives completed, on every rank alike); returns how many."""
-        dropped, self._prefetched = self._prefetched, []
-        for prefetched in dropped:
-            prefetched.pending.wait()
-        return len(dropped)
-
     def compute_and_output_dist(self, dist_input: DistributedInput) -> Any:
         raise NotImplementedError
 
     def forward(self, features: KeyedJaggedTensor) -> Any:
-        for index, prefetched in enumerate(self._prefetched):
-            if prefetched.features is features:
-                del self._prefetched[: index + 1]  # older ones were never used
-                self._consumed += 1
-                return self.compute_and_output_dist(prefetched)
+        """The input dist, then compute and output dist; a train pipeline swaps in a forward
+        that uses the input dist it started ahead (see [Note: pipelined forward] in
+        `sharding._pipeline._prefetches`)."""
         return self.compute_and_output_dist(self.input_dist(features))
 
     def _local_features(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:

@@ -1,5 +1,5 @@
 """The input dist's first all-to-all: a header per destination, and what every rank concludes
-from all of them (see [Note: input exchange] in `_input_dist`).
+from all of them (see [Note: input exchange] in `_input`).
 
 A header row is ``[batch size, status, tag, ids of each slot bound for the destination, bags
 of each feature]`` int64. Every rank reads every source's row before the ids' all-to-all, so a
@@ -7,7 +7,7 @@ refused input, a batch-size mismatch, a rank without a batch or ranks that sent 
 every rank raise the same error there, instead of leaving some waiting in a collective the
 others never call. The tag is the caller's: a number every rank must send alike (the train
 pipeline's mask of the collections whose input dists it starts next, [Note: prefetch mask] in
-`_pipeline_inputs`; 0 elsewhere).
+`_pipeline._feeds`; 0 elsewhere).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # Header status codes: input sent; input refused; no batch left; a batch, but no input for
-# this collection (a header alone, see `exchange_status` in `_input_dist`).
+# this collection (a header alone, see `exchange_status` in `_input`).
 OK, BAD_INPUT, EXHAUSTED, NO_INPUT = 0, 1, 2, 3
 
 # A header row's fields before the ids per slot: batch size, status, tag.
@@ -91,7 +91,7 @@ def exchange_headers(
     tag: int = 0,
 ) -> list[list[int]]:
     """Every source's header to this rank, read on the host: ``[W][3 + S + F]``; the one
-    device-to-host read of the receiver (see [Note: host-side sizes] in `_input_dist`).
+    device-to-host read of the receiver (see [Note: host-side sizes] in `_input`).
 
     ``sent_counts[d][k]``: ids this rank sends for the k-th slot bound for rank ``d``;
     ``strides[f]``: bags of feature ``f`` (None: ``batch_size`` each); a header whose
@@ -105,7 +105,7 @@ def exchange_headers(
     flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64)
     width = HEADER_FIELDS + len(layout.slots_to(rank)) + num_features
     got = comm.all_to_all_single(
-        flat.to(device, non_blocking=True),  # See [Note: host-side sizes] in `_input_dist`
+        flat.to(device, non_blocking=True),  # See [Note: host-side sizes] in `_input`
         input_split_sizes=[len(row) for row in rows],
         output_split_sizes=[width] * layout.world_size,
         group=group,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.sharding._sharding_plan import (
+from shardkit.sharding import (
     column_wise,
     data_parallel,
     get_default_sharders,

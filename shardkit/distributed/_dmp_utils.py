@@ -10,8 +10,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._model_parallel import DistributedModelParallel
+from shardkit.sharding import DistributedModelParallel, ShardedCollection
 
 __all__ = [
     "HybridEvalDMP",

@@ -4,7 +4,7 @@
 Three all-to-alls per batch, all ranks in step:
 1. a header per destination: ``[batch size, status, ids of each slot bound for it, bags of
    each feature]`` int64 (the bags: ``B`` each, except in a variable batch, see
-   [Note: variable batch on the wire] in `_input_unpack`). `_input_header` exchanges and
+   [Note: variable batch on the wire] in `_unpack`). `_header` exchanges and
    checks the headers.
    Every rank learns every other rank's batch size and whether its input was valid, so a bad
    input or a mismatch makes all ranks raise the same error instead of leaving some waiting;
@@ -12,14 +12,14 @@ Three all-to-alls per batch, all ranks in step:
    A train pipeline's rank that has run out of batches sends a header alone, with status
    "exhausted" (`exchange_status`), and every rank raises `RanksExhaustedError` naming it
    before the ids' all-to-all: the ranks' agreement on data costs no collective of its own
-   ([Note: deferred agreement] in `_data_agreement`).
+   ([Note: deferred agreement] in `_pipeline._agreement`).
 2. int64 lengths then ids: for each slot bound for the destination (see [Note: routes]) its
    ``B`` bag lengths, then all the slots' ids.
 3. float32 per-id weights, when the collection has any (weighted input or MEAN pooling, whose
    ``1 / bag length`` is applied at the source, where whole bags are still known).
 Row-wise ids are bucketed by row range at the source and sent rebased to shard-local rows.
 The receiver gets, from each source in rank order, the same slot list: lengths ``[W, S, B]``
-(`_input_unpack`).
+(`_unpack`).
 
 [Note: host-side sizes]
 An all-to-all needs its split sizes on the host, and how many ids a rank sends to each shard
@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from shardkit import comm
 from shardkit.comm import label
-from shardkit.sharding._input_header import (
+from shardkit.sharding._dist._header import (
     BAD_INPUT,
     EXHAUSTED,
     HEADER_FIELDS,
@@ -52,11 +52,11 @@ from shardkit.sharding._input_header import (
     check_headers,
     exchange_headers,
 )
-from shardkit.sharding._input_unpack import Received, unpack, unpack_variable
+from shardkit.sharding._dist._row_buckets import bucket_rows
+from shardkit.sharding._dist._unpack import Received, unpack, unpack_variable
 from shardkit.sharding._layout import Layout, Route, Unit
-from shardkit.sharding._row_buckets import bucket_rows
 
-# InputError, RanksExhaustedError and Received live in `_input_header` and `_input_unpack`;
+# InputError, RanksExhaustedError and Received live in `_header` and `_unpack`;
 # they are named here too, where the collections and the train pipeline import them.
 __all__ = [
     "InputError",
@@ -137,7 +137,7 @@ def exchange_start(
 
     ``device`` is where the collection computes: the batch's tensors are there, and so is
     everything sent and received (NCCL carries only GPU tensors). ``tag``: the number every
-    rank must send alike in its header (see `_input_header`).
+    rank must send alike in its header (see `_header`).
     """
     world = layout.world_size
     payload: list[_Payload] | None = None

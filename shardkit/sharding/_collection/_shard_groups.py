@@ -21,7 +21,7 @@ from torch import nn
 from shardkit.modules import BatchedTables, kernel_input, stack_tables
 from shardkit.optim import FusedOptimizerConfig
 from shardkit.optim.fused import EmptyFusedOptimizer
-from shardkit.sharding._input_dist import Received
+from shardkit.sharding._dist._input import Received
 from shardkit.sharding._layout import Layout, Route, ShardSlice, Slot
 
 __all__ = [

@@ -12,7 +12,7 @@ from shardkit.modules import (
     expand_variable_batch,
     mean_as_weights,
 )
-from shardkit.sharding._input_dist import SourceBatch
+from shardkit.sharding._dist._input import SourceBatch
 from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = ["expanded_features", "source_batch", "variable_batch_inverse"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from shardkit.modules import EmbeddingBagConfig, lookup
-from shardkit.sharding._assemble import Block, assemble
-from shardkit.sharding._collection import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._base import DistributedInput, ShardedCollection
+from shardkit.sharding._collection._replicas import replica_lookup
+from shardkit.sharding._collection._shard_groups import shard_group_input
+from shardkit.sharding._dist._assemble import Block, assemble
+from shardkit.sharding._dist._output import distribute
 from shardkit.sharding._layout import Route
-from shardkit.sharding._output_dist import distribute
-from shardkit.sharding._replicas import replica_lookup
-from shardkit.sharding._shard_groups import shard_group_input
 from shardkit.sparse import KeyedTensor
 
 __all__ = ["ShardedEmbeddingBagCollection"]

@@ -14,7 +14,7 @@ These eager paths are the spec. Where the compiled kernel is in effect (`shardki
 ``SHARDKIT_KERNEL``) and the ids are int64 on the CPU, one compiled operator does the same
 partition in two passes over the ids (`shardkit.kernels.bucket_rows`, tested equal to both).
 Everything stays on the ids' device; the host reads no size here (see
-[Note: host-side sizes] in `_input_dist`).
+[Note: host-side sizes] in `_input`).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _sort(
     """``bucketize`` and a stable sort by shard: for many shards."""
     batch, num_shards, device = lengths.numel(), len(row_starts), values.device
     starts = torch.tensor(row_starts, dtype=torch.int64)
-    starts = starts.to(device, non_blocking=True)  # See [Note: host-side sizes] in _input_dist
+    starts = starts.to(device, non_blocking=True)  # See [Note: host-side sizes] in `_input`
     bucket = torch.bucketize(values, starts[1:], right=True)  # [n]: shard of each id
     bag = torch.repeat_interleave(
         torch.arange(batch, device=device), lengths, output_size=values.numel()

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardkit.sharding._collection._shard_groups import ShardGroupSpec, class_slots
+from shardkit.sharding._dist._qcomm import all_to_all, codecs_of, reduce_scatter
 from shardkit.sharding._layout import Route, Slot
-from shardkit.sharding._qcomm_dist import all_to_all, codecs_of, reduce_scatter
-from shardkit.sharding._shard_groups import ShardGroupSpec, class_slots
 from shardkit.types import CommOp
 
 __all__ = ["HostGroups", "distribute"]

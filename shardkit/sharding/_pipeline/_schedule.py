@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from shardkit import launch
-from shardkit.sharding._data_agreement import any_rank
+from shardkit.sharding._pipeline._agreement import any_rank
 
 __all__ = ["SideStreams", "agreed_overlap", "choose_overlap", "host_cores", "local_ranks"]
 

@@ -3,9 +3,9 @@ lists of KJTs passed between a module's steps, the configs of sharded tables and
 them, FBGEMM's optimizer and location names, and the interfaces of sharded embedding modules
 and their lookups.
 
-shardkit's sharded collections (`ShardedEmbeddingBagCollection`, `ShardedEmbeddingCollection`)
-are registered as `ShardedEmbeddingModule`s; their kernel groups are described by their own
-classes (`ShardGroupSpec`), which these configs mirror for code that reads TorchRec's.
+shardkit's sharded collections are `ShardedEmbeddingModule`s (`_embedding_module`); their kernel
+groups are described by their own classes (`ShardGroupSpec`), which these configs mirror for
+code that reads TorchRec's.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import torch
 from torch import nn
 
 from shardkit.modules import DataType, EmbeddingTableConfig, PoolingType
-from shardkit.sharding._collection import ShardedCollection
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.streamable import Multistreamable
 from shardkit.types import (
     EmbeddingComputeKernel,
     EmbeddingLocation,
     ModuleSharder,
-    ShardedModule,
     StorageUsageType,
     compute_storage_usage,
 )
@@ -39,15 +37,12 @@ __all__ = [
     "BaseQuantEmbeddingSharder",
     "DTensorMetadata",
     "EmbeddingAttributes",
-    "FeatureShardingMixIn",
     "GroupedEmbeddingConfig",
     "InputDistOutputs",
     "KJTList",
     "ListOfKJTList",
-    "ModuleShardingMixIn",
     "OptimType",
     "ShardedConfig",
-    "ShardedEmbeddingModule",
     "ShardedEmbeddingTable",
     "ShardedMetaConfig",
     "compute_kernel_to_embedding_location",
@@ -250,37 +245,6 @@ class BaseGroupedFeatureProcessor(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement forward(features)")
 
 
-class FeatureShardingMixIn:
-    """Sharding-aware feature metadata of one sharding."""
-
-    def feature_names(self) -> list[str]:
-        raise NotImplementedError
-
-    def feature_names_per_rank(self) -> list[list[str]]:
-        raise NotImplementedError
-
-    def features_per_rank(self) -> list[int]:
-        raise NotImplementedError
-
-
-class ModuleShardingMixIn:
-    """Access to a sharded module's shardings by sharding type."""
-
-    @property
-    def shardings(self) -> dict[str, FeatureShardingMixIn]:
-        raise NotImplementedError
-
-
-class ShardedEmbeddingModule(ShardedModule, ModuleShardingMixIn):
-    """The interface of model-parallel embedding modules (see `ShardedModule`)."""
-
-    def __init__(self, qcomm_codecs_registry: Mapping[str, Any] | None = None) -> None:
-        super().__init__(qcomm_codecs_registry)
-        self._input_dists: list[nn.Module] = []
-        self._lookups: list[nn.Module] = []
-        self._output_dists: list[nn.Module] = []
-
-
 class BaseQuantEmbeddingSharder(ModuleSharder):
     """The sharder base of TorchRec's quantized (inference) collections: its descriptor
     methods, with a quantized table's storage (a scale and a bias per row). Sharding quantized
@@ -311,7 +275,3 @@ class BaseQuantEmbeddingSharder(ModuleSharder):
         return compute_storage_usage(
             tensor, compute_device_type, compute_kernel, StorageUsageType.BASE_QUANT
         )
-
-
-# shardkit's sharded collections are sharded embedding modules (``isinstance`` says so).
-ShardedEmbeddingModule.register(ShardedCollection)

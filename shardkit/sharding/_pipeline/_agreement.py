@@ -24,7 +24,7 @@ leave the others waiting in a collective it never calls. Two ways, chosen per pi
   once, by one all-reduce, whether the lead's forward left its prefetched input unused on any
   rank (a model that builds its own KJT); if so every rank falls back to the flags below from
   the next fetch on, and never switches again (overlapping, the same after the first step
-  for every collection prefetched: [Note: prefetches no forward uses] in `_pipeline_inputs`).
+  for every collection prefetched: [Note: prefetches no forward uses] in `_feeds`).
   Assumes what a prefetch does: every rank's batches hold the same features (checked where
   the pipeline overlaps: [Note: prefetch mask]). The lead must be sharded over the whole world (a DMP's
   collections are by default); one sharded over a subgroup, or a pipeline given ``group=``,
@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.sharding._input_dist import RanksExhaustedError
-from shardkit.sharding._input_header import TagMismatchError
+from shardkit.sharding._dist._header import TagMismatchError
+from shardkit.sharding._dist._input import RanksExhaustedError
 
 __all__ = ["DataExhaustedError", "Fetched", "any_rank", "any_rank_each", "start_agreement"]
 
@@ -62,18 +62,15 @@ class DataExhaustedError(RuntimeError):
 def _flag(value: bool | list[int], group: dist.ProcessGroup | None) -> torch.Tensor:
     """``value`` (a flag, or numbers) as a tensor on the device the group carries (a GPU's
     for NCCL)."""
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
     values = value if isinstance(value, list) else [int(value)]
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return torch.tensor(values, dtype=torch.int64, device=comm.group_device(group))
 
 
 def start_agreement(
     have: bool, group: dist.ProcessGroup | None, *, tag: int = 0
 ) -> comm.Handle | None:
     """Start gathering every rank's "I have a batch" flag, and ``tag``, a number every rank
-    must send alike ([Note: prefetch mask] in `_pipeline_inputs`); None without a process
+    must send alike ([Note: prefetch mask] in `_feeds`); None without a process
     group."""
     if not dist.is_initialized():
         return None
