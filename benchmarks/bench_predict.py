@@ -102,12 +102,13 @@ def _constraints(case: str, kind: str | None):
 
 
 def make_plan(case: str, kind: str, world: int, topology, batch: int):
+    """(plan JSON, prediction) with every table as ``kind`` (`PLANNER`: the planner's own
+    choice)."""
     local = topology.local_world_size
-    """(plan JSON, predicted ms, prediction) for every table as ``kind`` (None: the planner's
-    own choice)."""
     from shardkit import EmbeddingBagCollection
-    from shardkit.planner import ShardingPlan, estimate_plan, plan_tables
+    from shardkit.planner import estimate_plan, plan_tables
     from shardkit.sharding import construct_module_sharding_plan, data_parallel, grid_shard
+    from shardkit.types import ShardingPlan
 
     tables = configs(case)
     fused = _fused(kind)
@@ -153,7 +154,7 @@ def run_rank(
     from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from shardkit.planner import ShardingPlan
+    from shardkit.types import ShardingPlan
 
     torch.set_num_threads(1)
     tables = configs(case)
@@ -270,23 +271,29 @@ def main() -> None:
 
     profile = load_profile(args.profile)
     load_before = os.getloadavg()
+
+    def write(rows: dict[tuple, dict]) -> str:
+        """The report of ``rows`` so far, into ``--out`` (after every run, so that a run cut
+        short still leaves what it measured)."""
+        report = {"args": vars(args), "machine": machine_info(), "profile": profile.to_dict()}
+        report["load_average"] = {"before": load_before, "after": os.getloadavg()}
+        report["profile"].pop("points", None)
+        report["rows"] = [{k: v for k, v in row.items() if k != "plan"} for row in rows.values()]
+        text = render(report)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+            with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+                json.dump(report, f, indent=1)
+        return text
+
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         rows = _under_torchrun(profile, args)
         if rows is None:
             return
     else:
-        rows = _spawned(profile, args)
-    report = {"args": vars(args), "machine": machine_info(), "profile": profile.to_dict()}
-    report["load_average"] = {"before": load_before, "after": os.getloadavg()}
-    report["profile"].pop("points", None)
-    report["rows"] = [{k: v for k, v in row.items() if k != "plan"} for row in rows.values()]
-    text = render(report)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump(report, f, indent=1)
+        rows = _spawned(profile, args, write)
+    print(write(rows))
 
 
 def _planned(profile, args, world: int, local: int, torchrec: bool) -> dict[tuple, dict]:
@@ -313,8 +320,9 @@ def _planned(profile, args, world: int, local: int, torchrec: bool) -> dict[tupl
     return rows
 
 
-def _spawned(profile, args) -> dict[tuple, dict]:
-    """Each case in fresh ranks of each world size on this host, contenders in turns."""
+def _spawned(profile, args, write) -> dict[tuple, dict]:
+    """Each case in fresh ranks of each world size on this host, contenders in turns; ``write``
+    the rows after each run."""
     rows: dict[tuple, dict] = {}
     for world in args.world_sizes:
         rows.update(_planned(profile, args, world, world, torchrec=True))
@@ -331,6 +339,7 @@ def _spawned(profile, args) -> dict[tuple, dict]:
                 print(f"{case} {world} {kind}: failed: {row['failed']}", flush=True)
                 continue
             _record(row, times, round_)
+            write(rows)
     return rows
 
 

@@ -56,7 +56,8 @@ def one_table(rows: int = 1000):
 
 
 def predicted(plan_module, *, world: int = 2, prof: MachineProfile | None = None):
-    from shardkit.planner import ShardingPlan, estimate_plan
+    from shardkit.planner import estimate_plan
+    from shardkit.types import ShardingPlan
 
     stats = estimate_plan(
         ShardingPlan({"": plan_module}),
