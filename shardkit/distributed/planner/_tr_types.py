@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.planner._inputs import Topology
+from shardkit.planner import Topology
 
 __all__ = [
     "BasicCommsBandwidths",

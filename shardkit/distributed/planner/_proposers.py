@@ -8,11 +8,11 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from shardkit.planner._components import _by_table
-from shardkit.planner._tr_interfaces import Proposer
-from shardkit.planner._tr_types import ShardingOption
+from shardkit.distributed.planner._components import _by_table
+from shardkit.distributed.planner._tr_interfaces import Proposer
+from shardkit.distributed.planner._tr_types import ShardingOption
 
 __all__ = [
     "MAX_PROPOSALS",
@@ -40,6 +40,8 @@ def _bytes(option: ShardingOption) -> int:
 class GreedyProposer(Proposer):
     """Starts from each table's fastest option; while a proposal does not fit, moves the table
     whose option takes the most memory to its next-fastest option."""
+
+    _shardkit_component: ClassVar[str] = "proposer"  # its part: planner/_resolve
 
     def __init__(self, use_depth: bool = True, threshold: int | None = None) -> None:
         self._tables: list[list[ShardingOption]] = []
@@ -72,6 +74,8 @@ class GreedyProposer(Proposer):
 class UniformProposer(Proposer):
     """One proposal per sharding type that every table has: each table's fastest option of it."""
 
+    _shardkit_component: ClassVar[str] = "proposer"  # its part: planner/_resolve
+
     def __init__(self, use_depth: bool = True) -> None:
         self._proposals: list[list[ShardingOption]] = []
 
@@ -96,6 +100,8 @@ class UniformProposer(Proposer):
 class GridSearchProposer(Proposer):
     """Every combination of options, fastest first; none when there are more than
     ``max_proposals`` (as in TorchRec)."""
+
+    _shardkit_component: ClassVar[str] = "proposer"  # its part: planner/_resolve
 
     def __init__(self, max_proposals: int = MAX_PROPOSALS) -> None:
         self._max = max_proposals
@@ -124,6 +130,8 @@ class DynamicProgrammingProposer(Proposer):
     """The fastest proposal whose total memory fits a budget (dynamic programming over memory
     in ``hbm_bins_per_device`` steps), for budgets shrinking by a fifth after each proposal
     that could not be placed."""
+
+    _shardkit_component: ClassVar[str] = "proposer"  # its part: planner/_resolve
 
     def __init__(self, hbm_bins_per_device: int = 100) -> None:
         self._bins = hbm_bins_per_device

@@ -10,13 +10,12 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from shardkit.planner._components import _raise_no_fit
-from shardkit.planner._errors import PlannerError
-from shardkit.planner._inputs import Topology
-from shardkit.planner._tr_interfaces import Partitioner, Stats
-from shardkit.planner._tr_types import DeviceHardware, Perf, ShardingOption, Storage
+from shardkit.distributed.planner._components import _raise_no_fit
+from shardkit.distributed.planner._tr_interfaces import Partitioner, Stats
+from shardkit.distributed.planner._tr_types import DeviceHardware, Perf, ShardingOption, Storage
+from shardkit.planner import PlannerError, Topology
 
 __all__ = [
     "IMBALANCE_STAT_MEASURE",
@@ -77,6 +76,8 @@ class GreedyPerfPartitioner(Partitioner):
     """Places the options biggest first (by storage, or by perf), each shard on the rank with
     the least perf so far that has room; a uniform option's shard ``i`` on rank ``i``, a host
     option's shards on the ranks of one host."""
+
+    _shardkit_component: ClassVar[str] = "partitioner"  # its part: planner/_resolve
 
     _order_by_storage = False  # pick ranks by placed perf (memory-balanced: by used memory)
 
@@ -199,6 +200,8 @@ class EmbeddingStats(Stats):
     """Logs (INFO) each rank's storage and perf of a placed plan and keeps the lines in
     ``last_report``."""
 
+    _shardkit_component: ClassVar[str] = "stats"  # its part: planner/_resolve
+
     def __init__(self) -> None:
         self.last_report: list[str] = []
 
@@ -225,6 +228,8 @@ class EmbeddingStats(Stats):
 
 class NoopEmbeddingStats(Stats):
     """Reports nothing."""
+
+    _shardkit_component: ClassVar[str] = "no stats"  # its part: planner/_resolve
 
     def log(self, *args: Any, **kwargs: Any) -> None:
         return None

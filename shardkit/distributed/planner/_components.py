@@ -15,19 +15,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
-from shardkit.planner._constants import BATCH_SIZE, NUM_POOLINGS
-from shardkit.planner._enumerate import Option, enumerate_options
-from shardkit.planner._errors import PlannerError, PlannerErrorType
-from shardkit.planner._estimate import estimate_shard
-from shardkit.planner._inputs import ParameterConstraints, Topology
-from shardkit.planner._partition import shard_layout
-from shardkit.planner._tables import TableSpec, module_sources, resolve_tables
-from shardkit.planner._tr_interfaces import Enumerator, ShardEstimator
-from shardkit.planner._tr_types import Perf, Shard, ShardingOption, Storage
+from shardkit.distributed.planner._tr_interfaces import Enumerator, ShardEstimator
+from shardkit.distributed.planner._tr_types import Perf, Shard, ShardingOption, Storage
+from shardkit.planner import (
+    BATCH_SIZE,
+    NUM_POOLINGS,
+    Option,
+    ParameterConstraints,
+    PlannerError,
+    PlannerErrorType,
+    TableSpec,
+    Topology,
+    enumerate_options,
+    estimate_shard,
+    module_sources,
+    resolve_tables,
+    shard_layout,
+)
 from shardkit.types import EmbeddingComputeKernel, ModuleSharder, PipelineType, ShardingType
 
 __all__ = [
@@ -106,6 +114,8 @@ class EmbeddingEnumerator(Enumerator):
             estimates are shardkit's either way.
         use_exact_enumerate_order: options in module order (they are).
     """
+
+    _shardkit_component: ClassVar[str] = "enumerator"  # its part: planner/_resolve
 
     def __init__(self, topology: Topology, batch_size: int = BATCH_SIZE,
                  constraints: Mapping[str, ParameterConstraints] | None = None,

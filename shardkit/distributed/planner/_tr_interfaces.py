@@ -12,10 +12,23 @@ from typing import Any
 
 from torch import nn
 
-from shardkit.planner._collective import plan_on_rank_zero, process_group
-from shardkit.planner._core import PlanResult
-from shardkit.planner._inputs import ParameterConstraints, Topology
-from shardkit.planner._tr_types import ShardingOption, hash_sha256_str, hash_sha256_to_int
+from shardkit.distributed.planner._tr_types import (
+    ShardingOption,
+    hash_sha256_str,
+    hash_sha256_to_int,
+)
+from shardkit.planner import (
+    EmbeddingShardingPlanner,
+    FixedAbsoluteStorageReservation,
+    FixedPercentageStorageReservation,
+    HeuristicalStorageReservation,
+    InferenceStorageReservation,
+    ParameterConstraints,
+    PlanResult,
+    Topology,
+    plan_on_rank_zero,
+    process_group,
+)
 from shardkit.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 __all__ = [
@@ -184,3 +197,11 @@ class EmbeddingPlannerBase(ShardingPlanner):
             process_group(pg),
         )
         return planned.plan
+
+
+# shardkit's planner and reservations (which know nothing of the edge) are TorchRec's kinds.
+EmbeddingPlannerBase.register(EmbeddingShardingPlanner)
+StorageReservation.register(HeuristicalStorageReservation)
+StorageReservation.register(FixedPercentageStorageReservation)
+StorageReservation.register(FixedAbsoluteStorageReservation)
+StorageReservation.register(InferenceStorageReservation)
