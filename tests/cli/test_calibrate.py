@@ -5,6 +5,9 @@ predictions."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +15,12 @@ from shardkit.bench import fit_nonnegative
 from shardkit.cli import main
 from shardkit.planner import COLLECTIVE_KINDS, Topology, load_profile
 from tests.planner.test_predict import profile as hand_profile
+from tests.scripts import ROOT, free_port
+
+TOY = [
+    "--optimizers", "exact_sgd", "--dims", "8", "--ids", "256", "1024", "--sizes", "1K", "16K",
+    "--repeats", "1", "--copy-bytes", "1M", "--big-table-bytes", "1M",
+]  # fmt: skip
 
 
 def test_fit_recovers_coefficients_and_keeps_them_nonnegative():
@@ -58,6 +67,29 @@ def test_calibrate_at_toy_sizes(tmp_path, capsys):
     assert identity["torch"] and identity["backend"] == "gloo" and identity["cpu_model"]
     assert profile.memory_bw > 0 and profile.matmul_flops > 0 and profile.cache_bytes > 0
     assert Topology.from_profile(profile, world_size=2).profile == profile
+
+
+@pytest.mark.slow
+def test_calibrate_under_torchrun_on_two_hosts_measures_the_links_between_them(tmp_path):
+    """What torchrun --nnodes 2 --nproc-per-node 1 gives each agent's rank (its environment):
+    the world's collectives are the links between hosts, and the host's own come from fresh
+    ranks that rank 0 spawns."""
+    out, port = tmp_path / "cluster.json", str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+        env.update(LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        command = [sys.executable, "-m", "shardkit", "bench", "calibrate", "--out", str(out)]
+        command += [*TOY, "--world-sizes", "2"]
+        procs.append(
+            subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        )
+    outputs = [p.communicate(timeout=280)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "2 ranks in 2 host(s) of 1" in outputs[0] and f"wrote {out}" in outputs[0]
+    assert f"wrote {out}" not in outputs[1]  # rank 0 alone writes
+    links = {(f.kind, f.world_size, f.scope) for f in load_profile(out).links}
+    assert links == {(k, 2, s) for k in COLLECTIVE_KINDS for s in ("intra", "inter")}
 
 
 @pytest.fixture
