@@ -6,8 +6,9 @@ vocabularies and transforms, vectorized (`ColumnEncoder`), and the vectorized sh
 feature the rows' ids flattened (int64) with their lengths (int64 ``[n]``), e.g. two rows with
 genres ``Drama|War`` and ``Comedy``: ids ``[3, 7, 1]``, lengths ``[2, 1]``. A batch is
 ``B`` of them: its KJT's values are the features' ids one after another (key-major) and its
-lengths the features' lengths. Ids: a vocabulary table maps each value with Arrow's hash
-lookup (`index_in`: row ``k + 1`` for ``vocabulary[k]``, 0 for any other value), a hashed table
+lengths the features' lengths. Ids: a vocabulary table maps each value through a hash table
+of the vocabulary built once (`Vocabulary`: row ``k + 1`` for ``vocabulary[k]``, 0 for any
+other value), a hashed table
 hashes each distinct value of a piece once (`hash_id`). Dense values: ``log1p(max(x, 0))``,
 then standardized or bucketized (``torch.bucketize(right=True)`` is ``bisect_right``), in
 float64 and then rounded to float32, as the row encoder does.
@@ -28,7 +29,7 @@ from shardkit.data._table_columns import Columns
 from shardkit.data._table_rows import hash_id
 from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["ColumnEncoder", "EncodedRows", "shuffle_buffer"]
+__all__ = ["ColumnEncoder", "EncodedRows", "Vocabulary", "shuffle_buffer", "string_hashes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,15 +117,17 @@ class ColumnEncoder:
         import pyarrow as pa
 
         table_of = {f: t for t in fitted.tables for f in t.features}
-        self.lookups: list[tuple[Any, int]] = []  # (vocabulary array or None, hashed rows)
-        vocabularies: dict[str, Any] = {}
+        self.lookups: list[tuple[Any, int]] = []  # (Vocabulary or None, hashed rows)
+        vocabularies: dict[str, Vocabulary] = {}
         for key in fitted.keys:
             table = table_of[key]
             if table.ids == "hash":
                 self.lookups.append((None, table.num_embeddings))
             else:
                 if table.name not in vocabularies:
-                    vocabularies[table.name] = pa.array(list(table.vocabulary), pa.string())
+                    vocabularies[table.name] = Vocabulary(
+                        pa.array(list(table.vocabulary), pa.string())
+                    )
                 self.lookups.append((vocabularies[table.name], 0))
         dense = fitted.dense
         self.log1p = torch.tensor([d.log1p for d in dense], dtype=torch.bool)
@@ -134,14 +137,13 @@ class ColumnEncoder:
                         for j, d in enumerate(dense) if d.boundaries is not None]  # fmt: skip
 
     def encode(self, columns: Columns) -> EncodedRows:
-        import pyarrow.compute as pc
 
         ids, lengths = [], []
         for (vocabulary, hashed), (values, counts) in zip(self.lookups, columns.bags):
             if hashed:
                 found = _hashed(values, hashed)
             else:
-                found = pc.index_in(values, value_set=vocabulary).fill_null(-1).to_numpy() + 1
+                found = vocabulary.rows(values)
             ids.append(torch.from_numpy(np.asarray(found, dtype=np.int64)))
             lengths.append(torch.from_numpy(counts))
         dense = torch.from_numpy(columns.dense).clone()
@@ -150,9 +152,73 @@ class ColumnEncoder:
         for j, mean, std in self.standard:
             dense[:, j] = (dense[:, j] - mean) / std
         for j, bounds, scale in self.buckets:
-            dense[:, j] = torch.bucketize(dense[:, j], bounds, right=True).double() * scale
+            dense[:, j] = (
+                torch.bucketize(dense[:, j].contiguous(), bounds, right=True).double() * scale
+            )
         labels = torch.from_numpy(columns.labels).float()
         return EncodedRows(labels, dense.float(), tuple(ids), tuple(lengths))
+
+
+class Vocabulary:
+    """Values -> rows of a vocabulary table (``vocabulary[k]`` -> ``k + 1``, others 0), with a
+    hash table built once: each string's 64-bit hash (`string_hashes`), the vocabulary's sorted;
+    a value's candidate row is found by binary search and kept if the strings are equal (so a
+    collision can never map a value wrongly). Arrow's `index_in` would hash the whole
+    vocabulary again for every piece. Long strings (over 64 bytes) use `index_in`."""
+
+    def __init__(self, values: Any) -> None:
+        self.values = values
+        hashes = string_hashes(values)
+        self.order: np.ndarray | None = None
+        self.sorted = np.zeros(0, dtype=np.uint64)
+        if hashes is not None:
+            order = np.argsort(hashes, kind="stable")
+            self.sorted = hashes[order]
+            if not (len(order) > 1 and bool((self.sorted[1:] == self.sorted[:-1]).any())):
+                self.order = order  # else two values share a hash: look up with index_in
+
+    def rows(self, values: Any) -> np.ndarray:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        order = self.order
+        hashes = string_hashes(values) if order is not None and len(self.sorted) else None
+        if hashes is None or order is None:
+            if not len(self.values):
+                return np.zeros(len(values), dtype=np.int64)
+            return pc.index_in(values, value_set=self.values).fill_null(-1).to_numpy() + 1
+        at = np.minimum(np.searchsorted(self.sorted, hashes), len(self.sorted) - 1)
+        candidate = order[at]
+        same = (self.sorted[at] == hashes) & np.asarray(
+            pc.equal(values, self.values.take(pa.array(candidate))).fill_null(False)
+        )
+        return np.where(same, candidate + 1, 0).astype(np.int64)
+
+
+def string_hashes(values: Any, longest: int = 64) -> np.ndarray | None:
+    """A 64-bit hash of each string of an Arrow string array (its bytes and length),
+    vectorized over positions; None when a string is longer than ``longest`` bytes."""
+    _, offsets, data = values.buffers()
+    kind = np.int64 if str(values.type) == "large_string" else np.int32
+    at = np.frombuffer(offsets, dtype=kind)[values.offset : values.offset + len(values) + 1]
+    at = at.astype(np.int64)
+    lengths = np.diff(at)
+    if len(lengths) and int(lengths.max()) > longest:
+        return None
+    text = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(1, np.uint8)
+    text = text if len(text) else np.zeros(1, np.uint8)
+    starts = at[:-1]
+    with np.errstate(over="ignore"):
+        h = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        for j in range(int(lengths.max()) if len(lengths) else 0):
+            byte = text[np.minimum(starts + j, len(text) - 1)].astype(np.uint64)
+            stepped = (h ^ byte) * np.uint64(0x100000001B3)  # FNV-1a's step, 64-bit
+            stepped ^= stepped >> np.uint64(29)
+            h = np.where(lengths > j, stepped, h)  # a string's hash: its own bytes only
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(32)
+    return h
 
 
 def _hashed(values: Any, num_embeddings: int) -> np.ndarray:

@@ -46,7 +46,7 @@ from shardkit.data._table_columns import BadRow, ColumnParser, Columns
 from shardkit.data._table_files import TableFile, list_table_files, open_table_files, record_lines
 from shardkit.data._table_fit import Fitter
 from shardkit.data._table_fitted import FittedSchema, table_order
-from shardkit.data._table_pieces import Piece, cut_pieces
+from shardkit.data._table_pieces import Piece, arrow, cut_pieces
 from shardkit.data._table_schema import TableSchema
 from shardkit.data._table_split import TRAIN, SplitRule, fit_times
 
@@ -136,13 +136,19 @@ def scan_table(
     assert isinstance(spec, TableSchema)
     if not validation_paths and spec.split.validation_path is not None:
         validation_paths = [spec.split.validation_path]
-    open_ = dict(needed=spec.needed, delimiter=spec.delimiter, names=spec.names)
-    train_files = open_table_files(list_table_files(paths), **open_)  # type: ignore[arg-type]
-    val_files: tuple[TableFile, ...] = ()
-    if validation_paths:
-        listed = list_table_files(validation_paths, what="validation data")
-        val_files = open_table_files(listed, **open_)  # type: ignore[arg-type]
     rank, world_size, gather = _group(parallel)
+    error: Exception | None = None
+    try:
+        train_files, val_files = _open(spec, paths, validation_paths)
+        arrow(train_files[0].path)  # the table path needs pyarrow: say so, naming the extra
+    except (ValueError, FileNotFoundError) as exc:
+        if not parallel:
+            raise
+        error = exc
+    if parallel:  # one rank may not see a file (another host): every rank raises its error
+        errors = [e for e in gather(error) if e is not None]
+        if errors:
+            raise errors[0]
     rule = SplitRule.without_times(spec.split, seed=seed, has_validation_files=bool(val_files))
     keys = fitted.keys if fitted is not None else tuple(
         c.name for columns in table_order(spec).values() for c in columns)  # fmt: skip
@@ -172,6 +178,20 @@ def scan_table(
     _check_rows(data, spec, fitted if fitter is not None else None)
     logger.info(data.summary())
     return data
+
+
+def _open(
+    spec: TableSchema,
+    paths: Sequence[str | Path],
+    validation_paths: Sequence[str | Path],
+) -> tuple[tuple[TableFile, ...], tuple[TableFile, ...]]:
+    open_ = dict(needed=spec.needed, delimiter=spec.delimiter, names=spec.names)
+    train_files = open_table_files(list_table_files(paths), **open_)  # type: ignore[arg-type]
+    val_files: tuple[TableFile, ...] = ()
+    if validation_paths:
+        listed = list_table_files(validation_paths, what="validation data")
+        val_files = open_table_files(listed, **open_)  # type: ignore[arg-type]
+    return train_files, val_files
 
 
 def _group(parallel: bool) -> tuple[int, int, Callable[[Any], list[Any]]]:
