@@ -31,7 +31,7 @@ from shardkit.data._table_columns import Columns
 from shardkit.data._table_fitted import DenseFit, FittedSchema, TableFit, table_order
 from shardkit.data._table_schema import ColumnSpec, TableSchema
 
-__all__ = ["Fitter", "exact_square_sum", "exact_sum"]
+__all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exact_sums"]
 
 _SAMPLE = 65_536
 _COMPACT = 1 << 22  # counted values held before they are summed per value
@@ -42,21 +42,35 @@ _CHUNK = 1 << 25  # values summed at once (bincount's float64 sums stay exact)
 
 def exact_sum(x: np.ndarray) -> Fraction:
     """The exact sum of finite float64 values (see [Note: fitting in parts])."""
-    return _exact(x, np.ones(len(x), dtype=bool), squares=False)
+    return exact_sums(x.reshape(-1, 1))[0]
 
 
 def exact_square_sum(x: np.ndarray) -> Fraction:
     """The exact sum of the squares of finite float64 values."""
+    return exact_square_sums(x.reshape(-1, 1))[0]
+
+
+def exact_sums(x: np.ndarray) -> list[Fraction]:
+    """The exact sum of each column of ``x`` (float64 ``[n, D]``, finite)."""
+    return _exact(x, np.ones(x.shape, dtype=bool), squares=False)
+
+
+def exact_square_sums(x: np.ndarray) -> list[Fraction]:
+    """The exact sum of the squares of each column of ``x``."""
     magnitude = np.abs(x)
     normal = (magnitude == 0) | ((magnitude >= 2.0**-400) & (magnitude < 2.0**500))
     return _exact(x, normal, squares=True)
 
 
-def _exact(x: np.ndarray, normal: np.ndarray, *, squares: bool) -> Fraction:
-    """The vectorized exact sum of ``normal`` values (of their squares: Dekker's ``x * x =
-    p + e``, both float64, without error in that range) plus the others' in Python."""
-    total = sum((Fraction(v) ** (2 if squares else 1) for v in x[~normal].tolist()), Fraction())
-    x = x[normal]
+def _exact(x: np.ndarray, normal: np.ndarray, *, squares: bool) -> list[Fraction]:
+    """The vectorized exact sums of ``normal`` values per column (of their squares: Dekker's
+    ``x * x = p + e``, both float64, without error in that range) plus the others' in Python."""
+    power = 2 if squares else 1
+    totals = [Fraction()] * x.shape[1]
+    if not normal.all():
+        totals = [sum((Fraction(v) ** power for v in x[~normal[:, j], j].tolist()), Fraction())
+                  for j in range(x.shape[1])]  # fmt: skip
+        x = np.where(normal, x, 0.0)
     parts = [x]
     if squares:
         p = x * x
@@ -64,24 +78,33 @@ def _exact(x: np.ndarray, normal: np.ndarray, *, squares: bool) -> Fraction:
         high = c - (c - x)
         low = x - high
         parts = [p, low * low - (((p - high * high) - low * high) - high * low)]
-    return total + Fraction(sum(_integer_sum(part) for part in parts), 1 << _SCALE)
+    integers = [_integer_sums(part) for part in parts]
+    return [total + Fraction(sum(i[j] for i in integers), 1 << _SCALE)
+            for j, total in enumerate(totals)]  # fmt: skip
 
 
-def _integer_sum(x: np.ndarray) -> int:
-    """``S`` with sum(x) = ``S * 2**-1126`` exactly: each float64 is an integer mantissa times
-    a power of 2; the mantissas are summed per power (in two halves, so float64 sums of them
-    stay exact), then as Python integers."""
-    total = 0
+_POWERS = 2200  # frexp's exponents of finite float64 lie in [-1073, 1024]: shifted by 1100
+
+
+def _integer_sums(x: np.ndarray) -> list[int]:
+    """Per column ``S`` with sum = ``S * 2**-1126`` exactly: each float64 is an integer
+    mantissa times a power of 2; the mantissas are summed per column and power (in two
+    halves, so float64 sums of them stay exact), then as Python integers."""
+    num_columns = x.shape[1]
+    totals = [0] * num_columns
     for start in range(0, len(x), _CHUNK):
         mantissa, exponent = np.frexp(x[start : start + _CHUNK])
         whole = (mantissa * 2.0**53).astype(np.int64)  # x = whole * 2**(exponent - 53)
-        at = exponent + 1100  # frexp's exponents of finite float64 lie in [-1073, 1024]
-        high = np.bincount(at, weights=(whole >> 26).astype(np.float64))
-        low = np.bincount(at, weights=(whole & ((1 << 26) - 1)).astype(np.float64))
-        for power in np.flatnonzero((high != 0) | (low != 0)).tolist():
-            exact = (int(high[power]) << 26) + int(low[power])
-            total += exact << (power - 1100 - 53 + _SCALE)
-    return total
+        at = (exponent + 1100 + _POWERS * np.arange(num_columns)).reshape(-1)
+        size = _POWERS * num_columns
+        high = np.bincount(at, weights=(whole >> 26).reshape(-1).astype(np.float64), minlength=size)
+        low = np.bincount(at, weights=(whole & ((1 << 26) - 1)).reshape(-1).astype(np.float64),
+                          minlength=size)  # fmt: skip
+        for slot in np.flatnonzero((high != 0) | (low != 0)).tolist():
+            column, power = divmod(slot, _POWERS)
+            exact = (int(high[slot]) << 26) + int(low[slot])
+            totals[column] += exact << (power - 1100 - 53 + _SCALE)
+    return totals
 
 
 class Fitter:
@@ -120,10 +143,12 @@ class Fitter:
                   for table, parts in per_table.items()}  # fmt: skip
         dense = columns.dense[train]
         dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))
+        standard = [j for j, c in enumerate(self.schema.dense) if "standardize" in c.transform]
+        sums = dict(zip(standard, zip(exact_sums(dense[:, standard]),
+                                      exact_square_sums(dense[:, standard]))))  # fmt: skip
         part: dict[str, Any] = {"n": rows, "positives": int(columns.labels[train].sum()),
                                 "counts": counts, "sums": [
-            (exact_sum(dense[:, j]), exact_square_sum(dense[:, j])) if "standardize" in c.transform
-            else (Fraction(), Fraction()) for j, c in enumerate(self.schema.dense)]}  # fmt: skip
+            sums.get(j, (Fraction(), Fraction())) for j in range(len(self.schema.dense))]}  # fmt: skip
         if self.sampled and rows:
             mixed = mix_tensor(file, torch.from_numpy(np.ascontiguousarray(keys[train])))
             key = mixed.numpy().view(np.uint64)
@@ -146,16 +171,15 @@ class Fitter:
     def _compact(self, counted: list[Any]) -> Any:
         """Value counts summed per value: a struct array of ``values`` and ``counts``."""
         pa = self.pa
+        if len(counted) == 1:
+            return counted[0]
         values = pa.concat_arrays([c.field("values") for c in counted])
-        counts = pa.concat_arrays([c.field("counts") for c in counted])
-        summed = pa.table({"values": values, "counts": counts}).group_by("values").aggregate(
-            [("counts", "sum")])  # fmt: skip
+        counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
+        encoded = _compute().dictionary_encode(values)
+        summed = np.bincount(np.asarray(encoded.indices), weights=counts,
+                             minlength=len(encoded.dictionary))  # fmt: skip
         return pa.StructArray.from_arrays(
-            [
-                summed.column("values").combine_chunks(),
-                summed.column("counts_sum").combine_chunks(),
-            ],
-            names=["values", "counts"],
+            [encoded.dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
         )
 
     def part(self) -> dict[str, Any]:

@@ -146,3 +146,24 @@ def test_the_vocabulary_lookup_is_arrows_index_in():
         found = Vocabulary(vocabulary).rows(probes)
         expected = pc.index_in(probes, value_set=vocabulary).fill_null(-1).to_numpy() + 1
         assert found.tolist() == expected.tolist()
+
+
+def test_exact_sums_are_exact_in_any_order():
+    """The fit's sums (see [Note: fitting in parts]) equal exact rational arithmetic, for
+    huge, tiny and subnormal values too, and do not depend on the rows' order."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from shardkit.data._table_fit import exact_square_sums, exact_sums
+
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.normal(size=500) * 1e9, np.log1p(rng.exponential(5, 500)),
+                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)]], axis=1)  # fmt: skip
+    for j in range(3):
+        column = x[:, j].tolist()
+        assert exact_sums(x)[j] == sum(map(Fraction, column))
+        assert exact_square_sums(x)[j] == sum(Fraction(v) ** 2 for v in column)
+    shuffled = x[rng.permutation(500)]
+    assert exact_sums(shuffled) == exact_sums(x)
+    assert exact_square_sums(shuffled) == exact_square_sums(x)
