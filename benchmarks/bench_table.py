@@ -341,7 +341,8 @@ def main() -> None:
     torch.set_num_threads(1)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench_table_"))
     folder.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"command": _command(args), "machine": machine()}
+    report: dict[str, Any] = {"command": _command(args, parser.parse_args([])),
+                              "machine": machine()}  # fmt: skip
     try:
         if args.criteo_rows or args.criteo_path:
             report["criteo"] = criteo(args, folder)
@@ -357,15 +358,14 @@ def main() -> None:
         print(f"wrote {args.out}")
 
 
-def _command(args: argparse.Namespace) -> str:
+def _command(args: argparse.Namespace, defaults: argparse.Namespace) -> str:
     """The command line that re-runs this (the arguments given, data paths as given)."""
     words = ["python benchmarks/bench_table.py"]
     for key, value in vars(args).items():
         flag = f"--{key.replace('_', '-')}"
-        if value is True:
-            words.append(flag)
-        elif value not in (None, False) and key != "keep":
-            words.append(f"{flag} {value}")
+        if value == getattr(defaults, key) or key == "keep":
+            continue
+        words.append(flag if value is True else f"{flag} {value}")
     return " ".join(words)
 
 
@@ -428,14 +428,19 @@ def _markdown(report: dict[str, Any]) -> str:
                   "round), and the same model on each epoch's batches read into memory first. "
                   "Per epoch: training samples/s over the whole epoch (all ranks), the share "
                   "of the epoch a rank waited for data, validation AUC.", "",
-                  "| contender | epoch | samples/s | waiting for data | AUC |", "|---|---|---|---|---|"]  # fmt: skip
+                  "| contender | epoch | samples/s | / in memory, same round | waiting for data | AUC |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        memory = report["train"]["in_memory"]
         for name, rounds in report["train"].items():
             for epoch in range(len(rounds[0])):
                 rates = [r[epoch]["epoch_samples_per_s"] for r in rounds]
+                ratios = [r[epoch]["epoch_samples_per_s"] / m[epoch]["epoch_samples_per_s"]
+                          for r, m in zip(rounds, memory)]  # fmt: skip
                 shares = [100 * r[epoch]["data_time_share"] for r in rounds]
                 aucs = [r[epoch]["auc"] for r in rounds]
-                lines.append(f"| {name} | {epoch} | {_cell(rates)} | {_cell(shares, '.1f')}% | "
-                             f"{_cell(aucs, '.4f')} |")  # fmt: skip
+                per_round = ", ".join(f"{x:.2f}" for x in ratios)
+                lines.append(f"| {name} | {epoch} | {_cell(rates)} | {per_round} | "
+                             f"{_cell(shares, '.1f')}% | {_cell(aucs, '.4f')} |")  # fmt: skip
     if "criteo" in report:
         c = report["criteo"]
         runs = c["runs"]
