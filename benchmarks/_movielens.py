@@ -13,6 +13,7 @@ import csv
 import gzip
 import sys
 from pathlib import Path
+from typing import Any
 
 COLUMNS = ("user_id", "movie_id", "rating", "timestamp", "genres", "age", "gender",
            "occupation", "zip")  # fmt: skip
@@ -56,27 +57,33 @@ def rows(folder: Path) -> list[list[str]]:
 
 
 def write(folder: Path, out: Path) -> dict[str, Path]:
-    """CSV, gzip CSV and Parquet (genres a list column) of the joined table, and its schema."""
+    """CSV, gzip CSV and Parquet of the joined table, and its schema (``movielens.toml``)."""
+    files = write_tables(out, "movielens", rows(folder), numbers=("rating", "timestamp"))
+    (out / "movielens.toml").write_text(SCHEMA)
+    return files
+
+
+def write_tables(out: Path, stem: str, table: list[list[str]], *, numbers: tuple[str, ...],
+                 row_group_size: int | None = None) -> dict[str, Path]:  # fmt: skip
+    """Rows of `COLUMNS` as ``<stem>.csv``, ``.csv.gz`` and ``.parquet`` (``numbers`` typed as
+    integers, genres a list column)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out.mkdir(parents=True, exist_ok=True)
-    table = rows(folder)
-    files = {"csv": out / "movielens.csv", "csv.gz": out / "movielens.csv.gz",
-             "parquet": out / "movielens.parquet"}  # fmt: skip
+    files = {"csv": out / f"{stem}.csv", "csv.gz": out / f"{stem}.csv.gz",
+             "parquet": out / f"{stem}.parquet"}  # fmt: skip
     for name, opener in (("csv", open), ("csv.gz", gzip.open)):
         with opener(files[name], "wt", newline="", encoding="utf-8") as f:  # type: ignore[operator]
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
             writer.writerows(table)
-    columns = {name: [r[i] for r in table] for i, name in enumerate(COLUMNS)}
-    for name in ("rating", "timestamp"):
+    columns: dict[str, Any] = {name: [r[i] for r in table] for i, name in enumerate(COLUMNS)}
+    for name in numbers:
         columns[name] = [int(v) for v in columns[name]]
-    genres = [v.split("|") if v else [] for v in columns["genres"]]
-    arrays = {k: pa.array(v) for k, v in columns.items() if k != "genres"}
-    arrays["genres"] = pa.array(genres, pa.list_(pa.string()))
-    pq.write_table(pa.table({k: arrays[k] for k in COLUMNS}), files["parquet"])
-    (out / "movielens.toml").write_text(SCHEMA)
+    columns["genres"] = pa.array([v.split("|") if v else [] for v in columns["genres"]],
+                                 pa.list_(pa.string()))  # fmt: skip
+    pq.write_table(pa.table(columns), files["parquet"], row_group_size=row_group_size)
     return files
 
 

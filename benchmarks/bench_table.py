@@ -17,9 +17,7 @@ Contenders take turns in ``--rounds`` (interleaved); reports give medians with m
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import gzip
 import json
 import os
 import platform
@@ -36,30 +34,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _movielens import SCHEMA, write_tables
+
 from shardkit.bench import machine_info
 from shardkit.data import TableReader, load_schema, scan_table
 
 GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary",
           "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi",
           "Thriller", "War", "Western")  # fmt: skip
-COLUMNS = ("user_id", "movie_id", "rating", "timestamp", "genres", "age", "gender", "occupation",
-           "zip")  # fmt: skip
-SCHEMA = """label = "rating >= 4"
-
-[columns]
-user_id    = { type = "categorical", min_count = 2 }
-movie_id   = { type = "categorical", min_count = 2 }
-genres     = { type = "multi_hot", separator = "|", pooling = "mean" }
-age        = { type = "dense", transform = "standardize" }
-gender     = "categorical"
-occupation = "categorical"
-zip        = { type = "categorical", ids = "hash", num_embeddings = 4096 }
-
-[split]
-time_column = "timestamp"
-validation_fraction = 0.1
-per = "user_id"
-"""
 # Criteo Kaggle's 26 categorical columns' distinct values (its train.txt), the generated ids' ranges
 CRITEO_CARDINALITIES = (1460, 583, 10_131_227, 2_202_608, 305, 24, 12_517, 633, 3, 93_145, 5_683,
                         8_351_593, 3_194, 27, 14_992, 5_461_306, 10, 5_652, 2_173, 4, 7_046_547,
@@ -91,22 +73,8 @@ def ratings(num_rows: int, *, seed: int = 0) -> list[list[str]]:
 
 
 def write_files(folder: Path, rows: list[list[str]]) -> dict[str, Path]:
-    files = {"csv": folder / "ratings.csv", "csv.gz": folder / "ratings.csv.gz"}
-    for name, opener in (("csv", open), ("csv.gz", gzip.open)):
-        with opener(files[name], "wt", newline="", encoding="utf-8") as f:  # type: ignore[operator]
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            writer.writerows(rows)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = {name: [r[i] for r in rows] for i, name in enumerate(COLUMNS)}
-    for name in ("user_id", "movie_id", "rating", "timestamp", "age", "occupation"):
-        table[name] = [int(v) for v in table[name]]
-    table["genres"] = [v.split("|") for v in table["genres"]]
-    files["parquet"] = folder / "ratings.parquet"
-    pq.write_table(pa.table(table), files["parquet"], row_group_size=65_536)
-    return files
+    numbers = ("user_id", "movie_id", "rating", "timestamp", "age", "occupation")
+    return write_tables(folder, "ratings", rows, numbers=numbers, row_group_size=65_536)
 
 
 def machine() -> dict[str, Any]:
@@ -373,7 +341,7 @@ def movielens(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     if args.movielens is not None:
         from _movielens import write
 
-        files = write(args.movielens, folder)
+        files = write(args.movielens, folder)  # the same columns and schema as generated
         schema = folder / "movielens.toml"
         source = f"MovieLens-1M ({args.movielens})"
     else:

@@ -131,16 +131,12 @@ class Fitter:
               ) -> dict[str, Any]:  # fmt: skip
         """What a piece's training rows (``train``: bool ``[n]``; ``keys`` the rows' record
         keys) add to the fit, for `accept` (this part runs in any thread)."""
-        pa, pc = self.pa, _compute()
         rows = int(train.sum())
-        per_table: dict[str, list[Any]] = {}
+        per_table: dict[str, list[tuple[Any, np.ndarray]]] = {}
         for table, (values, lengths) in zip(self.table_of, columns.bags):
             if table in self.counts:
-                per_table.setdefault(table, []).append(
-                    values.filter(pa.array(np.repeat(train, lengths)))
-                )
-        counts = {table: pc.value_counts(pa.concat_arrays(parts) if len(parts) > 1 else parts[0])
-                  for table, parts in per_table.items()}  # fmt: skip
+                per_table.setdefault(table, []).append((values, np.repeat(train, lengths)))
+        counts = {table: self._count(parts) for table, parts in per_table.items()}
         dense = columns.dense[train]
         dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))
         standard = [j for j, c in enumerate(self.schema.dense) if "standardize" in c.transform]
@@ -155,6 +151,21 @@ class Fitter:
             keep = np.argsort(key, kind="stable")[:_SAMPLE]
             part["sample"] = (key[keep], dense[keep][:, self.sampled])
         return part
+
+    def _count(self, parts: list[tuple[Any, np.ndarray]]) -> Any:
+        """The training values' counts (``values`` and ``counts``) of a table's features: a
+        hash pass (`dictionary_encode`) and a `bincount` of the training rows' codes."""
+        pa = self.pa
+        values = pa.concat_arrays([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
+        train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
+        encoded = _compute().dictionary_encode(values)
+        codes = np.asarray(encoded.indices)[train]
+        counts = np.bincount(codes, minlength=len(encoded.dictionary))
+        seen = counts > 0
+        return pa.StructArray.from_arrays(
+            [encoded.dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
+            names=["values", "counts"],
+        )
 
     def accept(self, position: tuple[int, ...], part: dict[str, Any]) -> None:
         """A piece's part (`piece`), in the calling thread."""

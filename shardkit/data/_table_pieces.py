@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shardkit.data._table_files import TableFile, parquet
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "arrow",
     "cut_pieces",
     "read_pieces",
+    "record_numbers",
 ]
 
 PIECE_BYTES = 8 << 20
@@ -92,6 +95,12 @@ class RaggedRow:
     record: int
     fields: int
     expected: int
+
+
+def record_numbers(table: Any, ragged: list[RaggedRow]) -> np.ndarray:
+    """Each row's record number in its piece: ragged rows are records that pyarrow left out."""
+    records = np.arange(table.num_rows + len(ragged), dtype=np.int64)
+    return np.delete(records, [r.record for r in ragged]) if ragged else records
 
 
 def read_pieces(

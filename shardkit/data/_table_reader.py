@@ -51,7 +51,7 @@ from shardkit.data._global_batch import LastBatch, check_batching, resolve_rank
 from shardkit.data._hash import mix_int
 from shardkit.data._table_columns import ColumnParser
 from shardkit.data._table_encoded import ColumnEncoder, EncodedRows, shuffle_buffer
-from shardkit.data._table_pieces import read_pieces
+from shardkit.data._table_pieces import read_pieces, record_numbers
 from shardkit.data._table_scan import (
     FILE,
     FIRST_RECORD,
@@ -272,11 +272,9 @@ class TableReader:
         wanted = {row[INDEX]: (run, row) for run, row in zip(runs, rows)}
         for piece, table, ragged in read_pieces(table_file, source, file, wanted.__contains__):
             (_, skip, take), row = wanted[piece.index]
-            count = table.num_rows + len(ragged)
-            records = np.arange(count, dtype=np.int64)
-            if ragged:
-                records = np.delete(records, [r.record for r in ragged])
-            columns, _ = parser.parse(table, records)  # bad rows: counted by the scan
+            columns, _ = parser.parse(
+                table, record_numbers(table, ragged)
+            )  # bad rows: counted by the scan
             kinds = data.split.kinds(source, file, piece.first_key + columns.records,
                                      columns.times, columns.users,
                                      row[FIRST_RECORD] + columns.records)  # fmt: skip

@@ -46,7 +46,7 @@ from shardkit.data._table_columns import BadRow, ColumnParser, Columns
 from shardkit.data._table_files import TableFile, list_table_files, open_table_files, record_lines
 from shardkit.data._table_fit import Fitter
 from shardkit.data._table_fitted import FittedSchema, table_order
-from shardkit.data._table_pieces import Piece, arrow, cut_pieces
+from shardkit.data._table_pieces import Piece, arrow, cut_pieces, record_numbers
 from shardkit.data._table_schema import TableSchema
 from shardkit.data._table_split import TRAIN, SplitRule, fit_times
 
@@ -242,10 +242,7 @@ class _Scan:
         """Parse, check (and split and fit) one piece: in a worker thread."""
         table, ragged = load()
         count = table.num_rows + len(ragged)
-        records = np.arange(count, dtype=np.int64)
-        if ragged:
-            records = np.delete(records, [r.record for r in ragged])
-        columns, bad = parser.parse(table, records)
+        columns, bad = parser.parse(table, record_numbers(table, ragged))
         bad = sorted(bad + [BadRow(r.record, "", f"{r.fields} fields, the header has "
                                    f"{r.expected}; fix or remove the row") for r in ragged],
                      key=lambda b: b.record)  # fmt: skip

@@ -132,6 +132,20 @@ class SplitRule:
         return "the validation files validate"
 
 
+def _by_user_time_position(codes: np.ndarray, times: np.ndarray, positions: np.ndarray
+                           ) -> np.ndarray:  # fmt: skip
+    """The rows' order by (user, time, position): one sort of packed integer keys when whole
+    seconds, users and positions fit in 63 bits (MovieLens: 13 + 26 + 20), else three."""
+    if len(times) and bool(np.isfinite(times).all()) and bool((times == np.floor(times)).all()):
+        offset = times - times.min()
+        bits = [int(np.max(a, initial=0)).bit_length() for a in (codes, offset, positions)]
+        if sum(bits) <= 63:
+            key = (codes << (bits[1] + bits[2])) | (offset.astype(np.int64) << bits[2]) | positions
+            return np.argsort(key)  # the keys are distinct: any sort gives the one order
+    order = np.argsort(times, kind="stable")  # rows come in pos order: ties stay in it
+    return order[np.argsort(codes[order], kind="stable")]
+
+
 def fit_times(spec: SplitSpec, times: np.ndarray, users: Any, positions: np.ndarray) -> SplitRule:
     """The time split fitted from a fraction (see [Note: table splits]): ``times`` float64
     ``[N]`` of every good row of the training files, with (for ``per``) ``users`` (Arrow
@@ -150,8 +164,7 @@ def fit_times(spec: SplitSpec, times: np.ndarray, users: Any, positions: np.ndar
 
     encoded = pc.dictionary_encode(users)  # an Array: one dictionary
     codes = np.asarray(encoded.indices, dtype=np.int64)
-    order = np.argsort(times, kind="stable")  # rows come in pos order: ties stay in it
-    order = order[np.argsort(codes[order], kind="stable")]  # by user, then (time, pos)
+    order = _by_user_time_position(codes, times, positions)
     counts = np.bincount(codes, minlength=len(encoded.dictionary))
     starts = np.cumsum(counts) - counts
     last = np.floor(fraction * counts + 0.5).astype(np.int64)  # validating rows per user

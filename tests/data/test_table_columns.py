@@ -167,3 +167,22 @@ def test_exact_sums_are_exact_in_any_order():
     shuffled = x[rng.permutation(500)]
     assert exact_sums(shuffled) == exact_sums(x)
     assert exact_square_sums(shuffled) == exact_square_sums(x)
+
+
+@pytest.mark.parametrize("whole_seconds", [True, False])
+def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
+    """The time split's sort (packed integer keys for whole seconds, else stable sorts) is the
+    order of (user, time, position) tuples."""
+    import numpy as np
+
+    from shardkit.data._table_split import _by_user_time_position
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 50, 3000)
+    times = rng.integers(0, 40, 3000).astype(np.float64) + 978_300_000
+    if not whole_seconds:
+        times += rng.random(3000)
+    positions = np.arange(3000)
+    order = _by_user_time_position(codes, times, positions)
+    expected = sorted(range(3000), key=lambda i: (codes[i], times[i], positions[i]))
+    assert order.tolist() == expected
