@@ -25,7 +25,9 @@ piece or two, and the prefetched batches. The order depends on the world size (u
 `GlobalBatchIterator`): ranks read their own parts.
 
 Batches are made in a background thread, ``prefetch`` batches ahead (0: in the caller's
-thread), so reading overlaps training; pyarrow and torch release the GIL while they work.
+thread), so reading overlaps training; pyarrow and torch release the GIL while they work. When
+an epoch's last batch is taken, the next epoch's thread starts, so its first batches (a piece
+read, the shuffle buffer filled) are ready while the caller validates and checkpoints.
 
 Resuming: the state is ``(epoch, batches)``; within an epoch it needs the same world size and
 batch size, and re-reads the rank's rows up to that point (O(position) time); at an epoch's end
@@ -133,6 +135,8 @@ class TableReader:
         self._steps = self._count_steps()
         self.epoch, self._batches = 0, 0
         self._skip = 0  # batches to pass over silently (resuming mid-epoch)
+        self._ahead: tuple[int, _Prefetcher] | None = None  # the next epoch's, already started
+        _encoder(data)  # the vocabularies' hash tables, made now rather than in the first step
         self._cache: Any = None
         if cache is not None:
             from shardkit.data._table_cache import SplitCache
@@ -161,9 +165,7 @@ class TableReader:
         return steps
 
     def __iter__(self) -> Iterator[Batch]:
-        batches = self._make(self.epoch, self._skip)
-        if self.prefetch:
-            batches = _prefetched(batches, self.prefetch)
+        batches = self._start(self.epoch, self._skip)
         try:
             while self._batches < self._steps:
                 batch = next(batches, None)
@@ -176,6 +178,18 @@ class TableReader:
         finally:
             batches.close()  # type: ignore[attr-defined]
         self.epoch, self._batches, self._skip = self.epoch + 1, 0, 0
+        if self.prefetch:  # the next epoch's first batches are made while the caller validates
+            self._ahead = (self.epoch, _Prefetcher(self._make(self.epoch, 0), self.prefetch))
+
+    def _start(self, epoch: int, skip: int) -> Iterator[Batch]:
+        """The epoch's batches: prefetched ahead at the last epoch's end, or started now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == epoch and not skip:
+                return ahead[1]
+            ahead[1].close()
+        batches = self._make(epoch, skip)
+        return _Prefetcher(batches, self.prefetch) if self.prefetch else batches
 
     def _make(self, epoch: int, skip: int) -> Iterator[Batch]:
         """The epoch's batches from the ``skip``-th on (made in the prefetch thread)."""
@@ -337,14 +351,22 @@ def _partition(
     return runs, [b - a for a, b in itertools.pairwise(bounds)]
 
 
-def _prefetched(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """``batches`` made in a background thread, up to ``depth`` ahead; an error there is
-    raised here; closing this generator stops the thread."""
-    slots: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
+class _Prefetcher:
+    """``batches`` made in a background thread started now, up to ``depth`` ahead; an error
+    there is raised in the caller's `__next__`; `close` (or losing the last reference) stops
+    the thread."""
 
-    def produce() -> None:
+    _DONE = object()
+
+    def __init__(self, batches: Iterator[Batch], depth: int) -> None:
+        self.slots: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._produce, args=(batches, self.slots,
+                                       self.stop), name="shardkit-table-reader", daemon=True)  # fmt: skip
+        self.thread.start()
+
+    @staticmethod
+    def _produce(batches: Iterator[Batch], slots: queue.Queue[Any], stop: threading.Event) -> None:
         try:
             for batch in batches:
                 while not stop.is_set():
@@ -355,23 +377,31 @@ def _prefetched(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
                         continue
                 if stop.is_set():
                     return
-            slots.put((done, None))
+            slots.put((_Prefetcher._DONE, None))
         except BaseException as exc:  # handed to the consumer, raised there
-            slots.put((done, exc))
+            slots.put((_Prefetcher._DONE, exc))
 
-    thread = threading.Thread(target=produce, name="shardkit-table-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if error is not None:
-                raise error
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():
+    def __iter__(self) -> _Prefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        if self.stop.is_set():
+            raise StopIteration
+        item, error = self.slots.get()
+        if error is not None:
+            self.close()
+            raise error
+        if item is _Prefetcher._DONE:
+            self.stop.set()
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self.stop.set()
+        while self.thread.is_alive():
             with contextlib.suppress(queue.Empty):
-                slots.get(timeout=0.1)
-        thread.join()
+                self.slots.get(timeout=0.1)
+        self.thread.join()
+
+    def __del__(self) -> None:
+        self.stop.set()

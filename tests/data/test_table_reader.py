@@ -86,7 +86,8 @@ def test_each_rank_reads_only_the_pieces_of_its_rows(tmp_path, monkeypatch):
     per_rank = []
     for rank in range(3):
         read.clear()
-        list(TableReader(data, split="validation", batch_size=8, rank=rank, world_size=3))
+        list(TableReader(data, split="validation", batch_size=8, rank=rank, world_size=3,
+                         prefetch=0))  # fmt: skip
         per_rank.append(list(read))
         assert read == sorted(set(read)) and read == list(range(read[0], read[-1] + 1))
     assert sorted(set().union(*per_rank)) == with_rows
@@ -213,3 +214,27 @@ def test_taking_rows_keeps_their_bags():
     assert taken.lengths[0].tolist() == [3, 0, 2, 3]
     assert taken.ids[1].tolist() == [9, 8, 7, 9] and taken.dense[:, 0].tolist() == [2, 1, 0, 2]
     assert rows.slice(1, 3).ids[0].tolist() == [3, 4, 5]
+
+
+def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
+    """Made in a background thread (the second epoch's started when the first ended), or in
+    the caller's thread: the same batches, in the same order."""
+
+    def two_epochs(prefetch):
+        reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
+                             prefetch=prefetch)  # fmt: skip
+        return [[_rows(b) for b in reader] for _ in range(2)]
+
+    ahead = two_epochs(4)
+    assert ahead == two_epochs(0) and ahead[0] != ahead[1]
+
+
+def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
+    def broken(self, runs):
+        raise OSError("the disk went away")
+        yield
+
+    monkeypatch.setattr(TableReader, "_read", broken)
+    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1)
+    with pytest.raises(OSError, match="the disk went away"):
+        list(reader)
