@@ -121,6 +121,7 @@ class Fitter:
         self.table_of = [c.table for columns in self.tables.values() for c in columns]
         self.counts: dict[str, list[Any]] = {name: [] for name in self.counted}
         self.held = dict.fromkeys(self.counted, 0)
+        self.summed = dict.fromkeys(self.counted, 0)
         self.log1p = np.array(["log1p" in c.transform for c in schema.dense], dtype=bool)
         self.sampled = [j for j, c in enumerate(schema.dense)
                         if "bucketize" in c.transform and c.boundaries is None]  # fmt: skip
@@ -174,9 +175,10 @@ class Fitter:
         for table, counted in part.pop("counts").items():
             self.counts[table].append(counted)
             self.held[table] += len(counted)
-            if self.held[table] > _COMPACT:
+            # summed when the held counts double since the last sum (amortized linear time)
+            if self.held[table] > 2 * self.summed[table] + _COMPACT:
                 self.counts[table] = [self._compact(self.counts[table])]
-                self.held[table] = len(self.counts[table][0])
+                self.held[table] = self.summed[table] = len(self.counts[table][0])
         self.pieces[position] = part
 
     def _compact(self, counted: list[Any]) -> Any:

@@ -11,6 +11,7 @@ import gzip
 
 import pytest
 
+import shardkit.data._table_fit as table_fit
 import shardkit.data._table_pieces as table_pieces
 from shardkit.data import scan_table
 from shardkit.data._table_schema_load import schema_from_dict
@@ -26,12 +27,13 @@ BUCKETS = {**SCHEMA["columns"], "age": {"type": "dense", "transform": "bucketize
 
 @contextlib.contextmanager
 def _small_pieces():
-    saved = table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS
-    table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS = 3000, 50
+    """Tiny pieces, and value counts summed every few pieces (as big tables' are)."""
+    saved = table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS, table_fit._COMPACT
+    table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS, table_fit._COMPACT = 3000, 50, 30
     try:
         yield
     finally:
-        table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS = saved
+        table_pieces.PIECE_BYTES, table_pieces.PARQUET_ROWS, table_fit._COMPACT = saved
 
 
 def _scan(paths, schema, parallel, **kwargs):
