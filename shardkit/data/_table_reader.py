@@ -53,7 +53,7 @@ from shardkit.data._global_batch import LastBatch, check_batching, resolve_rank
 from shardkit.data._hash import mix_int
 from shardkit.data._table_columns import ColumnParser
 from shardkit.data._table_encoded import ColumnEncoder, EncodedRows, shuffle_buffer
-from shardkit.data._table_pieces import read_pieces, record_numbers
+from shardkit.data._table_pieces import arrow, read_pieces, record_numbers
 from shardkit.data._table_scan import (
     FILE,
     FIRST_RECORD,
@@ -136,7 +136,8 @@ class TableReader:
         self.epoch, self._batches = 0, 0
         self._skip = 0  # batches to pass over silently (resuming mid-epoch)
         self._ahead: tuple[int, _Prefetcher] | None = None  # the next epoch's, already started
-        _encoder(data)  # the vocabularies' hash tables, made now rather than in the first step
+        arrow()  # pyarrow's modules, and the vocabularies' hash tables: loaded and made now,
+        _encoder(data)  # not in the first step
         self._cache: Any = None
         if cache is not None:
             from shardkit.data._table_cache import SplitCache
