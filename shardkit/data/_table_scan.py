@@ -19,8 +19,9 @@ table pieces]), in C++ and vectorized (see [Note: columnar parsing]), and
 
 With ``parallel=True`` every rank of the process group scans its own pieces (piece ``k`` of
 file ``f`` of source ``s`` is rank ``(s + f + k) % W``'s) and the ranks merge what they found
-with two all-gathers (three things: the first bad row or the skipped ones, each piece's
-records and the times a time split needs; then the fits, see [Note: fitting in parts]). The
+with three all-gathers: an error opening the files (a host may not see one); then the first bad
+row or the skipped ones, each piece's records and the times a time split needs; then the fits
+(see [Note: fitting in parts]). The
 result is the one-process scan's, to the bit, and every rank raises the same error, the one
 of the first bad row in file order. Memory: the vocabularies, and for a time split fitted
 from a fraction the parsed rows of the rank's pieces until the split is fitted.

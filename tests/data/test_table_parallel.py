@@ -109,3 +109,19 @@ def test_a_bad_row_is_refused_on_every_rank_with_the_first_one(run_ranks, files,
     for world_size in (2, 3):
         messages = run_ranks(_refused_on_rank, world_size, paths, schema)
         assert len(set(messages)) == 1 and "b.tsv.gz:151: column 'age': 'old'" in messages[0]
+
+
+def _missing_on_rank_1(rank, world_size, paths, schema):
+    if rank == 1:  # this host does not see the file
+        paths = [paths[0].with_name("elsewhere.csv")]
+    try:
+        _scan(paths, schema, True)
+    except (ValueError, FileNotFoundError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_a_file_one_rank_cannot_open_is_refused_on_every_rank(run_ranks, files):
+    messages = run_ranks(_missing_on_rank_1, 2, files[:1], {**SCHEMA, "split": SPLITS["fraction"]})
+    assert messages[0] == messages[1] and "FileNotFoundError" in messages[0]
+    assert "elsewhere.csv does not exist" in messages[0]
