@@ -185,7 +185,8 @@ def train(args: argparse.Namespace, path: Path, schema: Path, folder: Path) -> d
             history = spawn(_train_rank, world_size=2,
                             args=(config, prepared, name == "in_memory"))[0]  # fmt: skip
             runs[name].append([{k: h[k] for k in ("epoch", "auc", "epoch_samples_per_s",
-                                                  "samples_per_s", "data_time_share")}
+                                                  "samples_per_s", "data_time_share",
+                                                  "data_samples_per_s")}
                                for h in history])  # fmt: skip
             last = history[-1]
             print(f"train {name}: AUC {last['auc']:.4f}, {last['epoch_samples_per_s']:,.0f} "
@@ -277,19 +278,27 @@ def criteo(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         print(f"wrote {args.criteo_rows:,} rows ({path.stat().st_size / 2**30:.1f} GiB) in "
               f"{generated:.0f} s: {path}", flush=True)  # fmt: skip
     schema = criteo_schema(folder)
-    runs: dict[str, list[Any]] = {"pyarrow": [], "scan": []}
+    runs: dict[str, list[Any]] = {"pyarrow": [], "one": [], "scan": []}
     for _ in range(args.rounds):
         rows, wall, cpu = _timed(lambda: pyarrow_stream(path, CRITEO_NAMES))
         runs["pyarrow"].append({"rows": rows, "wall_s": wall, "cpu_s": cpu})
         print(f"pyarrow read: {rows:,} rows in {wall:.1f} s", flush=True)
+        data, wall, cpu = _timed(lambda: scan_table([path], load_schema(schema)))
+        runs["one"].append({"rows": sum(data.num_rows) + data.skipped, "wall_s": wall,
+                            "cpu_s": cpu})  # fmt: skip
+        print(f"scan in one process: {runs['one'][-1]['rows']:,} rows in {wall:.1f} s", flush=True)
+        del data
         per_rank = spawn(_criteo_scan_rank, world_size=args.ranks, args=(path, schema),
                          timeout=7200)  # fmt: skip
         runs["scan"].append(per_rank)
         print(f"scan on {args.ranks} ranks: {per_rank[0]['rows']:,} rows in "
               f"{max(r['wall_s'] for r in per_rank):.1f} s; reader {per_rank[0]['read_rows_per_s']:,.0f}"
               " rows/s on rank 0", flush=True)  # fmt: skip
-    return {"path": str(path), "bytes": path.stat().st_size, "generated_s": generated,
-            "runs": runs}  # fmt: skip
+    out = {"path": str(path), "bytes": path.stat().st_size, "generated_s": generated,
+           "runs": runs}  # fmt: skip
+    if args.train:
+        out["train"] = train(args, path, schema, folder)
+    return out
 
 
 def main() -> None:
@@ -314,6 +323,9 @@ def main() -> None:
     try:
         if args.criteo_rows or args.criteo_path:
             report["criteo"] = criteo(args, folder)
+            if "train" in report["criteo"]:
+                report["train"] = report["criteo"].pop("train")
+                report["train_file"] = "the Criteo-shaped TSV below"
         else:
             report.update(movielens(args, folder))
     finally:
@@ -390,14 +402,16 @@ def _markdown(report: dict[str, Any]) -> str:
                       ("scan_rows_per_cpu_s", "read_rows_per_s", "read_rows_per_cpu_s")]  # fmt: skip
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if "train" in report:
-        lines += ["", "`shardkit train --data table` (gzip CSV, 2 ranks x 1 thread, batch 1,024 "
+        lines += ["", f"`shardkit train --data table` ({report.get('train_file', 'gzip CSV')}, "
+                  "2 ranks x 1 thread, batch 1,024 "
                   "per rank, DLRM): reading the files (prefetched in a background thread), from "
                   "the cache of the encoded splits (`--table-cache`, written by the first "
                   "round), and the same model on each epoch's batches read into memory first. "
                   "Per epoch: training samples/s over the whole epoch (all ranks), the share "
-                  "of the epoch a rank waited for data, validation AUC.", "",
-                  "| contender | epoch | samples/s | / in memory, same round | waiting for data | AUC |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "of the epoch a rank waited for data, the rate of reading where training "
+                  "waited (the epoch's samples over the time spent waiting), validation AUC.", "",
+                  "| contender | epoch | samples/s | / in memory, same round | waiting for data | reading where waited, samples/s | AUC |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         memory = report["train"]["in_memory"]
         for name, rounds in report["train"].items():
             for epoch in range(len(rounds[0])):
@@ -407,28 +421,38 @@ def _markdown(report: dict[str, Any]) -> str:
                 shares = [100 * r[epoch]["data_time_share"] for r in rounds]
                 aucs = [r[epoch]["auc"] for r in rounds]
                 per_round = ", ".join(f"{x:.2f}" for x in ratios)
+                alone = [r[epoch]["data_samples_per_s"] for r in rounds
+                         if name != "in_memory" and "data_samples_per_s" in r[epoch]]  # fmt: skip
                 lines.append(f"| {name} | {epoch} | {_cell(rates)} | {per_round} | "
-                             f"{_cell(shares, '.1f')}% | {_cell(aucs, '.4f')} |")  # fmt: skip
+                             f"{_cell(shares, '.1f')}% | {_cell(alone)} | "
+                             f"{_cell(aucs, '.4f')} |")  # fmt: skip
     if "criteo" in report:
         c = report["criteo"]
         runs = c["runs"]
         scan_wall = [max(r["wall_s"] for r in ranks) for ranks in runs["scan"]]
+        one_wall = [r["wall_s"] for r in runs.get("one", [])]
+        pa_wall = [r["wall_s"] for r in runs["pyarrow"]]
         rows = runs["scan"][0][0]["rows"]
-        lines += [f"A Criteo-Kaggle-shaped table generated by this script: {rows:,} rows, "
+        lines += ["", f"A Criteo-Kaggle-shaped table generated by this script: {rows:,} rows, "
                   f"{c['bytes'] / 2**30:.1f} GiB of TSV (label, 13 counts, 26 hex ids with "
                   "Kaggle's cardinalities, power-law popularity, 5% empty), schema: 13 dense "
                   "`log1p` + `standardize`, 26 categorical vocabularies (`min_count = 5`), a "
                   f"seeded 10% validating. Scan on {len(runs['scan'][0])} ranks "
                   "(`scan_table(parallel=True)`, each rank its own pieces, one thread each); "
                   "pyarrow: `pyarrow.csv.open_csv` streaming the same file (one process, "
-                  "multithreaded, batches dropped).", "",
-                  "| | seconds | rows/s |", "|---|---|---|",
+                  "multithreaded, batches dropped). Scan in one process: "
+                  "`scan_table` with a worker thread per core. Time / pyarrow's: per round.", "",
+                  "| | seconds | rows/s | time / pyarrow's |", "|---|---|---|---|",
+                  f"| scan, one process | {_cell(one_wall, '.1f')} | "
+                  f"{_cell([rows / s for s in one_wall])} | "
+                  f"{_cell([a / b for a, b in zip(one_wall, pa_wall)], '.2f')} |",
                   f"| scan, {len(runs['scan'][0])} ranks | {_cell(scan_wall, '.1f')} | "
-                  f"{_cell([rows / s for s in scan_wall])} |",
-                  f"| pyarrow's streaming read | {_cell([r['wall_s'] for r in runs['pyarrow']], '.1f')} | "
-                  f"{_cell([r['rows'] / r['wall_s'] for r in runs['pyarrow']])} |",
+                  f"{_cell([rows / s for s in scan_wall])} | "
+                  f"{_cell([a / b for a, b in zip(scan_wall, pa_wall)], '.2f')} |",
+                  f"| pyarrow's streaming read | {_cell(pa_wall, '.1f')} | "
+                  f"{_cell([r['rows'] / r['wall_s'] for r in runs['pyarrow']])} | 1 |",
                   f"| reader, rank 0 of {len(runs['scan'][0])} (batches of 4,096) | - | "
-                  f"{_cell([ranks[0]['read_rows_per_s'] for ranks in runs['scan']])} |",
+                  f"{_cell([ranks[0]['read_rows_per_s'] for ranks in runs['scan']])} | - |",
                   "", f"Vocabulary rows fitted: {runs['scan'][0][0]['vocabulary_rows']:,}; "
                   f"pieces: {runs['scan'][0][0]['pieces']:,}."]  # fmt: skip
     return "\n".join(lines) + "\n"
