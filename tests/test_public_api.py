@@ -1120,10 +1120,11 @@ def test_all_is_pinned(module):
 
 def test_import_has_no_side_effects():
     code = (
-        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
-        " shardkit.fsdp;"
+        "import logging, sys, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
+        " shardkit.fsdp, shardkit.data, shardkit.train;"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
+        "assert 'pyarrow' not in sys.modules, 'only reading a table needs pyarrow';"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
