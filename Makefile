@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.shardkit-installed
 
-.PHONY: demo test test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
+.PHONY: demo test test-programs test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(PY) -m pytest
+
+# The programs tier: user programs written from TorchRec's and torch's docs, run on TorchRec
+# (the peers venv, ../shared/peers/setup.sh) and on shardkit, figures compared (~15 min).
+test-programs: $(STAMP)
+	SHARDKIT_PROGRAMS=1 $(PY) -m pytest tests/programs
 
 # The GPU tier (tests marked gpu: the sharded-vs-unsharded, FSDP and checkpoint bodies on CUDA
 # with NCCL). Without CUDA every one of them skips, with one summary line.

@@ -20,15 +20,16 @@ import shardkit
 
 ROOT = Path(shardkit.__file__).parent
 
-# Every package may import these (they import nothing of ours): TorchRec-name refusals and
-# TorchRec's stream interfaces.
-BOTTOM = {"compat", "streamable"}
+# Every package may import these (they import nothing of ours): TorchRec-name refusals,
+# TorchRec's stream interfaces and its 4- and 2-bit tensor types.
+BOTTOM = {"compat", "streamable", "tensor_types"}
 
 # package -> shardkit packages it may import (besides itself and BOTTOM)
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "compat": set(),
     "streamable": set(),
+    "tensor_types": set(),
     "launch": set(),
     "comm": {"launch"},
     "sparse": set(),
@@ -63,9 +64,12 @@ ALLOWED: dict[str, set[str]] = {
 }  # fmt: skip
 
 # Single modules allowed more than their package: the planner is a pure function with no
-# process group, except `collective_plan`, which plans on rank 0 and broadcasts.
+# process group, except `collective_plan`, which plans on rank 0 and broadcasts; the data
+# readers need none, except the table scan's parallel form (`scan_table(parallel=True)`),
+# which merges the ranks' parts with all-gathers.
 ALLOWED_MODULES: dict[str, set[str]] = {
     "planner/_collective.py": {"comm", "launch"},
+    "data/_table_scan.py": {"comm", "launch"},
 }
 
 

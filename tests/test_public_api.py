@@ -25,6 +25,15 @@ PUBLIC = {
         "__version__",
     ],
     "shardkit.streamable": ["Multistreamable", "Pipelineable"],
+    "shardkit.tensor_types": [
+        "UInt2Tensor",
+        "UInt4Tensor",
+        "UIntXTensor",
+        "down_size",
+        "fill_defaults",
+        "find_arg_of_type",
+        "up_size",
+    ],
     "shardkit.datasets": [],
     "shardkit.datasets.utils": [
         "PATH_MANAGER_KEY",
@@ -70,6 +79,7 @@ PUBLIC = {
     "shardkit.compat": [
         "ALIASES",
         "NotInShardkitError",
+        "carry_to_children",
         "cuda_mapped",
         "install_aliases",
         "map_cuda_to_cpu",
@@ -181,6 +191,9 @@ PUBLIC = {
         "quant_prep_customize_row_alignment",
         "quant_prep_enable_cache_features_order",
         "quant_prep_enable_register_tbes",
+        "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS",
+        "quant_prep_enable_quant_state_dict_split_scale_bias",
+        "quant_prep_enable_quant_state_dict_split_scale_bias_for_types",
     ],
     "shardkit.inference": [
         "ShardedQuantEmbeddingBagCollection",
@@ -466,6 +479,7 @@ PUBLIC = {
         "refuse_kernel_settings",
         "scope",
         "split_evenly",
+        "validate_module_plan",
     ],
     "shardkit.metrics.metric_module": [
         "MODEL_METRIC_LABEL",
@@ -609,11 +623,13 @@ PUBLIC = {
     ],
     "shardkit.planner": [
         "BATCH_SIZE",
+        "COLLECTIVE_KINDS",
         "DDR_CAP",
         "HBM_CAP",
         "MIN_CW_DIM",
         "NUM_POOLINGS",
         "BaseEmbeddingSharder",
+        "ClusterShape",
         "EmbeddingComputeKernel",
         "EmbeddingModuleShardingPlan",
         "EmbeddingShardingPlanner",
@@ -622,6 +638,9 @@ PUBLIC = {
         "FixedPercentageStorageReservation",
         "HeuristicalStorageReservation",
         "InferenceStorageReservation",
+        "KernelFit",
+        "LinkFit",
+        "MachineProfile",
         "ModuleSharder",
         "Option",
         "ParameterConstraints",
@@ -630,9 +649,13 @@ PUBLIC = {
         "PlannerError",
         "PlannerErrorType",
         "RankStats",
+        "RankStep",
+        "ScalingPoint",
         "ShardMetadata",
         "ShardPlacement",
         "ShardingType",
+        "Simulation",
+        "StepPrediction",
         "StorageReservationType",
         "TableSpec",
         "TableStats",
@@ -642,6 +665,8 @@ PUBLIC = {
         "enumerate_options",
         "estimate_plan",
         "estimate_shard",
+        "load_profile",
+        "miss_fraction",
         "module_sources",
         "placement",
         "plan_on_rank_zero",
@@ -649,10 +674,12 @@ PUBLIC = {
         "process_group",
         "resolve_tables",
         "shard_layout",
+        "simulate",
         "split_evenly",
     ],
     "shardkit.sharding": [
         "CommType",
+        "DMPCollection",
         "DataExhaustedError",
         "DataLoadingThread",
         "DataParallelWrapper",
@@ -791,6 +818,7 @@ PUBLIC = {
         "scope",
     ],
     "shardkit.distributed.model_parallel": [
+        "DMPCollection",
         "DataParallelWrapper",
         "DefaultDataParallelWrapper",
         "DistributedModelParallel",
@@ -1091,10 +1119,11 @@ def test_all_is_pinned(module):
 
 def test_import_has_no_side_effects():
     code = (
-        "import logging, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
-        " shardkit.fsdp;"
+        "import logging, sys, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
+        " shardkit.fsdp, shardkit.data, shardkit.train;"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
+        "assert 'pyarrow' not in sys.modules, 'only reading a table needs pyarrow';"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

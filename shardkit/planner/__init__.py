@@ -27,12 +27,22 @@ from shardkit.planner._estimate import estimate_shard
 from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
 from shardkit.planner._partition import shard_layout
 from shardkit.planner._planner import EmbeddingShardingPlanner
+from shardkit.planner._predict import RankStep, StepPrediction
+from shardkit.planner._profile import (
+    COLLECTIVE_KINDS,
+    KernelFit,
+    LinkFit,
+    MachineProfile,
+    load_profile,
+    miss_fraction,
+)
 from shardkit.planner._reservations import (
     FixedAbsoluteStorageReservation,
     FixedPercentageStorageReservation,
     InferenceStorageReservation,
     StorageReservationType,
 )
+from shardkit.planner._simulate import ClusterShape, ScalingPoint, Simulation, simulate
 from shardkit.planner._stats import PlanStats, RankStats, TableStats
 from shardkit.planner._tables import TableSpec, module_sources, resolve_tables
 from shardkit.types import (
@@ -52,11 +62,13 @@ from shardkit.types import (
 
 __all__ = [
     "BATCH_SIZE",
+    "COLLECTIVE_KINDS",
     "DDR_CAP",
     "HBM_CAP",
     "MIN_CW_DIM",
     "NUM_POOLINGS",
     "BaseEmbeddingSharder",
+    "ClusterShape",
     "EmbeddingComputeKernel",
     "EmbeddingModuleShardingPlan",
     "EmbeddingShardingPlanner",
@@ -65,6 +77,9 @@ __all__ = [
     "FixedPercentageStorageReservation",
     "HeuristicalStorageReservation",
     "InferenceStorageReservation",
+    "KernelFit",
+    "LinkFit",
+    "MachineProfile",
     "ModuleSharder",
     "Option",
     "ParameterConstraints",
@@ -73,9 +88,13 @@ __all__ = [
     "PlannerError",
     "PlannerErrorType",
     "RankStats",
+    "RankStep",
+    "ScalingPoint",
     "ShardMetadata",
     "ShardPlacement",
     "ShardingType",
+    "Simulation",
+    "StepPrediction",
     "StorageReservationType",
     "TableSpec",
     "TableStats",
@@ -85,6 +104,8 @@ __all__ = [
     "enumerate_options",
     "estimate_plan",
     "estimate_shard",
+    "load_profile",
+    "miss_fraction",
     "module_sources",
     "placement",
     "plan_on_rank_zero",
@@ -92,5 +113,6 @@ __all__ = [
     "process_group",
     "resolve_tables",
     "shard_layout",
+    "simulate",
     "split_evenly",
 ]

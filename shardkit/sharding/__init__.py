@@ -39,6 +39,7 @@ from shardkit.sharding._dist._codecs import (
 )
 from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._dist._row_buckets import bucket_rows
+from shardkit.sharding._dmp_collection import DMPCollection
 from shardkit.sharding._embedding_module import (
     FeatureShardingMixIn,
     ModuleShardingMixIn,
@@ -97,6 +98,7 @@ from shardkit.sharding._sharding_plan import (
 
 __all__ = [
     "CommType",
+    "DMPCollection",
     "DataExhaustedError",
     "DataLoadingThread",
     "DataParallelWrapper",

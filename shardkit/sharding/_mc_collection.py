@@ -21,6 +21,9 @@ slots]). A table-wise table keeps its whole remapper on the table's rank. Each f
 
 The row-wise shard bounds are the bucket bounds (``floor`` splits); where the plan's even split
 differs (rows not divisible by ``W``), the sharder moves the bounds (one INFO line per table).
+A remapper of one bucket (MCH's default) is rebuilt row-wise with one bucket per rank, as TorchRec
+rebuilds its sharded remappers (`rebucketed`): the table then behaves as the unsharded module with
+``buckets=W``, and its checkpoints load at ``W`` ranks (or into that module), not at others.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ class ShardedManagedCollisionCollection(nn.Module):
         plan: table name -> bucket-aligned `ParameterSharding` (see `aligned_plan`).
         env: the ranks.
         device: where this rank's remappers live.
+        remappers: the unsharded remappers to shard, if not the module's own (`rebucketed`).
     """
 
     def __init__(
@@ -116,12 +120,14 @@ class ShardedManagedCollisionCollection(nn.Module):
         plan: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        *,
+        remappers: Mapping[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self._env = env
         self._device = device
         self._configs: list[BaseEmbeddingConfig] = list(module.embedding_configs())
-        unsharded = dict(module._managed_collision_modules.items())
+        unsharded = dict(remappers or module._managed_collision_modules.items())
         self._tables = mc_tables(unsharded, plan)
         self._feature_names = [f for c in self._configs for f in c.feature_names]
         self._features_per_table = [len(c.feature_names) for c in self._configs]

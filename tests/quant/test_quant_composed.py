@@ -145,8 +145,6 @@ def _bags_model() -> torch.nn.Module:
     [
         (qem.MODULE_ATTR_ROW_ALIGNMENT_INT, 0, r"row_alignment must be a positive number of bytes "
          r"\(FBGEMM's default 16\), got 0"),
-        ("__quant_state_dict_split_scale_bias", True,
-         r"quant_state_dict_split_scale_bias=True is not supported"),
         ("__emb_name_to_num_rows_post_pruning", {"t_a": 4}, r"row pruning \(MODULE_ATTR_EMB_"
          r"CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT\) is not supported"),
     ],

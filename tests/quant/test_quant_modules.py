@@ -35,7 +35,8 @@ FP16_EPS = 2.0**-11  # float16's relative rounding error
 
 def row_error_bound(table: torch.Tensor, data_type: DataType) -> torch.Tensor:
     """``[rows]``: how far any stored value of a row may be from its float (see [Note: quantized
-    rows]): half a quantization step, plus float16 rounding of scale and bias for INT4/INT2."""
+    rows]): half a quantization step, plus float16 rounding of scale and bias (FBGEMM's rule, for
+    every n-bit type)."""
     low, high = table.min(1).values, table.max(1).values
     if data_type == DataType.FP32:
         return torch.zeros_like(low)
@@ -43,8 +44,6 @@ def row_error_bound(table: torch.Tensor, data_type: DataType) -> torch.Tensor:
         return table.abs().max(1).values * FP16_EPS
     levels = {DataType.INT8: 255, DataType.INT4: 15, DataType.INT2: 3}[data_type]
     step = (high - low) / levels
-    if data_type == DataType.INT8:  # float32 scale and bias
-        return step / 2 * (1 + 1e-5) + low.abs() * 1e-6
     return step / 2 + (levels + 1) * step * 2 * FP16_EPS + low.abs() * 2 * FP16_EPS
 
 
@@ -221,8 +220,6 @@ def test_errors_name_the_table_and_what_works():
         QuantEBC(tables, is_weighted=False, device="cuda")
     with pytest.raises(ValueError, match=r"quantized EmbeddingCollection\(need_indices=True\): shardkit's JaggedTensor weights are floats, not ids; leave need_indices False"):  # fmt: skip
         QuantEC([EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=7, feature_names=["s"])], need_indices=True)  # fmt: skip
-    with pytest.raises(ValueError, match="quant_state_dict_split_scale_bias=True is not supported"):
-        QuantEBC(tables, is_weighted=False, quant_state_dict_split_scale_bias=True)
     with pytest.raises(ValueError, match=r"needs module\.qconfig"):
         QuantEBC.from_float(_float_ebc())
     with pytest.raises(ValueError, match=r"table 't1': quantized weights are torch.float32 \[7, 8\] but FP32 rows of dim 4 are torch.float32 \[7, 4\]"):  # fmt: skip

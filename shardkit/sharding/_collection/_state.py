@@ -31,12 +31,17 @@ from shardkit.sharding._layout import ShardSlice
 __all__ = ["block_of", "fused_state", "load_fused_state", "reset_rows", "sharded_tensor"]
 
 
-def _metadata(shard: ShardSlice, device: torch.device) -> TorchShardMetadata:
+def _metadata(
+    shard: ShardSlice, device: torch.device, group: dist.ProcessGroup | None
+) -> TorchShardMetadata:
     where = "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+    rank = shard.rank  # in ``group``; torch's placements name global ranks (2-D: a subgroup)
+    if group is not None and group is not dist.group.WORLD:
+        rank = dist.get_global_rank(group, rank)
     return TorchShardMetadata(
         shard_offsets=[shard.row_start, shard.col_start],
         shard_sizes=[shard.rows, shard.cols],
-        placement=f"rank:{shard.rank}/{where}",
+        placement=f"rank:{rank}/{where}",
     )
 
 
@@ -54,12 +59,12 @@ def sharded_tensor(
     else:
         dtype = local[0][1].dtype
     metadata = ShardedTensorMetadata(
-        shards_metadata=[_metadata(s, device) for s in shards],
+        shards_metadata=[_metadata(s, device, group) for s in shards],
         size=torch.Size(shape),
         tensor_properties=TensorProperties(dtype=dtype, layout=torch.strided, requires_grad=False),
     )
     local_shards = [
-        Shard(tensor=tensor, metadata=_metadata(slice_, device))
+        Shard(tensor=tensor, metadata=_metadata(slice_, device, group))
         for slice_, tensor in local
         if slice_.rows and slice_.cols
     ]
