@@ -1,7 +1,7 @@
 """``torchrec.distributed.fbgemm_qcomm_codec``: quantized comm configs and codec registries
 (the sharders accept None or no-op codecs; see `shardkit.types.ModuleSharder`)."""
 
-from shardkit.types import (
+from shardkit.sharding import (
     CommType,
     QCommsConfig,
     comm_type_to_sparse_type,

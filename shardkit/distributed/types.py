@@ -1,6 +1,11 @@
 """``torchrec.distributed.types``: plans, sharding types, environments, sharders, sharded-module
 interfaces, awaitables and TorchRec's smaller enums and settings."""
 
+from shardkit.sharding import (
+    NoOpQuantizedCommCodec,
+    QuantizedCommCodec,
+    QuantizedCommCodecs,
+)
 from shardkit.types import (
     Awaitable,
     CacheParams,
@@ -22,7 +27,6 @@ from shardkit.types import (
     LazyNoWait,
     ModuleSharder,
     ModuleShardingPlan,
-    NoOpQuantizedCommCodec,
     NoWait,
     NullShardedModuleContext,
     NullShardingContext,
@@ -31,8 +35,6 @@ from shardkit.types import (
     ParameterSharding,
     ParameterStorage,
     PipelineType,
-    QuantizedCommCodec,
-    QuantizedCommCodecs,
     ShardedModule,
     ShardingBucketMetadata,
     ShardingEnv,

@@ -291,12 +291,12 @@ def _prepare_buffers(
         assert buffer is not None
         info = BufferInfo(fqn, module, attr, buffer.dtype)
         if not buffer.is_meta:
-            module._buffers[attr] = prepare_buffer(buffer, settings)
+            module._buffers[attr] = _prepare_buffer(buffer, settings)
         out.append(info)
     return out
 
 
-def prepare_buffer(buffer: torch.Tensor, settings: UnitSettings) -> torch.Tensor:
+def _prepare_buffer(buffer: torch.Tensor, settings: UnitSettings) -> torch.Tensor:
     """Move a buffer to the compute device, take rank 0's values if asked, cast it."""
     buffer = buffer.to(settings.mesh_info.device)
     if settings.sync_module_states:

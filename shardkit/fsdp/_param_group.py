@@ -5,7 +5,7 @@ Outside forward and backward, every module attribute of a managed parameter hold
 (``ShardedParam.sharded``), so ``model.parameters()`` gives the optimizer the shards. From a
 unit's gather until it reshards, the attributes hold the gathered parameters instead. Sharded
 parameters go through the unit's flat buckets (one per dtype, see [Note: flat buckets]); whole
-ones (see [Note: shard layout]) are handled one by one.
+ones (see [Note: shard layout]) through a bucket each (see [Note: one bucket protocol]).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardkit.fsdp._bucket import Bucket, WholeBucket
 from shardkit.fsdp._config import Precision
 from shardkit.fsdp._flat import FlatBucket
 from shardkit.fsdp._memory import BufferPool
@@ -60,7 +61,6 @@ class ParamGroup:
         self.buffers = buffers
         self.on_cpu = mesh_info.device.type == "cpu"
         self.reduce_dtype = precision.reduce_dtype
-        self.whole = [p for p in params if p.whole]
         by_dtype: dict[torch.dtype, list[ShardedParam]] = {}
         for param in params:
             if not param.whole:
@@ -69,8 +69,10 @@ class ParamGroup:
             FlatBucket(group, mesh_info, storage_device, meta=meta, pin_memory=pin_memory)
             for group in by_dtype.values()
         ]
+        # every parameter's bucket, flat and whole, driven in one loop
+        self._buckets: list[Bucket] = [*self.buckets, *(WholeBucket(p) for p in params if p.whole)]
         self._place = {
-            id(p): (bucket, i) for bucket in self.buckets for i, p in enumerate(bucket.params)
+            id(p): (bucket, i) for bucket in self._buckets for i, p in enumerate(bucket.params)
         }
 
     def adopt_applied(self) -> None:
@@ -84,9 +86,9 @@ class ParamGroup:
                 param.repoint(local_of(current).detach())
                 for other in param.slots:
                     set_param(other.module, other.attr, param.sharded)
-            if param.whole:
-                continue
             bucket, index = self._place[id(param)]
+            if not isinstance(bucket, FlatBucket):
+                continue  # a whole parameter is its own shard
             local, flat = param.local, bucket.flat_shard
             moved = local.device != flat.device or local.is_meta != flat.is_meta
             if moved or local.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
@@ -95,20 +97,13 @@ class ParamGroup:
     def load(self, param: ShardedParam, full: torch.Tensor) -> None:
         """Set ``param``'s shard from its full value (meta allowed): this rank's rows go into its
         bucket's flat shard; a whole parameter keeps ``full`` (or a copy)."""
-        if param.whole:
-            param.set_shard(param.make_whole_shard(full))
-            return
         bucket, index = self._place[id(param)]
         bucket.load(index, full)
 
     @property
     def is_unsharded(self) -> bool:
         """Whether any gathered (non-aliased) parameter holds memory or is being gathered."""
-        if any(bucket.is_unsharded for bucket in self.buckets):
-            return True
-        return any(
-            not p.shares_storage and (p.is_unsharded or p._gather is not None) for p in self.whole
-        )
+        return any(bucket.is_unsharded for bucket in self._buckets)
 
     @property
     def num_grad_params(self) -> int:
@@ -117,26 +112,16 @@ class ParamGroup:
     def start_unshard(self) -> None:
         """Launch the all-gathers (asynchronous), gathering again what the optimizer changed
         since the last gather (see [Note: unsharded storage])."""
-        for bucket in self.buckets:
+        for bucket in self._buckets:
             if bucket.is_stale():
                 bucket.free()
             bucket.start_unshard()
-        for param in self.whole:
-            if param.is_stale():
-                param.free_whole()
-            if not param.aliased:
-                param.start_unshard_whole()
 
     def unshard(self) -> None:
         """Finish the gathers and point the modules at the gathered parameters."""
         self.start_unshard()
-        for bucket in self.buckets:
+        for bucket in self._buckets:
             bucket.finish_unshard()
-        for param in self.whole:
-            if param.aliased:
-                param.sync_requires_grad()
-            else:
-                param.finish_unshard_whole()
         for param in self.params:
             if not param.aliased:
                 assert param.unsharded is not None
@@ -150,16 +135,12 @@ class ParamGroup:
             if not param.aliased:
                 for slot in param.slots:
                     set_param(slot.module, slot.attr, param.sharded)
-        for bucket in self.buckets:
+        for bucket in self._buckets:
             bucket.free(keep_memory=keep_memory)
-        for param in self.whole:
-            param.free_whole()
 
     def has_grads(self) -> bool:
         """Whether any parameter has a gradient that was not reduced yet."""
-        if any(bucket.has_new_grads() for bucket in self.buckets):
-            return True
-        return any(p.has_new_grad() for p in self.whole)
+        return any(bucket.has_new_grads() for bucket in self._buckets)
 
     def new_grad_bytes(self) -> int:
         """Bytes of the gathered parameters' gradients that reducing will free."""
@@ -177,10 +158,8 @@ class ParamGroup:
     def mark_stale(self) -> None:
         """The shards may have changed (an optimizer step): what is gathered now is gathered
         again at its next use. See [Note: unsharded storage]."""
-        for bucket in self.buckets:
+        for bucket in self._buckets:
             bucket.mark_stale()
-        for param in self.whole:
-            param.mark_stale()
 
     def stash_grads(self) -> None:
         """Keep unreduced gradients for a later reduction (gradient accumulation)."""
@@ -188,14 +167,9 @@ class ParamGroup:
             param.stash_grad(self.reduce_dtype)
 
     def start_reduce(self, pool: BufferPool) -> None:
-        for bucket in self.buckets:
+        for bucket in self._buckets:
             bucket.start_reduce(self.reduce_dtype, pool)
-        for param in self.whole:
-            param.start_reduce_whole(self.reduce_dtype)
 
     def finish_reduce(self, pool: BufferPool) -> int:
         """Finish the reductions; the bytes of gathered gradients this releases."""
-        released = sum(bucket.finish_reduce(pool) for bucket in self.buckets)
-        for param in self.whole:
-            param.finish_reduce_whole()
-        return released
+        return sum(bucket.finish_reduce(pool) for bucket in self._buckets)

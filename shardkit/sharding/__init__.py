@@ -27,6 +27,16 @@ from shardkit.sharding._comm_helpers import (
     intra_and_cross_node_pg_2D,
 )
 from shardkit.sharding._data_parallel import DataParallelWrapper, DefaultDataParallelWrapper
+from shardkit.sharding._dist._codecs import (
+    CommType,
+    NoOpQuantizedCommCodec,
+    QCommsConfig,
+    QuantizedCommCodec,
+    QuantizedCommCodecs,
+    comm_type_to_sparse_type,
+    get_qcomm_codecs,
+    get_qcomm_codecs_registry,
+)
 from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._dist._row_buckets import bucket_rows
 from shardkit.sharding._dmp_collection import DMPCollection
@@ -87,6 +97,7 @@ from shardkit.sharding._sharding_plan import (
 )
 
 __all__ = [
+    "CommType",
     "DMPCollection",
     "DataExhaustedError",
     "DataLoadingThread",
@@ -105,8 +116,12 @@ __all__ = [
     "ManagedCollisionEmbeddingBagCollectionSharder",
     "ManagedCollisionEmbeddingCollectionSharder",
     "ModuleShardingMixIn",
+    "NoOpQuantizedCommCodec",
     "ParameterShardingGenerator",
     "PrefetchTrainPipelineSparseDist",
+    "QCommsConfig",
+    "QuantizedCommCodec",
+    "QuantizedCommCodecs",
     "ShardedCollection",
     "ShardedEmbeddingBagCollection",
     "ShardedEmbeddingCollection",
@@ -128,6 +143,7 @@ __all__ = [
     "apply_to_all",
     "bucket_rows",
     "column_wise",
+    "comm_type_to_sparse_type",
     "construct_module_sharding_plan",
     "data_parallel",
     "fused_state",
@@ -137,6 +153,8 @@ __all__ = [
     "get_local_size",
     "get_node_group_size",
     "get_num_groups",
+    "get_qcomm_codecs",
+    "get_qcomm_codecs_registry",
     "get_topology_domain_multiple",
     "get_topology_group_world_size",
     "grid_shard",

@@ -40,7 +40,6 @@ class DataSource(enum.Enum):
 class ModelKind(enum.Enum):
     DLRM = "dlrm"
     DCN = "dcn"  # DLRM with a low-rank DCN-v2 cross network as the interaction
-    DEEPFM = "deepfm"  # not yet: refused (it lands with TorchRec's DeepFM)
 
 
 class DenseOptimizer(enum.Enum):
@@ -81,7 +80,7 @@ class TrainConfig:
         id_mapping: criteo: a categorical value's row is value modulo --num-embeddings, or its
             hash.
         synthetic_examples: synthetic: training examples.
-        model: dlrm, or dcn (DCN-v2 interaction); deepfm is not available yet.
+        model: dlrm, or dcn (DCN-v2 interaction).
         embedding_dim: columns of every table.
         dense_arch: dense MLP sizes; the last must be --embedding-dim.
         over_arch: top MLP sizes; the last must be 1.
@@ -180,9 +179,6 @@ class TrainConfig:
             raise ValueError(
                 f"nproc ({self.nproc}) must be a multiple of local_world_size ({self.local_world_size})"
             )
-        if self.model is ModelKind.DEEPFM:
-            raise ValueError("--model deepfm is not available yet (it comes with TorchRec's "
-                             "DeepFM, in a later release); use --model dlrm or --model dcn")  # fmt: skip
 
     @property
     def metrics_file(self) -> Path:

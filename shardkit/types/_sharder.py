@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from shardkit.types._enums import EmbeddingComputeKernel, ShardingType
-from shardkit.types._qcomm import QuantizedCommCodecs
 
 __all__ = [
     "BaseEmbeddingSharder",
@@ -63,13 +62,13 @@ class ModuleSharder(abc.ABC, Generic[M]):
             checked when a module is sharded with them (FP16/BF16 casts of the output dists).
     """
 
-    def __init__(self, qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None):
+    def __init__(self, qcomm_codecs_registry: Mapping[str, Any] | None = None):
         self._qcomm_codecs_registry = (
             None if qcomm_codecs_registry is None else dict(qcomm_codecs_registry)
         )
 
     @property
-    def qcomm_codecs_registry(self) -> dict[str, QuantizedCommCodecs] | None:
+    def qcomm_codecs_registry(self) -> dict[str, Any] | None:
         """The registry given (None: float32 comms)."""
         return getattr(self, "_qcomm_codecs_registry", None)
 
@@ -127,7 +126,7 @@ class BaseEmbeddingSharder(ModuleSharder):
     def __init__(
         self,
         fused_params: Mapping[str, Any] | None = None,
-        qcomm_codecs_registry: Mapping[str, QuantizedCommCodecs] | None = None,
+        qcomm_codecs_registry: Mapping[str, Any] | None = None,
         sharded_module_order_overwrite: Sequence[str] | None = None,
         *,
         shardable_params: Sequence[str] | None = None,

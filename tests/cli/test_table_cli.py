@@ -99,4 +99,4 @@ def test_bad_input_is_refused_once_before_ranks_start(shardkit_here, tmp_path):
     error = _refused_here(shardkit_here, *table, "--data-path", data)
     assert "ratings.toml: column 'user_id': unknown column type 'category'" in error
     error = _refused_here(shardkit_here, "train", "--model", "deepfm", "--plan-only")
-    assert "--model deepfm is not available yet" in error
+    assert "argument --model: invalid choice: 'deepfm'" in error

@@ -8,6 +8,8 @@ module's: the same KJT in (this rank's part of the global batch), the same Keyed
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from shardkit.modules import EmbeddingBagConfig, lookup
@@ -142,7 +144,8 @@ class ShardedEmbeddingBagCollection(ShardedCollection):
 
     @property
     def _feature_offsets(self) -> list[int]:
-        return [sum(self._feature_dims[:k]) for k in range(len(self._feature_dims))]
+        """Each feature's first column in the output (one pass over the dims)."""
+        return list(itertools.accumulate(self._feature_dims, initial=0))[:-1]
 
     @property
     def _width(self) -> int:

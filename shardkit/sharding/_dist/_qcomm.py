@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
+from shardkit.sharding._dist._codecs import NoOpQuantizedCommCodec, QuantizedCommCodecs
+from shardkit.types import CommOp
 
 __all__ = ["all_to_all", "check_codecs", "codecs_of", "reduce_scatter"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.types._qcomm_base import QuantizedCommCodec
+from shardkit.sharding._dist._codec_base import QuantizedCommCodec
 
 __all__ = ["Fp8RowwiseCodec", "Int8RowwiseCodec"]
 

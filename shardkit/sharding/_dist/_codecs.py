@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from shardkit.types._fbgemm import SparseType
-from shardkit.types._params import CommOp
-from shardkit.types._qcomm_base import NoOpQuantizedCommCodec, QuantizedCommCodec
-from shardkit.types._qcomm_rowwise import Fp8RowwiseCodec, Int8RowwiseCodec
+from shardkit.sharding._dist._codec_base import NoOpQuantizedCommCodec, QuantizedCommCodec
+from shardkit.sharding._dist._codec_rowwise import Fp8RowwiseCodec, Int8RowwiseCodec
+from shardkit.types import CommOp, SparseType
 
 __all__ = [
     "CommType",
