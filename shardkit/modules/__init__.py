@@ -26,6 +26,7 @@ from shardkit.modules._tables import (
     fused_tables,
     stack_tables,
 )
+from shardkit.modules._traced import traced_group_input
 from shardkit.modules._vbe import expand_bags, expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
@@ -66,4 +67,5 @@ __all__ = [
     "lookup",
     "mean_as_weights",
     "stack_tables",
+    "traced_group_input",
 ]
