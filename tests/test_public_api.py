@@ -329,6 +329,7 @@ PUBLIC = {
         "ModelKind",
         "Prepared",
         "TrainConfig",
+        "model_from_state_dict",
         "prepare",
         "run",
         "table_model",
