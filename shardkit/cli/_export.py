@@ -61,7 +61,7 @@ def export_pt2(
     with tempfile.TemporaryDirectory(dir=Path(output).parent or ".") as scratch:
         state = export_checkpoint(checkpoint, Path(scratch) / "float.pt")
         model, keys = model_from_state_dict(state, schema)
-        dlrm = model.model
+        dlrm: torch.nn.Module = model.model
         if quantize is not None:
             dlrm = quantize_embeddings(dlrm, dtype=_QUANTIZED_DTYPES[quantize], inplace=True)
         num_dense = state["model.dense_arch.model._mlp.0._linear.weight"].shape[1]

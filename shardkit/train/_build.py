@@ -288,7 +288,7 @@ def model_from_state_dict(
 
 
 def _layer_sizes(state: dict[str, torch.Tensor], pattern: str) -> list[int]:
-    sizes = []
+    sizes: list[int] = []
     while pattern.format(len(sizes)) in state:
         sizes.append(state[pattern.format(len(sizes))].shape[0])
     return sizes
