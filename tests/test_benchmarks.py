@@ -335,3 +335,20 @@ def test_bench_vbe_runs_at_toy_size(tmp_path):
     # 4 user + 4 item features of dim 8, 8 examples: users send 2 rows each, not 8
     assert rows["expanded"]["output"] == rows["expanded"]["backward"] > rows["vbe"]["output"]
     assert rows["vbe"]["input"] < rows["expanded"]["input"]
+
+
+@pytest.mark.pt2_grid
+def test_bench_pt2_runs_at_toy_size(tmp_path):
+    out = tmp_path / "pt2.md"
+    _run(
+        "bench_pt2.py", "--tables", "2", "--rows", "100", "--dim", "4", "--batch", "8",
+        "--steps", "2", "--warmup", "1", "--rounds", "2", "--dmp-types", "row_wise",
+        "--out", str(out),
+    )  # fmt: skip
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    assert list(data["results"]) == ["ebc", "dlrm", "dlrm, DMP 2 ranks, row_wise"]
+    for row in data["results"].values():
+        assert len(row["eager_ms"]) == len(row["compiled_ms"]) == 2
+        assert _positive(*row["eager_ms"], *row["compiled_ms"], row["compile_s"]), row
+    assert "| dlrm, DMP 2 ranks, row_wise |" in out.read_text()

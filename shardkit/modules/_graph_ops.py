@@ -216,7 +216,8 @@ def _pooled_backward_eager(
             weights = None
         wants = weights_grad and weights is not None
         param_grads, grad_psw = lookup_backward(
-            group.tables, inputs.ids, inputs.offsets, weights, grad.index_select(1, cols),
+            group.tables, inputs.ids, inputs.offsets, weights,
+            grad if cols is None else grad.index_select(1, cols),
             batch_size=stride, compiled=uses_compiled_kernel(group.tables, inputs.ids),
             grad_per_sample_weights=wants,
         )  # fmt: skip
@@ -237,20 +238,27 @@ def _pooled_backward_eager(
     return grad_weights
 
 
-def _columns(module: Any, plan: Any, device: torch.device) -> list[torch.Tensor]:
+def _columns(module: Any, plan: Any, device: torch.device) -> list[torch.Tensor | None]:
     """Per group, the columns of the pooled output ``[B, sum(dims)]`` that hold its keys, in
-    the plan's order (the group's output is ``[B, K_g * D]``)."""
+    the plan's order (the group's output is ``[B, K_g * D]``); None where that is all columns
+    in order (one group whose keys are the module's). Cached per key order."""
+    cache = module.__dict__.setdefault("_graph_columns", {})
+    found = cache.get((plan.keys, device))
+    if found is not None:
+        return found
     starts: dict[str, int] = {}
     at = 0
     for name, dim in zip(module._feature_names, module._dims):
         starts[name] = at
         at += dim
-    out = []
+    out: list[torch.Tensor | None] = []
     for group, spec in zip(module._stack.groups, plan.groups):
         dim = group.tables.dim
         keys = plan.keys[spec.first_key : spec.first_key + spec.num_keys]
         cols = [starts[key] + d for key in keys for d in range(dim)]
-        out.append(torch.tensor(cols, dtype=torch.int64, device=device))
+        identity = cols == list(range(at))
+        out.append(None if identity else torch.tensor(cols, dtype=torch.int64, device=device))
+    cache[(plan.keys, device)] = out
     return out
 
 

@@ -135,6 +135,7 @@ class _Collection(nn.Module):
         if self._stack.needs_rebuild():
             self._stack.build(self.device)
             self._plans.clear()
+            self.__dict__.pop("_graph_columns", None)  # see `_graph_ops._columns`
 
     def _plan(self, keys: tuple[str, ...]) -> InputPlan:
         """The input plan for a KJT with ``keys`` (see [Note: input plan]), cached per order."""
