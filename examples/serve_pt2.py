@@ -10,8 +10,7 @@ feature's ids, feature after feature, bag after bag) and ``lengths [F * B]`` int
 (feature-major), and returns the logits ``[B, 1]``; ``shardkit export`` printed N and the
 features. ``--batch batch.pt`` scores a ``torch.save``d dict of those three tensors (and
 ``--out`` saves the logits); without it, a random batch of row 0 ids (every table has a row 0)
-shows the shapes. The batch size and the number of ids may be anything but a batch of one
-example (torch.export's programs are traced for sizes >= 2: pad a single example).
+shows the shapes. The batch size (one included) and the number of ids may be anything.
 """
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ PUBLIC = {
         "expand_variable_batch",
         "fused_tables",
         "get_embedding_names_by_table",
+        "key_of_bag",
         "kernel_input",
         "lookup",
         "mean_as_weights",

@@ -8,7 +8,8 @@ fixed at export), and returns the model's output tensor: no shardkit type appear
 signature, and no ``shardkit`` operator in its graph (the collections export to aten operators,
 see [Note: exported lookups] in ``shardkit.modules``; quantized tables to torch's
 ``quantized::`` operators). The batch size ``B`` and the number of ids ``n`` are `Dim`s, so one
-program serves every batch. `torch.export.save` writes it (``.pt2``), `torch.export.load`
+program serves every batch, a batch of one included (traced with ``backed_size_oblivious``: a
+size is not specialized for being 1). `torch.export.save` writes it (``.pt2``), `torch.export.load`
 reads it back; `aoti_package` compiles it with AOTInductor into a package of C++ for this
 CPU that `torch._inductor.aoti_load_package` runs.
 """
@@ -64,9 +65,12 @@ def export_program(
     """``model`` (called as ``model(dense, kjt)``, in eval mode) as a program of plain tensors
     with a dynamic batch size and number of ids (see [Note: serving programs])."""
     flat = FlatInputs(model, keys).eval()
-    batch, ids = torch.export.Dim("batch"), torch.export.Dim("ids")
+    batch, ids = torch.export.Dim("batch", min=1), torch.export.Dim("ids", min=0)
     shapes = {"dense": {0: batch}, "values": {0: ids}, "lengths": {0: len(keys) * batch}}
-    with torch.no_grad():
+    # a batch of one too: reason about sizes as if >= 2 without guarding on it (torch's
+    # 0/1 specialization would otherwise trace the program for batches of 2 or more)
+    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
+    with torch.no_grad(), oblivious:
         return torch.export.export(flat, example_inputs(keys, num_dense), dynamic_shapes=shapes)
 
 

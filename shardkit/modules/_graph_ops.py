@@ -36,6 +36,7 @@ from torch import nn
 
 from shardkit.modules._inputs import group_input, mean_as_weights
 from shardkit.modules._kernel import lookup_backward, uses_compiled_kernel
+from shardkit.modules._traced import ids_per_key_unbacked
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["graph_pooled", "graph_remap", "graph_sequence", "in_key_order", "register"]
@@ -56,7 +57,7 @@ def _module(handle: str) -> Any:
     module = _live.get(handle)
     if module is None:
         raise RuntimeError(
-            f"shardkit_graph: no live embedding collection has handle {handle}; the compiled "
+            f"shardkit_graph: no live embedding collection has handle {handle!r}; the compiled "
             "graph outlived its module. Compile the module you run"
         )
     return module
@@ -391,12 +392,7 @@ def graph_sequence(module: Any, features: KeyedJaggedTensor) -> dict[str, Jagged
     )  # fmt: skip
     keys = features.keys()
     stride = lengths.numel() // max(len(keys), 1)
-    counts = lengths.view(len(keys), stride).sum(1).tolist()
-    starts = [0]
-    for count in counts:
-        torch._check(count >= 0)
-        starts.append(starts[-1] + count)
-    torch._check(starts[-1] == values.numel())
+    starts, counts = ids_per_key_unbacked(features)
     index_of = {key: i for i, key in enumerate(keys)}
     out: dict[str, JaggedTensor] = {}
     for group, group_rows in zip(module._stack.groups, rows):
@@ -464,12 +460,7 @@ def in_key_order(features: KeyedJaggedTensor, keys: Sequence[str]) -> KeyedJagge
     values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
     names = features.keys()
     stride = lengths.numel() // max(len(names), 1)
-    counts = lengths.view(len(names), stride).sum(1).tolist()
-    starts = [0]
-    for count in counts:
-        torch._check(count >= 0)
-        starts.append(starts[-1] + count)
-    torch._check(starts[-1] == values.numel())
+    starts, counts = ids_per_key_unbacked(features)
     picked = [names.index(key) for key in keys]
     pieces = [values.narrow(0, starts[k], counts[k]) for k in picked]
     weight_pieces = None if weights is None else [

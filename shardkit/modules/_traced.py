@@ -33,7 +33,21 @@ import torch.nn.functional as F
 from shardkit.modules._inputs import InputPlan
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["assert_ids_in_range", "traced_group_input", "traced_pooled", "traced_sequence"]
+__all__ = [
+    "assert_ids_in_range",
+    "ids_per_key_unbacked",
+    "key_of_bag",
+    "traced_group_input",
+    "traced_pooled",
+    "traced_sequence",
+]
+
+
+def key_of_bag(num_keys: int, stride: int, device: torch.device) -> torch.Tensor:
+    """``[K * B]`` the key of each bag (key-major): ``arange // B``, not ``repeat_interleave``,
+    whose traced form guards ``B != 1`` and would refuse a batch of one."""
+    return torch.div(torch.arange(num_keys * stride, device=device), max(stride, 1),
+                     rounding_mode="floor")  # fmt: skip
 
 
 def _bag_starts(lengths: torch.Tensor) -> torch.Tensor:
@@ -71,14 +85,18 @@ def traced_group_input(
     num_keys, num_ids = len(kjt.keys()), values.numel()
     stride = lengths.numel() // max(num_keys, 1)
     device = values.device
-    table = lengths.view(num_keys, stride)  # [F, B]
     if list(key_index) == list(range(num_keys)):
         group_lengths, source = lengths, None
-    else:
+    else:  # bag (k, b) of the group is bag (key_index[k], b) of the KJT
         picked = torch.tensor(list(key_index), dtype=torch.int64, device=device)
-        group_lengths = table.index_select(0, picked).reshape(-1)  # [K * B]
-        starts = _bag_starts(lengths)[:-1].view(num_keys, stride).index_select(0, picked)
-        source = starts.reshape(-1)  # [K * B] each bag's first id in values
+        keys = key_of_bag(len(key_index), stride, device)
+        bags = (
+            picked[keys] * stride
+            + torch.arange(len(key_index) * stride, device=device)
+            - keys * stride
+        )
+        group_lengths = lengths[bags]  # [K * B]
+        source = _bag_starts(lengths)[bags]  # [K * B] each bag's first id in values
     offsets = _bag_starts(group_lengths)  # [K * B + 1]
     bag = None
     if source is not None or any(row_bases) or any(mean_per_key):
@@ -96,12 +114,12 @@ def traced_group_input(
     if any(row_bases):
         assert bag is not None
         base = torch.tensor(list(row_bases), dtype=torch.int64, device=device)
-        ids = ids + base.repeat_interleave(stride)[bag]
+        ids = ids + base[key_of_bag(len(row_bases), stride, device)][bag]
     if any(mean_per_key):
         assert bag is not None
         mean = torch.tensor(list(mean_per_key), dtype=torch.bool, device=device)
         scale = 1.0 / group_lengths.clamp(min=1).float()
-        scale = torch.where(mean.repeat_interleave(stride), scale, 1.0)[bag]
+        scale = torch.where(mean[key_of_bag(len(mean_per_key), stride, device)], scale, 1.0)[bag]
         weights = scale if weights is None else weights * scale
     if valid is not None:  # the positions past the group's ids: row 0, weight 0, last bag
         ids = torch.where(valid, ids, 0)
@@ -130,11 +148,26 @@ def traced_pooled(
         )  # fmt: skip
         out = F.embedding_bag(ids, weight, offsets, mode="sum", include_last_offset=True,
                               per_sample_weights=None if psw is None else psw.to(weight.dtype))  # fmt: skip
-        dim = weight.shape[1]
-        out = out.view(spec.num_keys, stride, dim)  # [K, B, D] key-major
-        for position, key in enumerate(keys):
-            pooled[key] = out[position]
+        for position, key in enumerate(keys):  # out: [K * B, D] key-major
+            pooled[key] = out[position * stride : (position + 1) * stride]
     return torch.cat([pooled[f] for f in feature_names], dim=1)
+
+
+def ids_per_key_unbacked(kjt: KeyedJaggedTensor) -> tuple[list, list]:
+    """``(starts, counts)``: where each key's ids start in ``values`` and how many there are,
+    as unbacked sizes when traced (one host read eager), with the facts a cut at them needs
+    stated by `torch._check` (counts >= 0, summing to ``len(values)``)."""
+    values, lengths = kjt.values(), kjt.lengths()
+    num_keys = len(kjt.keys())
+    stride = lengths.numel() // max(num_keys, 1)
+    bag_key = key_of_bag(num_keys, stride, values.device)
+    counts = lengths.new_zeros(num_keys).index_add_(0, bag_key, lengths).tolist()
+    starts = [0]
+    for count in counts:
+        torch._check(count >= 0)
+        starts.append(starts[-1] + count)
+    torch._check(starts[-1] == values.numel())
+    return starts, counts
 
 
 def traced_sequence(
@@ -148,12 +181,7 @@ def traced_sequence(
     values, lengths = kjt.values(), kjt.lengths()
     num_keys, num_ids = len(kjt.keys()), values.numel()
     stride = lengths.numel() // max(num_keys, 1)
-    counts = lengths.view(num_keys, stride).sum(1).tolist()  # unbacked sizes when traced
-    starts = [0]
-    for count in counts:
-        torch._check(count >= 0)
-        starts.append(starts[-1] + count)
-    torch._check(starts[-1] == num_ids)
+    starts, counts = ids_per_key_unbacked(kjt)
     index_of = {key: i for i, key in enumerate(kjt.keys())}
     out: dict[str, JaggedTensor] = {}
     for weight, spec in zip(weights_per_group, plan.groups):
@@ -164,8 +192,8 @@ def traced_sequence(
         ids = values.long()
         if any(base):
             bases = torch.tensor(base, dtype=torch.int64, device=values.device)
-            ids = ids + torch.repeat_interleave(bases.repeat_interleave(stride), lengths,
-                                                output_size=num_ids)  # fmt: skip
+            per_bag = bases[key_of_bag(num_keys, stride, values.device)]
+            ids = ids + torch.repeat_interleave(per_bag, lengths, output_size=num_ids)
         rows = F.embedding(ids.clamp(0, weight.shape[0] - 1), weight)  # [N, D]
         for key in keys:
             k = index_of[key]
@@ -185,8 +213,8 @@ def assert_ids_in_range(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
         "KeyedJaggedTensor: the lengths do not sum to the number of values; each id belongs to "
         "exactly one bag, so sum(lengths) must equal len(values)",
     )
-    key_of_bag = torch.arange(num_keys, device=values.device).repeat_interleave(stride)
-    key_of_id = torch.repeat_interleave(key_of_bag, lengths, output_size=values.numel())
+    bag_key = key_of_bag(num_keys, stride, values.device)
+    key_of_id = torch.repeat_interleave(bag_key, lengths, output_size=values.numel())
     index_of = {key: i for i, key in enumerate(kjt.keys())}
     for position, key in enumerate(plan.keys):
         limit = plan.num_embeddings_per_key[position]

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardkit.modules._traced import key_of_bag
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
@@ -233,8 +234,8 @@ def traced_position_weights(
         at += weight.numel()
     if not pieces:
         return torch.ones(values.numel(), device=device)
-    key_of_bag = torch.arange(len(keys), device=device).repeat_interleave(stride)
-    key_of_id = torch.repeat_interleave(key_of_bag, lengths, output_size=values.numel())
+    bag_key = key_of_bag(len(keys), stride, device)
+    key_of_id = torch.repeat_interleave(bag_key, lengths, output_size=values.numel())
     base = torch.tensor(bases, dtype=torch.int64, device=device)[key_of_id]
     use = torch.tensor(weighted, dtype=torch.bool, device=device)[key_of_id]
     return torch.cat(pieces)[base + torch.where(use, position, 0)]

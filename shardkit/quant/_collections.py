@@ -170,7 +170,9 @@ class EmbeddingBagCollection(_QuantCollection):
             keys: list[str] = features.keys()
             if any(f not in keys for f in self._stacks.feature_order):
                 self._stacks.permute(features)  # refuses, naming them
-            pooled = self._stacks.traced_pooled(features, self._is_weighted, self._validate_ids)
+            pooled: list[Any] = self._stacks.traced_pooled(
+                features, self._is_weighted, self._validate_ids
+            )  # per stack, one [B, D_s] per feature
         else:
             kjt = self._stacks.permute(features)
             pooled = self._stacks.pooled(kjt, self._is_weighted, self._validate_ids)

@@ -22,6 +22,7 @@ from shardkit.modules import (
     DataType,
     EmbeddingBagConfig,
     PoolingType,
+    key_of_bag,
     traced_group_input,
 )
 from shardkit.quant._pack import lookup, register_quantized_meta
@@ -116,9 +117,11 @@ class Stacks:
 
     def traced_pooled(
         self, features: KeyedJaggedTensor, weighted: bool, validate: bool
-    ) -> list[torch.Tensor]:
+    ) -> list[list[torch.Tensor]]:
         """`pooled` as `torch.export` traces it: no host sync, ``features`` in any key order
-        (see [Note: exported lookups] in ``shardkit.modules``); the id checks in the graph."""
+        (see [Note: exported lookups] in ``shardkit.modules``); the id checks in the graph.
+        Per stack, a ``[B, D_s]`` tensor per feature (not one ``[F_s, B, D_s]``: a view with
+        the batch size as a dimension would refuse a batch of one)."""
         register_quantized_meta()  # see [Note: quantized operators under torch.export]
         index_of = {key: i for i, key in enumerate(features.keys())}
         stride = features.lengths().numel() // max(len(index_of), 1)
@@ -132,15 +135,15 @@ class Stacks:
                 mean, use_weights=weighted,
             )  # fmt: skip
             assert stack.buffer is not None
-            rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)
-            out.append(rows.view(len(stack.features), stride, stack.dim))
+            rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)  # [F_s * B, D]
+            out.append([rows[k * stride : (k + 1) * stride] for k in range(len(stack.features))])
         return out
 
     def _assert_ids(self, features: KeyedJaggedTensor, index_of: dict[str, int]) -> None:
         values, lengths = features.values(), features.lengths()
         stride = lengths.numel() // max(len(index_of), 1)
-        key_of_bag = torch.arange(len(index_of), device=values.device).repeat_interleave(stride)
-        key_of_id = torch.repeat_interleave(key_of_bag, lengths, output_size=values.numel())
+        bag_key = key_of_bag(len(index_of), stride, values.device)
+        key_of_id = torch.repeat_interleave(bag_key, lengths, output_size=values.numel())
         for config in self.configs:
             for feature in config.feature_names:
                 rows = config.num_embeddings

@@ -13,7 +13,7 @@ import torch
 
 from shardkit.checkpoint import export_checkpoint
 from shardkit.train import model_from_state_dict
-from tests.scripts import ROOT, run_script, run_scripts
+from tests.scripts import ROOT, run_script
 
 SERVE = ROOT / "examples" / "serve_pt2.py"
 # runs the example with every shardkit import refused: the program must need torch alone
@@ -54,28 +54,24 @@ def _serve_args(path: Path, batch: Path, out: Path, *extra: str) -> list:
 
 
 @pytest.mark.slow
-def test_pt2_export_serves_without_shardkit(adult_run, shardkit_here, tmp_path):
-    """Float and INT8 tables: each program served in its own fresh process (side by side)."""
+@pytest.mark.parametrize("quantize", [None, pytest.param("int8", marks=pytest.mark.pt2_grid)])
+def test_pt2_export_serves_without_shardkit(adult_run, shardkit_here, tmp_path, quantize):
+    """Float tables (INT8 in the pt2_grid tier), the program served in a fresh process."""
     run = adult_run.checkpoint_dir
-    for quantize in (None, "int8"):
-        extra = ["--quantize", quantize] if quantize else []
-        path = tmp_path / f"{quantize or 'float'}.pt2"
-        code, said, err = shardkit_here("export", run, path, "--format", "pt2", *extra)
-        assert code == 0, err
-        match = re.search(r"inputs dense \[B, (\d+)\], values \[n\], lengths \[(\d+) \* B\] "
-                          r"\(keys (\[.*\])\), output logits \[B, 1\]", said)  # fmt: skip
-        assert match, said
+    extra = ["--quantize", quantize] if quantize else []
+    path = tmp_path / "model.pt2"
+    code, said, err = shardkit_here("export", run, path, "--format", "pt2", *extra)
+    assert code == 0, err
+    match = re.search(r"inputs dense \[B, (\d+)\], values \[n\], lengths \[(\d+) \* B\] "
+                      r"\(keys (\[.*\])\), output logits \[B, 1\]", said)  # fmt: skip
+    assert match, said
     model, keys = model_from_state_dict(export_checkpoint(run, tmp_path / "f.pt"))
     rows = [c.num_embeddings for c in model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs()]  # fmt: skip
     inputs = _batch(keys, rows, int(match.group(1)), tmp_path / "batch.pt")
-    said = run_scripts(
-        *[_serve_args(tmp_path / f"{q}.pt2", tmp_path / "batch.pt", tmp_path / f"{q}.out")
-          for q in ("float", "int8")]
-    )  # fmt: skip
-    for quantize, out in zip(("float", "int8"), said):
-        assert "shardkit imported: no" in out
-        torch.testing.assert_close(torch.load(tmp_path / f"{quantize}.out"),
-                                   _eager_logits(run, tmp_path, inputs, quantize == "int8"))  # fmt: skip
+    out = run_script(*_serve_args(path, tmp_path / "batch.pt", tmp_path / "logits.pt"))
+    assert "shardkit imported: no" in out
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"),
+                               _eager_logits(run, tmp_path, inputs, quantize is not None))  # fmt: skip
 
 
 @pytest.mark.aoti
@@ -101,3 +97,9 @@ def test_aoti_needs_the_pt2_format(shardkit_here, tmp_path):
     code, _, err = shardkit_here("export", tmp_path, tmp_path / "m.pt", "--aoti")
     assert code == 2
     assert "--aoti needs --format pt2" in err
+
+
+def test_a_state_dict_of_another_model_is_refused():
+    with pytest.raises(ValueError, match=r"the state dict has no tables under .*; it is not the "
+                       r"model of shardkit train"):  # fmt: skip
+        model_from_state_dict({"layer.weight": torch.zeros(2, 2)})

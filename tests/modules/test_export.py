@@ -57,7 +57,7 @@ def test_exported_model_equals_eager(name):
     model = CASES[name][0]().eval()
     program = export_program(model, KEYS, pt2_models.DENSE_IN)
     assert _namespaces(program) == {"aten"}
-    for seed, batch in ((1, 3), (2, 9)):
+    for seed, batch in ((1, 3), (2, 9), (3, 1)):  # a batch of one too
         kjt, dense = pt2_models.kjt(seed, batch=batch), pt2_models.dense(seed, batch)
         got = program.module()(dense, kjt.values(), kjt.lengths())
         torch.testing.assert_close(got, model(dense, kjt))
@@ -70,9 +70,10 @@ def test_quantized_tables_export(dtype):
     model = quantize_embeddings(pt2_models.dlrm(), dtype=dtype, inplace=True).eval()
     program = export_program(model, KEYS, pt2_models.DENSE_IN)
     assert _namespaces(program) == {"aten", "quantized"}
-    kjt, dense = pt2_models.kjt(4, batch=6), pt2_models.dense(4, 6)
-    torch.testing.assert_close(program.module()(dense, kjt.values(), kjt.lengths()),
-                               model(dense, kjt))  # fmt: skip
+    for batch in (6, 1):
+        kjt, dense = pt2_models.kjt(4, batch=batch), pt2_models.dense(4, batch)
+        torch.testing.assert_close(program.module()(dense, kjt.values(), kjt.lengths()),
+                                   model(dense, kjt))  # fmt: skip
 
 
 def test_exported_program_refuses_a_bad_id():
@@ -87,3 +88,30 @@ def test_exported_program_refuses_a_bad_id():
     program = torch.export.export(quantized, (example,), dynamic_shapes=(_kjt_shapes(example),))
     with pytest.raises(RuntimeError, match=r"feature 'b': an id is outside its table of 7 rows"):
         program.module()(bad)
+
+
+def test_exported_program_refuses_lengths_that_do_not_cover_the_values():
+    module = pt2_models.ebc()
+    (example,) = CASES["ebc"][1](0)
+    program = torch.export.export(module, (example,), dynamic_shapes=(_kjt_shapes(example),))
+    short = KeyedJaggedTensor(KEYS, torch.zeros(5, dtype=torch.int64),
+                              lengths=torch.ones(8, dtype=torch.int64))  # fmt: skip
+    with pytest.raises(RuntimeError, match="the lengths do not sum to the number of values"):
+        program.module()(short)
+
+
+def test_a_bag_longer_than_its_position_weights_is_refused_in_a_graph():
+    """The position-weight check of the traced path (compile and export) names the feature."""
+    module = pt2_models.fp_ebc(collection=True)
+    long_bag = KeyedJaggedTensor(KEYS, torch.zeros(9, dtype=torch.int64),
+                                 lengths=torch.tensor([1, 0, 0, 0, 1, 1, 5, 1]))  # fmt: skip
+    runner = torch.compile(module, backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match=r"position weights of feature 'b': a bag has more ids "
+                       r"than max_feature_length \(4\)"):  # fmt: skip
+        runner(long_bag)
+
+
+def test_a_graph_that_outlives_its_collection_says_so():
+    values, lengths = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="no live embedding collection has handle 'gone'"):
+        torch.ops.shardkit_graph.pooled(values, lengths, None, [], [], [], "gone", "a")

@@ -18,6 +18,7 @@ from tests.sharding.common import dlrm, dlrm_batch, dlrm_plan, local_part, make_
 
 LOCAL_BATCH = 4
 STEPS = 3
+BACKEND = "aot_eager"  # AOTAutograd as Inductor runs it, without its C++ build
 
 
 def _dmp(model, kind: str, world_size: int):
@@ -46,7 +47,7 @@ def _train(rank: int, world_size: int, kind: str):
     twin = copy.deepcopy(model)  # DMP shards a model in place
     eager, eager_opt = _dmp(model, kind, world_size)
     compiled, compiled_opt = _dmp(twin, kind, world_size)
-    runner = torch.compile(compiled, backend="aot_eager", dynamic=True)
+    runner = torch.compile(compiled, backend=BACKEND, dynamic=True)
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
