@@ -18,8 +18,10 @@ from tests.modules.pt2_models import CASES, KEYS, tensors_of
 # the default run exports one of each kind, `pytest -m pt2_grid` all
 _GRID = pytest.mark.pt2_grid
 KJT_ONLY = [pytest.param("ebc", marks=_GRID), pytest.param("ebc_weighted", marks=_GRID),
-            pytest.param("ebc_mean", marks=_GRID), "ebc_weighted_mean", "ec",
-            pytest.param("fp_ebc_dict", marks=_GRID), "fp_ebc_collection"]  # fmt: skip
+            pytest.param("ebc_mean", marks=_GRID), pytest.param("ebc_weighted_mean", marks=_GRID),
+            "ec",
+            pytest.param("fp_ebc_dict", marks=_GRID),
+            pytest.param("fp_ebc_collection", marks=_GRID)]  # fmt: skip
 MODELS = ["dlrm", pytest.param("dlrm_dcn", marks=_GRID),
           pytest.param("dlrm_projection", marks=_GRID), pytest.param("deepfm", marks=_GRID)]  # fmt: skip
 

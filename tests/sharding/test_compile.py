@@ -82,9 +82,8 @@ KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_colum
          "grid_shard", "data_parallel", "data_parallel_fused"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "kind", [k if k == "row_wise" else pytest.param(k, marks=pytest.mark.pt2_grid) for k in KINDS]
-)
+@pytest.mark.pt2_grid  # 2 ranks compiling twice: ~20 s each on 2 quiet cores
+@pytest.mark.parametrize("kind", KINDS)
 def test_compiled_dmp_trains_as_eager(run_ranks, kind):
     for losses, params, records, graphs in run_ranks(_train, 2, kind):
         assert graphs >= 2, "the dense part before and after the sharded collection compiled"
