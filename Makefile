@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.shardkit-installed
 
-.PHONY: demo test test-gpu bench-gpu lint typecheck bench-comm clean
+.PHONY: demo test test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench-gpu: $(STAMP)
 	$(PY) benchmarks/bench_dmp.py --device cuda --out benchmarks/results/dmp_cuda.md
 	$(PY) benchmarks/bench_fsdp.py --device cuda --json benchmarks/results/fsdp_cuda.json \
 		--markdown benchmarks/results/fsdp_cuda.md
+
+# Build the CUDA kernel without a GPU, as a GPU machine's first use does, for every architecture
+# torch's CUDA wheel targets: its own venv (.venv-cuda, ~5 GB once); not part of `make test`.
+check-cuda-build:
+	scripts/check_cuda_build.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

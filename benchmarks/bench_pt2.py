@@ -144,13 +144,13 @@ def _contest(args: argparse.Namespace, steps: dict, batches: list) -> dict:
 
 def _dmp_rank(rank: int, world_size: int, args: argparse.Namespace, kind: str) -> dict:
     from shardkit.distributed import DistributedModelParallel
-    from shardkit.planner import ShardingPlan
     from shardkit.sharding import (
         EmbeddingBagCollectionSharder,
         construct_module_sharding_plan,
         row_wise,
         table_wise,
     )
+    from shardkit.types import ShardingPlan
 
     torch.set_num_threads(1)
     fused = {"optimizer": "exact_rowwise_adagrad", "learning_rate": 0.01}

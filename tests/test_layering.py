@@ -164,16 +164,48 @@ def test_no_package_imports_another_packages_private_modules():
     assert not problems, "\n".join(problems)
 
 
+def _edge_private(name: str) -> bool:
+    """``shardkit.distributed._tracing.x``, ``shardkit.distributed.planner._tr_types.X``: a
+    private module of the edge itself."""
+    parts = name.split(".")
+    return parts[1] == "distributed" and any(part.startswith("_") for part in parts[2:-1])
+
+
 def test_torchrec_paths_only_reexport_package_names():
-    """``shardkit.distributed`` mirrors ``torchrec.distributed.*`` and only re-exports what the
-    packages below export; their middle modules are private, so each name has one public home."""
+    """``shardkit.distributed`` mirrors ``torchrec.distributed.*``: its public modules re-export
+    what the packages below export, or what its own private modules define (TorchRec's
+    vocabulary that shardkit's core does not use); the core's middle modules are private, so
+    each name has one public home."""
     problems = []
     for module, path, package in _library_modules():
-        if package == "distributed":
-            names = [name for name in _imported(path) if name.count(".") != 2]
+        if package == "distributed" and not module.rsplit(".", 1)[1].startswith("_"):
+            names = [
+                name for name in _imported(path) if name.count(".") != 2 and not _edge_private(name)
+            ]
             problems += [f"{module} imports {name}, not a package's name" for name in names]
         elif package in ("types", "planner", "sharding") and not _private(module):
             problems.append(f"{module} is public: make it private, export from __init__")
+    assert not problems, "\n".join(problems)
+
+
+# TorchRec's and FBGEMM's import paths: the compatibility edge, built over the packages' public
+# names (../shared/STYLE.md, "Compatibility at the edge").
+EDGE = {"distributed", "fbgemm_gpu"}
+# What speaks shardkit's own vocabulary, and so imports nothing from the edge.
+CORE = {"types", "sparse", "optim", "kernels", "modules", "planner", "sharding", "comm", "launch"}
+
+
+def test_the_core_imports_nothing_from_the_compatibility_edge():
+    """``sharding/`` and ``planner/`` (and what they stand on) never reach up into TorchRec's
+    paths, counting imports inside functions and under ``TYPE_CHECKING``: the edge can be
+    read, tested and versioned on its own."""
+    problems = []
+    for _module, path, package in _library_modules():
+        if package not in CORE:
+            continue
+        for name in _imported(path):
+            if _package(_target(name)) in EDGE:
+                problems.append(f"{path.relative_to(ROOT).as_posix()} imports {name} (the edge)")
     assert not problems, "\n".join(problems)
 
 

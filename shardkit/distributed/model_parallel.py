@@ -2,13 +2,15 @@
 wrappers and unwrapping helpers."""
 
 from shardkit.compat import refuse
+from shardkit.distributed._dmp_utils import (
+    HybridEvalDMP,
+    get_module,
+    get_unwrapped_module,
+)
 from shardkit.sharding import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
     DistributedModelParallel,
-    HybridEvalDMP,
-    get_module,
-    get_unwrapped_module,
 )
 
 __all__ = [

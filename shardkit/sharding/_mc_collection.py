@@ -39,10 +39,10 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 )
 
 from shardkit import comm
-from shardkit.modules import BaseEmbeddingConfig
+from shardkit.modules import BaseEmbeddingConfig, with_values
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
-from shardkit.sharding._input_dist import InputError
-from shardkit.sharding._state import quiet_sharded_tensor
+from shardkit.sharding._collection._state import quiet_sharded_tensor
+from shardkit.sharding._dist._input import InputError
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv
 
@@ -168,7 +168,7 @@ class ShardedManagedCollisionCollection(nn.Module):
         assert isinstance(back, torch.Tensor)
         remapped = torch.empty_like(back)
         remapped[order] = back
-        return _with_values(features, remapped.to(features.values().dtype))
+        return with_values(features, remapped.to(features.values().dtype))
 
     def _table_order(self, features: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, str | None]:
         keys = features.keys()
@@ -330,18 +330,3 @@ def _sharded_slots(table: McTable, local: torch.Tensor, env: ShardingEnv) -> Sha
 def _jagged(values: torch.Tensor) -> JaggedTensor:
     """One bag of all ``values`` (what a remapper takes)."""
     return JaggedTensor(values=values, lengths=torch.tensor([values.numel()]))
-
-
-def _with_values(kjt: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
-    variable = kjt.variable_stride_per_key()  # a VBE batch stays one
-    return KeyedJaggedTensor(
-        keys=kjt.keys(),
-        values=values,
-        weights=kjt.weights_or_none(),
-        lengths=kjt.lengths(),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
-        length_per_key=kjt.length_per_key(),
-        offset_per_key=kjt.offset_per_key(),
-        inverse_indices=kjt.inverse_indices_or_none(),
-    )

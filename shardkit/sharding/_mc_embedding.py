@@ -23,14 +23,14 @@ from shardkit.modules.mc_embedding_modules import (
     ManagedCollisionEmbeddingCollection,
 )
 from shardkit.optim import FusedOptimizer
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._base import ShardedCollection
+from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._state import reset_rows
+from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sharding._embedding_sharders import _CollectionSharder
-from shardkit.sharding._embedding_types import ShardedEmbeddingModule
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
 from shardkit.sharding._mc_plan import aligned_plan
-from shardkit.sharding._state import reset_rows
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv, ShardingType
 

@@ -11,13 +11,12 @@ from shardkit.planner import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
-    ParameterSharding,
-    ShardingPlan,
     ShardingType,
     ShardMetadata,
     ShardPlacement,
     placement,
 )
+from shardkit.types import ParameterSharding, ShardingPlan
 
 
 def _table_wise(rank: int, device: str = "cpu") -> ParameterSharding:

@@ -14,6 +14,7 @@ from shardkit.modules import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
+from shardkit.modules.embedding_configs import QuantConfig
 from shardkit.modules.feature_processor_ import PositionWeightedModuleCollection
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.modules.mc_embedding_modules import (
@@ -26,7 +27,6 @@ from shardkit.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 from shardkit.quant import EmbeddingBagCollection as QuantEBC
-from shardkit.quant import QuantConfig
 from shardkit.quant import embedding_modules as qem
 from tests.compat.peers import run_in_torchrec
 

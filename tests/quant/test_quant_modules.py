@@ -192,6 +192,20 @@ def test_quantize_embeddings_swaps_collections_inside_models():
     assert half(kjt).values().dtype == torch.float16
 
 
+def test_uint8_is_uint8_everywhere_and_served_as_int8():
+    """One `dtype_to_data_type` (TorchRec's mapping): uint8 is UINT8, the int8 family INT8; a
+    table asked for in uint8 is served in INT8's rows, as FBGEMM stores both (SparseType.INT8)."""
+    from shardkit.modules.embedding_configs import dtype_to_data_type
+
+    assert dtype_to_data_type(torch.uint8) is DataType.UINT8
+    assert {dtype_to_data_type(d) for d in (torch.int8, torch.qint8, torch.quint8)} == {DataType.INT8}  # fmt: skip
+    kjt = _batch(1, weighted=False)
+    as_uint8 = quantize_embeddings(_float_ebc(), dtype=torch.uint8, inplace=False)
+    as_qint8 = quantize_embeddings(_float_ebc(), dtype=torch.qint8, inplace=False)
+    assert {c.data_type for c in as_uint8.embedding_bag_configs()} == {DataType.INT8}
+    torch.testing.assert_close(as_uint8(kjt).values(), as_qint8(kjt).values(), rtol=0, atol=0)
+
+
 def test_errors_name_the_table_and_what_works():
     odd = _float_ebc(dims=(7, 4))
     with pytest.raises(ValueError, match="table 't0': INT4 packs 2 values a byte, so embedding_dim must be a multiple of 2 \\(got 7\\); use INT8 or FP16"):  # fmt: skip
@@ -200,7 +214,7 @@ def test_errors_name_the_table_and_what_works():
         quantize_table_weights(odd.state_dict(), DataType.INT4)
     with pytest.raises(ValueError, match="table 't0': data type BF16 cannot be served quantized"):
         quantize_embeddings(_float_ebc(), dtype=torch.bfloat16, inplace=False)
-    with pytest.raises(ValueError, match=r"no table storage type for torch\.int32"):
+    with pytest.raises(ValueError, match=r"table 't0': data type INT32 cannot be served quantized; use one of FP32, FP16, INT8, INT4, INT2"):  # fmt: skip
         quantize_embeddings(_float_ebc(), dtype=torch.int32, inplace=False)
     tables = _tables()
     with pytest.raises(ValueError, match=r"served on CPU .* got device cuda"):

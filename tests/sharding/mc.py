@@ -23,7 +23,6 @@ from shardkit.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     construct_module_sharding_plan,
     fused_state,
@@ -31,6 +30,7 @@ from shardkit.sharding import (
     row_wise,
     table_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.sharding.common import local_part
 
 BIG = 2**40

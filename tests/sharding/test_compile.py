@@ -12,8 +12,8 @@ import torch
 
 from shardkit.distributed import DistributedModelParallel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.types import ShardingPlan
 from tests.sharding.common import dlrm, dlrm_batch, dlrm_plan, local_part, make_plan
 
 LOCAL_BATCH = 4

@@ -12,7 +12,6 @@ import torch
 
 from shardkit import checkpoint
 from shardkit.modules.mc_modules import ManagedCollisionModule
-from shardkit.planner import ShardingEnv, ShardingPlan
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     InputError,
@@ -23,6 +22,7 @@ from shardkit.sharding import (
     construct_module_sharding_plan,
     row_wise,
 )
+from shardkit.types import ShardingEnv, ShardingPlan
 from tests.sharding.common import local_part
 from tests.sharding.mc import (
     LOCAL_BATCH,
