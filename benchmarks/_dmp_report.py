@@ -7,7 +7,8 @@ import json
 import statistics
 from typing import Any
 
-LOOPS = ("plain", "pipeline")
+LOOPS = ("plain", "pipeline", "compiled")
+DEFAULT_LOOPS = ("plain", "pipeline")  # "compiled" on request: each turn compiles (seconds)
 LIBRARIES = ("shardkit", "torchrec")
 
 
@@ -44,7 +45,29 @@ def summarize(
                         "ratio_rounds": per_round,
                     }
                 )
-    return {"rows": rows, "ratios": ratios}
+    return {"rows": rows, "ratios": ratios, "compiled": _compiled_ratios(times, types)}
+
+
+def _compiled_ratios(times: dict[tuple, list[float]], types: list[str]) -> list[dict]:
+    """Per type and library: the compiled step against the same library's plain (eager) one,
+    round by round (both ran in the same round, in turn)."""
+    ratios = []
+    for kind in types:
+        for library in LIBRARIES:
+            compiled, eager = (
+                times.get((kind, library, "compiled")),
+                times.get((kind, library, "plain")),
+            )
+            if compiled and eager:
+                ratios.append(
+                    {
+                        "type": kind,
+                        "library": library,
+                        "ratio": statistics.median(compiled) / statistics.median(eager),
+                        "ratio_rounds": [a / b for a, b in zip(compiled, eager)],
+                    }
+                )
+    return ratios
 
 
 def render(report: dict[str, Any]) -> str:
@@ -64,7 +87,8 @@ def render(report: dict[str, Any]) -> str:
         f"warm-up, in fresh processes; contenders take turns in {args['rounds']} round(s). "
         "*plain*: zero_grad, forward, backward, step; *pipeline*: each library's "
         "`TrainPipelineSparseDist.progress`. Each loop is compared with the same loop of the "
-        "other library, never the better of the two.",
+        "other library, never the better of the two. *compiled*: the plain loop with the DMP "
+        "model under `torch.compile(dmp, dynamic=True)` (Inductor), compiled in the warm-up.",
         f"Machine: {json.dumps(report['machine'])}",
         "",
     ]
@@ -73,18 +97,33 @@ def render(report: dict[str, Any]) -> str:
         lines += _ratio_table(
             "shardkit / TorchRec, CPU time per step of all ranks (< 1 is less work)", report["cpu"]
         )
+    if report.get("compiled"):
+        lines += _compiled_table(report["compiled"])
     lines += _times_table("Step times (wall ms, the slower rank)", report)
     if "cpu" in report:
         lines += _times_table("CPU ms per step, all ranks' processes", report["cpu"])
     return "\n".join(lines) + "\n"
 
 
+def _compiled_table(ratios: list[dict]) -> list[str]:
+    lines = ["", "## compiled / eager (plain loop), each library, wall time per step", ""]
+    lines += ["| sharding type | library | compiled / eager | rounds |", "|---|---|---:|---|"]
+    for r in ratios:
+        rounds = ", ".join(f"{x:.2f}" for x in r["ratio_rounds"])
+        lines.append(f"| {r['type']} | {r['library']} | {r['ratio']:.2f} | {rounds} |")
+    return lines
+
+
 def _ratio_table(title: str, summary: dict[str, Any]) -> list[str]:
-    lines = ["", f"## {title}", "", "| sharding type | plain loop | pipeline |", "|---|---:|---:|"]
+    ran = [loop for loop in LOOPS if any(r["loop"] == loop for r in summary["rows"])]
+    ran = ran or list(DEFAULT_LOOPS)
+    names = {"plain": "plain loop", "pipeline": "pipeline", "compiled": "compiled"}
+    lines = ["", f"## {title}", "", "| sharding type | " + " | ".join(names[x] for x in ran) + " |"]
+    lines.append("|---|" + "---:|" * len(ran))
     by_key = {(r["type"], r["loop"]): r for r in summary["ratios"]}
     for kind in dict.fromkeys(r["type"] for r in summary["rows"] if r["type"] != "-"):
         cells = [kind]
-        for loop in LOOPS:
+        for loop in ran:
             r = by_key.get((kind, loop))
             if r is None:
                 cells.append("-")
@@ -125,11 +164,13 @@ def chart(report: dict[str, Any], path: str) -> bool:
     types = [t for t in cases if any(r["type"] == t for r in report["ratios"])]
     by_key = {(r["type"], r["loop"]): r["ratio"] for r in report["ratios"]}
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(types)), 4))
-    for k, loop in enumerate(LOOPS):
-        xs = [i + k * 0.4 for i in range(len(types))]
-        ax.bar(xs, [by_key.get((t, loop), 0) for t in types], width=0.4, label=loop)
+    loops = [loop for loop in LOOPS if any(r["loop"] == loop for r in report["ratios"])]
+    width = 0.8 / len(loops)
+    for k, loop in enumerate(loops):
+        xs = [i + k * width for i in range(len(types))]
+        ax.bar(xs, [by_key.get((t, loop), 0) for t in types], width=width, label=loop)
     ax.axhline(1.0, color="black", linewidth=1)
-    ax.set_xticks([i + 0.2 for i in range(len(types))], types, rotation=30)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(types))], types, rotation=30)
     ax.set_ylabel("shardkit step / TorchRec's (lower is faster)")
     ax.set_title(f"DMP step, {report['args']['threads']} thread(s) per rank")
     ax.legend()

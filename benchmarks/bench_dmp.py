@@ -34,7 +34,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from _dmp_report import LOOPS, chart, render, summarize
+from _dmp_report import DEFAULT_LOOPS, LOOPS, chart, render, summarize
 
 from shardkit.bench import machine_info
 from shardkit.launch import RankFailedError, current, spawn
@@ -120,15 +120,18 @@ class _Optimizers:
 
 
 def _stepper(dmp, optimizers, batches, loop: str, pipeline_type):
-    """One training step per call: the plain loop, or the library's pipeline."""
+    """One training step per call: the plain loop, the library's pipeline, or the plain loop
+    with the whole DMP model under ``torch.compile`` (as TorchRec users compile it; shardkit's
+    sharded collection runs eagerly between the compiled graphs: docs/pt2.md)."""
     if loop == "pipeline":
         pipeline = pipeline_type(dmp, _Optimizers(optimizers), current().device)
         return lambda: pipeline.progress(batches)
+    model = torch.compile(dmp, dynamic=True) if loop == "compiled" else dmp
 
     def step():
         for opt in optimizers:
             opt.zero_grad()
-        loss, _ = dmp(next(batches))
+        loss, _ = model(next(batches))
         loss.backward()
         for opt in optimizers:
             opt.step()
@@ -373,7 +376,8 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS,
                         help="the tables' optimizers, each a separate case")  # fmt: skip
-    parser.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
+    parser.add_argument("--loops", nargs="+", default=list(DEFAULT_LOOPS), choices=LOOPS,
+                        help="compiled: the plain loop, the DMP model under torch.compile")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank, NCCL")  # fmt: skip

@@ -14,6 +14,13 @@ from shardkit.kernels import kernel_path
 from shardkit.launch import RankPool
 from tests.devices import GPU_SKIP_REASON, OnDevice, backend_of, cuda_ready
 
+# Tiers the default run skips (one summary line each): run them with `pytest -m <name>`.
+OPT_IN = {
+    "pt2_grid": "the full PT2 grid (every module x kernel x optimizer compiled against eager, "
+    "~3 min): pytest -m pt2_grid",
+    "aoti": "AOTInductor packages (each compiles C++, 20-60 s): pytest -m aoti",
+}
+
 # Collective timeout inside test ranks: far above what any test needs, far below pytest's timeout.
 RANK_TIMEOUT_S = 60.0
 
@@ -26,6 +33,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     (first, before a test's own ``skipif(not torch.cuda.is_available())`` says it again)."""
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip(GPU_SKIP_REASON)
+    chosen = item.config.getoption("markexpr", "") or ""
+    for name, reason in OPT_IN.items():
+        if item.get_closest_marker(name) is not None and name not in chosen:
+            pytest.skip(reason)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -126,6 +126,27 @@ def test_bench_dmp_compares_each_loop_with_the_same_loop():
         {"type": "table_wise", "loop": "plain", "ratio": 11 / 20, "ratio_rounds": [0.5, 0.6]},
         {"type": "table_wise", "loop": "pipeline", "ratio": 30 / 12.5, "ratio_rounds": [2.0, 3.0]},
     ], "never the better shardkit loop against TorchRec's"
+    assert summary["compiled"] == [], "no compiled loop ran"
+
+
+def test_bench_dmp_reports_compiled_against_the_same_librarys_eager_step():
+    spec = importlib.util.spec_from_file_location("_dmp_report", BENCHMARKS / "_dmp_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    times = {
+        ("row_wise", "shardkit", "plain"): [10.0, 20.0],
+        ("row_wise", "shardkit", "compiled"): [9.0, 30.0],
+        ("row_wise", "torchrec", "plain"): [40.0, 40.0],
+    }
+    summary = report.summarize(times, {("row_wise", "torchrec", "compiled"): "no"}, ["row_wise"])
+    assert summary["compiled"] == [
+        {"type": "row_wise", "library": "shardkit", "ratio": 19.5 / 15, "ratio_rounds": [0.9, 1.5]}
+    ], "compiled against its own library's plain loop, round by round"
+    args = {"world_size": 2, "threads": 1, "tables": 2, "rows": 10, "dim": 4, "batch": 8,
+            "ids_per_bag": 2, "iters": 2, "warmup": 1, "rounds": 2}  # fmt: skip
+    text = report.render({"args": args, "machine": {}, **summary})
+    assert "| sharding type | plain loop | compiled |" in text
+    assert "| row_wise | shardkit | 1.30 | 0.90, 1.50 |" in text
 
 
 def test_bench_fsdp_runs_the_small_model(tmp_path):
@@ -335,3 +356,20 @@ def test_bench_vbe_runs_at_toy_size(tmp_path):
     # 4 user + 4 item features of dim 8, 8 examples: users send 2 rows each, not 8
     assert rows["expanded"]["output"] == rows["expanded"]["backward"] > rows["vbe"]["output"]
     assert rows["vbe"]["input"] < rows["expanded"]["input"]
+
+
+@pytest.mark.pt2_grid
+def test_bench_pt2_runs_at_toy_size(tmp_path):
+    out = tmp_path / "pt2.md"
+    _run(
+        "bench_pt2.py", "--tables", "2", "--rows", "100", "--dim", "4", "--batch", "8",
+        "--steps", "2", "--warmup", "1", "--rounds", "2", "--dmp-types", "row_wise",
+        "--out", str(out),
+    )  # fmt: skip
+    data = json.loads(out.with_suffix(".json").read_text())
+    _machine(data["machine"])
+    assert list(data["results"]) == ["ebc", "dlrm", "dlrm, DMP 2 ranks, row_wise"]
+    for row in data["results"].values():
+        assert len(row["eager_ms"]) == len(row["compiled_ms"]) == 2
+        assert _positive(*row["eager_ms"], *row["compiled_ms"], row["compile_s"]), row
+    assert "| dlrm, DMP 2 ranks, row_wise |" in out.read_text()

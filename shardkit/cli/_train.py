@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from shardkit.cli._export import QUANTIZE_CHOICES, export
+from shardkit.cli._export import QUANTIZE_CHOICES, export, export_pt2
 from shardkit.cli._plan import _size
 from shardkit.train import TrainConfig, run
 
@@ -49,9 +49,17 @@ def add_parsers(commands: Any) -> None:
         allow_abbrev=False,
     )
     export.add_argument("checkpoint", type=Path, help="a step-* directory, or a root with 'latest'")
-    export.add_argument("output", type=Path, help="the .pt file to write")
+    export.add_argument(
+        "output", type=Path, help="the file to write (.pt, or .pt2 with --format pt2)"
+    )
     export.add_argument("--quantize", choices=list(QUANTIZE_CHOICES),
                         help="store the tables so for serving on CPU (see docs/serving.md)")  # fmt: skip
+    export.add_argument("--format", choices=["state_dict", "pt2"], default="state_dict",
+                        help="state_dict: a torch.save file; pt2: a torch.export program that "
+                        "a process with only torch serves (see docs/pt2.md)")  # fmt: skip
+    export.add_argument("--aoti", action="store_true",
+                        help="with --format pt2, also an AOTInductor package for this CPU "
+                        "(<stem>-aoti.pt2; a C++ build of 20-60 s)")  # fmt: skip
     export.set_defaults(run=_export, parser=export)
     imp = commands.add_parser(
         "import",
@@ -173,8 +181,14 @@ def _export(args: argparse.Namespace) -> int:
     from shardkit.checkpoint import read_extra
     from shardkit.data import FittedSchema
 
-    print(export(args.checkpoint, args.output, args.quantize))
+    if args.aoti and args.format != "pt2":
+        args.parser.error("--aoti needs --format pt2")
     schema = read_extra(args.checkpoint).get("schema")
+    if args.format == "pt2":
+        print(export_pt2(args.checkpoint, args.output, args.quantize, aoti=args.aoti,
+                         schema=schema))  # fmt: skip
+    else:
+        print(export(args.checkpoint, args.output, args.quantize))
     if schema is not None:
         path = args.output.with_suffix(".schema.json")
         FittedSchema.from_dict(schema).save(path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardkit.kernels import _pages
+from shardkit.kernels import _fake, _pages
 from shardkit.kernels._build import BuildError, load_library
 
 __all__ = ["ENV_VAR", "KernelPath", "advise_new_table", "kernel_path", "set_kernel", "use_kernel"]
@@ -148,6 +148,7 @@ def _resolve(path: KernelPath, source: str) -> _Choice:
     _pages.huge_pages_enabled()  # refuses a bad SHARDKIT_HUGE_PAGES now, not after a build
     try:
         how = load_library()
+        _fake.register()  # see [Note: compiled kernel under PT2]
     except BuildError as error:
         if path == KernelPath.COMPILED:
             raise RuntimeError(

@@ -27,6 +27,7 @@ from shardkit.modules._tables import (
     fused_tables,
     stack_tables,
 )
+from shardkit.modules._traced import key_of_bag, traced_group_input
 from shardkit.modules._vbe import expand_bags, expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
@@ -64,8 +65,10 @@ __all__ = [
     "fused_tables",
     "get_embedding_names_by_table",
     "kernel_input",
+    "key_of_bag",
     "lookup",
     "mean_as_weights",
     "stack_tables",
+    "traced_group_input",
     "with_values",
 ]

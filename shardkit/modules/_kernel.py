@@ -44,7 +44,7 @@ from torch.autograd.function import once_differentiable
 from shardkit import kernels
 from shardkit.optim import RowOptimizer
 
-__all__ = ["BatchedTables", "lookup"]
+__all__ = ["BatchedTables", "lookup", "lookup_backward", "uses_compiled_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -216,18 +216,51 @@ class _Lookup(torch.autograd.Function):
         tables: BatchedTables = ctx.tables
         ctx.tables = None
         wants_grad_weights = per_sample_weights is not None and ctx.needs_input_grad[3]
-        args = (ids, offsets, per_sample_weights)
-        if ctx.compiled:
-            grad_out = grad_out.float().contiguous().view(-1, tables.dim)  # the forward's rows
-            param_grads, grad_weights = tables.compiled_backward(
-                *args, grad_out, wants_grad_weights, batch_size=ctx.batch_size
-            )
-        else:
-            grad_out = _key_major(grad_out.float(), ctx.batch_size, tables.dim).contiguous()
-            param_grads, grad_weights = _eager_backward(tables, *args, grad_out, wants_grad_weights)
-        if grad_weights is not None:
-            grad_weights = grad_weights.to(per_sample_weights.dtype)
+        param_grads, grad_weights = lookup_backward(
+            tables, ids, offsets, per_sample_weights, grad_out, batch_size=ctx.batch_size,
+            compiled=ctx.compiled, grad_per_sample_weights=wants_grad_weights,
+        )  # fmt: skip
         return (None, None, None, grad_weights, None, *param_grads)
+
+
+def lookup_backward(
+    tables: BatchedTables,
+    ids: torch.Tensor,
+    offsets: torch.Tensor | None,
+    per_sample_weights: torch.Tensor | None,
+    grad_out: torch.Tensor,
+    *,
+    batch_size: int,
+    compiled: bool,
+    grad_per_sample_weights: bool,
+) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+    """`lookup`'s backward: the fused update (no parameter gradients) or each table's dense
+    gradient, and d loss / d per_sample_weights when asked (in their dtype).
+
+    Args: as `lookup`'s, and ``grad_out`` the gradient of its output (its shape);
+        ``compiled``: the kernel the forward ran (`lookup` decides in forward).
+    """
+    args = (ids, offsets, per_sample_weights)
+    if compiled:
+        grad_out = grad_out.float().contiguous().view(-1, tables.dim)  # the forward's rows
+        param_grads, grad_weights = tables.compiled_backward(
+            *args, grad_out, grad_per_sample_weights, batch_size=batch_size
+        )
+    else:
+        grad_out = _key_major(grad_out.float(), batch_size, tables.dim).contiguous()
+        param_grads, grad_weights = _eager_backward(
+            tables, *args, grad_out, grad_per_sample_weights
+        )
+    if grad_weights is not None:
+        assert per_sample_weights is not None
+        grad_weights = grad_weights.to(per_sample_weights.dtype)
+    return param_grads, grad_weights
+
+
+def uses_compiled_kernel(tables: BatchedTables, ids: torch.Tensor) -> bool:
+    """Whether a lookup of ``ids`` in ``tables`` runs the compiled kernel now (as `lookup`
+    decides it in forward)."""
+    return _compiled(tables, ids)
 
 
 def _eager_backward(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardkit.modules._graph_ops import graph_pooled, graph_sequence, register
 from shardkit.modules._inputs import InputPlan, check_ids, group_input, make_plan
 from shardkit.modules._interfaces import (
     EmbeddingBagCollectionInterface,
@@ -31,6 +32,7 @@ from shardkit.modules._tables import (
     check_configs,
     fused_config,
 )
+from shardkit.modules._traced import assert_ids_in_range, traced_pooled, traced_sequence
 from shardkit.modules._vbe import expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
@@ -80,6 +82,7 @@ class _Collection(nn.Module):
         self._stack.build(device)
         self._plans: dict[tuple[str, ...], InputPlan] = {}
         self._stack.reset_parameters()
+        self._graph_handle = register(self)  # see [Note: collections under torch.compile]
 
     @property
     def device(self) -> torch.device:
@@ -120,31 +123,60 @@ class _Collection(nn.Module):
         for key, value in self.__dict__.items():
             new.__dict__[key] = copy.deepcopy(value, memo)
         new._stack.convert(lambda t: t)
+        new._graph_handle = register(new)
         return new
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._graph_handle = register(self)
 
     def _sync_groups(self) -> None:
         """Re-stack if `apply_optimizer_in_backward` changed some table's optimizer."""
         if self._stack.needs_rebuild():
             self._stack.build(self.device)
             self._plans.clear()
+            self.__dict__.pop("_graph_columns", None)  # see `_graph_ops._columns`
 
-    def _prepare(self, features: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, InputPlan]:
+    def _plan(self, keys: tuple[str, ...]) -> InputPlan:
+        """The input plan for a KJT with ``keys`` (see [Note: input plan]), cached per order."""
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = make_plan(keys, self._stack.configs, self._stack.groups)
+            if not torch.compiler.is_compiling():  # a traced forward leaves the module alone
+                self._plans[keys] = plan
+        return plan
+
+    def _traced_plan(self, features: KeyedJaggedTensor) -> InputPlan:
+        """The plan of an exported forward (see [Note: exported lookups]): its checks in the
+        graph, none that reads the data on the host."""
+        if features.variable_stride_per_key():
+            raise ValueError(
+                f"{type(self).__name__} under torch.export needs one batch size for all keys; "
+                f"this KeyedJaggedTensor has a batch size per key ({features.stride_per_key()})"
+            )
+        plan = self._plan(tuple(features.keys()))
+        if self.validate_ids:
+            assert_ids_in_range(features, plan)
+        return plan
+
+    def _prepare(
+        self, features: KeyedJaggedTensor, *, validate: bool = True
+    ) -> tuple[KeyedJaggedTensor, InputPlan]:
+        """``features`` in the plan's key order, and the plan; checks the input first (when
+        ``validate_ids``, and ``validate``: a backward recomputing its forward's input skips)."""
         self._sync_groups()
+        validate = validate and self.validate_ids
         if features.variable_stride_per_key():
             raise ValueError(
                 f"{type(self).__name__} needs one batch size for all keys; this "
                 f"KeyedJaggedTensor has a batch size per key ({features.stride_per_key()})"
             )
-        if self.validate_ids:
+        if validate:
             features.validate()  # lengths vs values, offsets, weights: names the key
-        keys = tuple(features.keys())
-        plan = self._plans.get(keys)
-        if plan is None:
-            plan = make_plan(keys, self._stack.configs, self._stack.groups)
-            self._plans[keys] = plan
+        plan = self._plan(tuple(features.keys()))
         if plan.permute is not None:
             features = features.permute(plan.permute)
-        if self.validate_ids:
+        if validate:
             check_ids(features, plan)
         return features, plan
 
@@ -207,6 +239,17 @@ class EmbeddingBagCollection(_Collection):
         """``features``: one key per feature, batch ``B``. Returns ``[B, sum(dims)]`` keyed by feature."""
         if self._is_weighted and features.weights_or_none() is None:
             raise ValueError("this EmbeddingBagCollection is weighted but the KJT has no weights")
+        if torch.compiler.is_exporting():  # see [Note: exported lookups]
+            plan = self._traced_plan(features)
+            weights = [group.tables.weight for group in self._stack.groups]
+            values = traced_pooled(features, plan, weights, self._is_weighted, self._feature_names)
+            return KeyedTensor(self._feature_names, self._dims, values)
+        if torch.compiler.is_compiling() and not features.variable_stride_per_key():
+            return graph_pooled(self, features)  # see [Note: collections under torch.compile]
+        return self._pooled(features)
+
+    def _pooled(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """The eager forward."""
         # a batch size per key (VBE): pooled per example of the full batch, see `_vbe`
         kjt, plan = self._prepare(expand_variable_batch(features))
         stride = kjt.stride()
@@ -286,6 +329,16 @@ class EmbeddingCollection(_Collection):
         """Returns ``{feature: JaggedTensor(values=[n_f, dim], lengths=[B])}``. A batch size
         per key (VBE) gives every key the full batch's ``B`` bags (see `_vbe`), as TorchRec's
         sharded EmbeddingCollection does (its unsharded one returns the deduplicated bags)."""
+        if torch.compiler.is_exporting():  # see [Note: exported lookups]
+            plan = self._traced_plan(features)
+            weights = [group.tables.weight for group in self._stack.groups]
+            return traced_sequence(features, plan, weights, self._feature_names)
+        if torch.compiler.is_compiling() and not features.variable_stride_per_key():
+            return graph_sequence(self, features)  # see [Note: collections under torch.compile]
+        return self._sequence(features)
+
+    def _sequence(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        """The eager forward."""
         kjt, plan = self._prepare(expand_variable_batch(features))
         out: dict[str, JaggedTensor] = {}
         for group, spec in zip(self._stack.groups, plan.groups):

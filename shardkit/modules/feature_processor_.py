@@ -15,6 +15,15 @@ Example, one feature, batch of 2::
 the keys of a `KeyedJaggedTensor` it has a length for (the other keys get weight 1.0). The
 processed features go into a weighted `EmbeddingBagCollection`, see
 `FeatureProcessedEmbeddingBagCollection`.
+
+[Note: position weights in a graph]
+Under `torch.compile` and `torch.export` the per-key loop above would cut ``values`` at
+``length_per_key`` (a host sync, so a graph break). There the weights of every key come from one
+gather instead: the keys' position weights (a ``[1]`` of ones for a key without) concatenated,
+and each id reads entry ``base[its key] + its position`` (position 0 for a key without
+weights), its key found by ``repeat_interleave`` over the lengths, whose total ``N`` is known
+from ``values``. The bag-length check becomes `torch._assert_async` per key (its message names
+the feature and the limit, not the bag's length, which only a host sync could read).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardkit.modules._traced import key_of_bag
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
@@ -161,6 +171,9 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
             position = features.weights().to(torch.int64)
         else:
             position = positions(features.offsets(), features.values().numel())
+        if torch.compiler.is_compiling():  # see [Note: position weights in a graph]
+            by_key = {k: self.position_weights[k] for k in self.max_feature_lengths}
+            return _with_weights(features, traced_position_weights(features, position, by_key))
         lengths_per_key = features.lengths().split(_bags_per_key(features))
         pieces = []
         for key, seq, lengths in zip(
@@ -185,6 +198,49 @@ class PositionWeightedModuleCollection(FeatureProcessorsCollection):
         return self.to(device)
 
 
+def traced_position_weights(
+    features: KeyedJaggedTensor, position: torch.Tensor, weights_by_key: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """``[N]`` each id's weight, ``weights_by_key[key][position]`` (1.0 for keys without
+    weights), with no host sync: see [Note: position weights in a graph].
+
+    Args:
+        features: one batch size for all keys.
+        position: ``[N]`` each id's position in its bag.
+        weights_by_key: ``{key: [max_feature_length]}`` position weights.
+    """
+    values, lengths = features.values(), features.lengths()
+    keys = features.keys()
+    stride = lengths.numel() // max(len(keys), 1)
+    device = values.device
+    pieces, bases, weighted = [], [], []
+    at = 0
+    for k, key in enumerate(keys):
+        found = weights_by_key.get(key)
+        if found is None:
+            weight = torch.ones(1, device=device)
+        else:
+            weight = found
+            longest = weight.numel()
+            torch._assert_async(
+                (lengths[k * stride : (k + 1) * stride] <= longest).all(),
+                f"position weights of feature '{key}': a bag has more ids than "
+                f"max_feature_length ({longest}); truncate bags to {longest} ids or raise "
+                "max_feature_length",
+            )
+        pieces.append(weight)
+        bases.append(at)
+        weighted.append(key in weights_by_key)
+        at += weight.numel()
+    if not pieces:
+        return torch.ones(values.numel(), device=device)
+    bag_key = key_of_bag(len(keys), stride, device)
+    key_of_id = torch.repeat_interleave(bag_key, lengths, output_size=values.numel())
+    base = torch.tensor(bases, dtype=torch.int64, device=device)[key_of_id]
+    use = torch.tensor(weighted, dtype=torch.bool, device=device)[key_of_id]
+    return torch.cat(pieces)[base + torch.where(use, position, 0)]
+
+
 def _bags_per_key(features: KeyedJaggedTensor) -> list[int]:
     return list(features.stride_per_key())
 
@@ -201,8 +257,8 @@ def _with_weights(features: KeyedJaggedTensor, weights: torch.Tensor | None) -> 
         weights=weights,
         lengths=features.lengths(),
         offsets=features.offsets(),
-        length_per_key=features.length_per_key(),
-        offset_per_key=features.offset_per_key(),
+        length_per_key=features.length_per_key_or_none(),  # known ones only: no sync
+        offset_per_key=features.offset_per_key_or_none(),
         inverse_indices=features.inverse_indices_or_none(),
         **fields,
     )

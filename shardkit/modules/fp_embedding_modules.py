@@ -23,7 +23,13 @@ import torch
 from torch import nn
 
 from shardkit.modules.embedding_modules import EmbeddingBagCollection
-from shardkit.modules.feature_processor_ import FeatureProcessor, FeatureProcessorsCollection
+from shardkit.modules.feature_processor_ import (
+    FeatureProcessor,
+    FeatureProcessorsCollection,
+    PositionWeightedModule,
+    positions,
+    traced_position_weights,
+)
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 
 __all__ = [
@@ -128,6 +134,17 @@ class FeatureProcessedEmbeddingBagCollection(nn.Module):
             raise ValueError(
                 f"FeatureProcessedEmbeddingBagCollection: features {missing} are not keys of "
                 f"the input (keys {features.keys()}); give every table's features"
+            )
+        processors = dict(self._feature_processors.items())  # type: ignore[operator]
+        if torch.compiler.is_compiling() and all(
+            isinstance(p, PositionWeightedModule) and not p._pre_processed
+            for p in processors.values()
+        ):  # see [Note: position weights in a graph]; the EBC ignores the other keys
+            position = positions(features.offsets(), features.values().numel())
+            by_key = {key: p.position_weight for key, p in processors.items()}
+            weights = traced_position_weights(features, position, by_key)
+            return self._embedding_bag_collection(
+                KeyedJaggedTensor(keys, features.values(), weights, lengths=features.lengths())
             )
         order = [keys.index(f) for f in self._feature_names]
         processed = apply_feature_processors_to_kjt(

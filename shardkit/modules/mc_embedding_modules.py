@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from shardkit.compat import refuse
+from shardkit.modules._graph_ops import graph_remap, in_key_order, register
 from shardkit.modules._mc_collection import ManagedCollisionCollection
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -76,12 +77,25 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
         self._return_remapped_features = return_remapped_features
         self._allow_in_place_embed_weight_update = allow_in_place_embed_weight_update
         self._configs = {c.name: c for c in configs}
+        self._graph_handle = register(self)
+
+    def __setstate__(self, state: dict) -> None:  # copy.deepcopy and pickle come here
+        super().__setstate__(state)
+        self._graph_handle = register(self)
 
     def forward(
         self, features: KeyedJaggedTensor, mutate_miss_lengths: bool = True
     ) -> tuple[Embeddings, KeyedJaggedTensor | None]:
         """``features``: raw ids. Returns (the embedding module's output, the remapped KJT if
         ``return_remapped_features`` else None)."""
+        if torch.compiler.is_compiling() and not features.variable_stride_per_key():
+            # see [Note: collections under torch.compile]; keys stay in the input's order
+            remapped = graph_remap(self, features, mutate_miss_lengths)
+            embeddings = self._embedding_module(remapped)
+            if not self._return_remapped_features:
+                return embeddings, None
+            features_in_tables = [f for c in self._configs.values() for f in c.feature_names]
+            return embeddings, in_key_order(remapped, features_in_tables)
         remapped = self._managed_collision_collection(features, mutate_miss_lengths)
         self._reset_rows(self._managed_collision_collection.evict())
         embeddings = self._embedding_module(remapped)

@@ -188,8 +188,16 @@ class EmbeddingBagCollection(_QuantCollection):
                 "the quantized EmbeddingBagCollection needs one batch size for all keys; this "
                 f"KeyedJaggedTensor has a batch size per key ({features.stride_per_key()})"
             )
-        kjt = self._stacks.permute(features)
-        pooled = self._stacks.pooled(kjt, self._is_weighted, self._validate_ids)
+        if torch.compiler.is_compiling():  # torch.export: see [Note: serving programs]
+            keys: list[str] = features.keys()
+            if any(f not in keys for f in self._stacks.feature_order):
+                self._stacks.permute(features)  # refuses, naming them
+            pooled: list[Any] = self._stacks.traced_pooled(
+                features, self._is_weighted, self._validate_ids
+            )  # per stack, one [B, D_s] per feature
+        else:
+            kjt = self._stacks.permute(features)
+            pooled = self._stacks.pooled(kjt, self._is_weighted, self._validate_ids)
         by_feature = {}
         for stack, out in zip(self._stacks.stacks, pooled):  # out: [F_s, B, D_s]
             for position, feature in enumerate(stack.features):

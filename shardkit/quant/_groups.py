@@ -17,8 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, PoolingType
-from shardkit.quant._pack import lookup
+from shardkit.modules import (
+    BaseEmbeddingConfig,
+    DataType,
+    EmbeddingBagConfig,
+    PoolingType,
+    key_of_bag,
+    traced_group_input,
+)
+from shardkit.quant._pack import lookup, register_quantized_meta
 from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = ["Stack", "Stacks"]
@@ -107,6 +114,45 @@ class Stacks:
             rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)
             out.append(rows.view(len(stack.features), features.stride(), stack.dim))
         return out
+
+    def traced_pooled(
+        self, features: KeyedJaggedTensor, weighted: bool, validate: bool
+    ) -> list[list[torch.Tensor]]:
+        """`pooled` as `torch.export` traces it: no host sync, ``features`` in any key order
+        (see [Note: exported lookups] in ``shardkit.modules``); the id checks in the graph.
+        Per stack, a ``[B, D_s]`` tensor per feature (not one ``[F_s, B, D_s]``: a view with
+        the batch size as a dimension would refuse a batch of one)."""
+        register_quantized_meta()  # see [Note: quantized operators under torch.export]
+        index_of = {key: i for i, key in enumerate(features.keys())}
+        stride = features.lengths().numel() // max(len(index_of), 1)
+        if validate:
+            self._assert_ids(features, index_of)
+        out = []
+        for stack in self.stacks:
+            mean = [_is_mean(self.configs[i]) for i in stack.tables for _ in self.configs[i].feature_names]  # fmt: skip
+            ids, offsets, weights = traced_group_input(
+                features, [index_of[f] for f in stack.features], stack.feature_rows(self.configs),
+                mean, use_weights=weighted,
+            )  # fmt: skip
+            assert stack.buffer is not None
+            rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)  # [F_s * B, D]
+            out.append([rows[k * stride : (k + 1) * stride] for k in range(len(stack.features))])
+        return out
+
+    def _assert_ids(self, features: KeyedJaggedTensor, index_of: dict[str, int]) -> None:
+        values, lengths = features.values(), features.lengths()
+        stride = lengths.numel() // max(len(index_of), 1)
+        bag_key = key_of_bag(len(index_of), stride, values.device)
+        key_of_id = torch.repeat_interleave(bag_key, lengths, output_size=values.numel())
+        for config in self.configs:
+            for feature in config.feature_names:
+                rows = config.num_embeddings
+                bad = (key_of_id == index_of[feature]) & ((values < 0) | (values >= rows))
+                torch._assert_async(
+                    ~bad.any(),
+                    f"feature '{feature}': an id is outside its table of {rows} rows; ids must "
+                    f"be in [0, {rows})",
+                )
 
     def check_ids(self, stack: Stack, part: KeyedJaggedTensor) -> None:
         """Refuse an id outside its table (it would read another table of the stack)."""

@@ -34,6 +34,7 @@ __all__ = [
     "lookup",
     "pack",
     "packed_shape",
+    "register_quantized_meta",
     "unpack",
 ]
 
@@ -152,3 +153,40 @@ def lookup(
         per_sample_weights = per_sample_weights.float()
     return op(packed, ids, offsets, mode=0, per_sample_weights=per_sample_weights,
               include_last_offset=True)  # fmt: skip
+
+
+# [Note: quantized operators under torch.export]
+# torch 2.13 gives `quantized::embedding_bag_byte_rowwise_offsets` a fake (meta) implementation
+# but not the 4-bit and 2-bit ones (their registration points at a module torch does not ship:
+# "We could not find the fake impl for this operator ... caffe2.torch.fb..."), so a program of
+# INT4 or INT2 tables cannot be traced; and `torch.library.register_fake` refuses a fake from
+# any other module. A Meta kernel is not refused, and fake tensors run it: `register_quantized_
+# meta` registers one for each (the output is [bags, D] float32, D from the packed row width:
+# codes, then 4 bytes of float16 scale and bias). Only tracing needs it: the exported program
+# calls torch's own CPU kernels when it runs.
+_meta_library: torch.library.Library | None = None
+
+
+def register_quantized_meta() -> None:
+    """Meta kernels of torch's 4-bit and 2-bit embedding-bag operators (once per process)."""
+    global _meta_library
+    if _meta_library is not None:
+        return
+    library = torch.library.Library("quantized", "IMPL")  # kept for the process
+    for name, per_byte in (("4bit", 2), ("2bit", 4)):
+        op = f"quantized::embedding_bag_{name}_rowwise_offsets"
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta"):
+            continue  # a later torch has its own
+        library.impl(f"embedding_bag_{name}_rowwise_offsets", _meta(per_byte), "Meta")
+    _meta_library = library
+
+
+def _meta(per_byte: int):
+    def meta(weight, indices, offsets, scale_grad_by_freq=False, mode=0, pruned_weights=False,
+             per_sample_weights=None, compressed_indices_mapping=None,
+             include_last_offset=False):  # fmt: skip
+        bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+        dim = (weight.shape[1] - 4) * per_byte
+        return weight.new_empty(bags, dim, dtype=torch.float32)
+
+    return meta

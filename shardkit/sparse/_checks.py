@@ -163,9 +163,13 @@ def check_lengths_and_offsets(
 
 
 def check_non_negative_ints(owner: str, name: str, numbers: Sequence[Any]) -> list[int]:
-    """A list of Python ints >= 0 (tensor scalars become ints)."""
-    out = []
+    """A list of Python ints >= 0 (tensor scalars become ints; a traced size, a ``SymInt``
+    under torch.compile or torch.export, is kept as it is)."""
+    out: list[Any] = []
     for number in numbers:
+        if isinstance(number, torch.SymInt):
+            out.append(number)
+            continue
         if isinstance(number, torch.Tensor):
             number = number.item()
         if isinstance(number, bool) or not isinstance(number, int) or number < 0:

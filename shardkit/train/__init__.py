@@ -1,6 +1,6 @@
 """The main job: train a recommendation model end to end (``shardkit train``)."""
 
-from shardkit.train._build import table_model
+from shardkit.train._build import model_from_state_dict, table_model
 from shardkit.train._config import (
     CRITEO_FORMATS,
     ID_MAPPINGS,
@@ -23,6 +23,7 @@ __all__ = [
     "ModelKind",
     "Prepared",
     "TrainConfig",
+    "model_from_state_dict",
     "prepare",
     "run",
     "table_model",

@@ -239,3 +239,57 @@ def dense_wrapper(config: TrainConfig) -> DataParallelWrapper | None:
     if config.dense_sharding is DenseSharding.FSDP:
         return FullyShardDataParallelWrapper()
     return None
+
+
+_TABLES = "model.sparse_arch.embedding_bag_collection.embedding_bags."
+
+
+def model_from_state_dict(
+    state: dict[str, torch.Tensor], schema: dict | None = None
+) -> tuple[DLRMTrain, list[str]]:
+    """The model ``shardkit train`` trained, rebuilt from an export's tensors (their shapes give
+    the tables, the dense and over arches, DLRM or DCN), with ``state`` loaded, and the
+    features in the order its KeyedJaggedTensor takes them.
+
+    Args:
+        state: the unsharded state dict (`shardkit.checkpoint.export_checkpoint`).
+        schema: the run's fitted table schema (its checkpoint's ``schema`` extra), which names
+            each table's features and pooling; without it table ``t_<key>`` is feature ``key``
+            (Adult, Criteo, synthetic data).
+    """
+    state = {k if k.startswith("model.") else f"model.{k}": v for k, v in state.items()}
+    rows = {k[len(_TABLES) : -len(".weight")]: v.shape for k, v in state.items()
+            if k.startswith(_TABLES)}  # fmt: skip
+    if not rows:
+        raise ValueError(
+            f"the state dict has no tables under {_TABLES!r}; it is not the model of "
+            "shardkit train (DLRM or DCN), so build your model and call "
+            "shardkit.inference.export_program"
+        )
+    dense = _layer_sizes(state, "model.dense_arch.model._mlp.{}._linear.weight")
+    over = _layer_sizes(state, "model.over_arch.model.0._mlp.{}._linear.weight")
+    over.append(state["model.over_arch.model.1.weight"].shape[0])
+    cross = [k for k in state if k.startswith("model.inter_arch.crossnet.W_kernels.")]
+    config = TrainConfig(
+        embedding_dim=next(iter(rows.values()))[1], dense_arch=tuple(dense),
+        over_arch=tuple(over), model=ModelKind.DCN if cross else ModelKind.DLRM,
+        dcn_layers=max(len(cross), 1),
+        dcn_rank=state[cross[0]].shape[1] if cross else TrainConfig().dcn_rank,
+    )  # fmt: skip
+    num_dense = state["model.dense_arch.model._mlp.0._linear.weight"].shape[1]
+    if schema is not None:
+        data = fitted_data(FittedSchema.from_dict(schema))
+    else:
+        keys = tuple(name.removeprefix("t_") for name in rows)
+        data = Data(keys, tuple(shape[0] for shape in rows.values()), num_dense, None, None)
+    model = build_model(config, data, device="cpu")
+    model.load_state_dict(state)
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    return model, [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
+
+
+def _layer_sizes(state: dict[str, torch.Tensor], pattern: str) -> list[int]:
+    sizes: list[int] = []
+    while pattern.format(len(sizes)) in state:
+        sizes.append(state[pattern.format(len(sizes))].shape[0])
+    return sizes

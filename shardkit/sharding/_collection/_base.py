@@ -3,6 +3,15 @@ data-parallel tables, state dicts, the fused optimizer and the input dist.
 
 A subclass says which unsharded module it shards (``_TABLES``, the attribute and state-dict
 prefix of its tables) and implements `compute_and_output_dist`.
+
+[Note: sharded collections under torch.compile]
+A sharded collection's forward is collectives (the input dist's all-to-alls, the output
+dist's) around local lookups, and its backward more of them. Traced, each collective would be
+a graph break, or a functional collective with another wire protocol than the one the eager
+path and the other ranks run. So under `torch.compile` the whole sharded forward runs eagerly
+(`torch.compiler.disable`): the model's graph breaks there once on each side, the dense part
+around it compiles, and its autograd graph joins the compiled parts' as any eager op's does.
+One INFO line says so, the first time a compiled model calls it.
 """
 
 from __future__ import annotations
@@ -329,6 +338,22 @@ class ShardedCollection(nn.Module):
         """The input dist, then compute and output dist; a train pipeline swaps in a forward
         that uses the input dist it started ahead (see [Note: pipelined forward] in
         `sharding._pipeline._prefetches`)."""
+        if torch.compiler.is_compiling():  # see [Note: sharded collections under torch.compile]
+            return self._forward_outside_graph(features, traced=True)
+        return self._forward(features)
+
+    @torch.compiler.disable
+    def _forward_outside_graph(self, features: KeyedJaggedTensor, *, traced: bool) -> Any:
+        if traced and not getattr(self, "_said_graph_break", False):
+            self._said_graph_break = True
+            logger.info(
+                "torch.compile: %s runs eagerly between compiled graphs (a graph break): its "
+                "input and output dists are collectives; the model around it compiles",
+                type(self).__name__,
+            )
+        return self._forward(features)
+
+    def _forward(self, features: KeyedJaggedTensor) -> Any:
         return self.compute_and_output_dist(self.input_dist(features))
 
     def _local_features(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
