@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 from shardkit.data import TableReader, load_schema, scan_table
 
 GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary",
@@ -152,7 +152,7 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -
         cells = [f"{median[name][k]:,.0f} ({spread[name][k][0]:,.0f}-{spread[name][k][1]:,.0f})"
                  for k in keys]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Machine: see the .json beside this file."]
+    lines += ["", f"Machine: {machine_line()} (the .json beside this file has the rest)."]
     args.out.write_text("\n".join(lines) + "\n")
     report = {"command": command, "machine": machine_info(), "runs": runs, "median": median}
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
