@@ -3,9 +3,10 @@ loop kind against the same loop kind), and a chart when matplotlib is importable
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
+
+from shardkit.bench import machine_line
 
 LOOPS = ("plain", "pipeline")
 LIBRARIES = ("shardkit", "torchrec")
@@ -56,16 +57,17 @@ def render(report: dict[str, Any]) -> str:
         f"{args['tables']} tables x {args['rows']:,} x {args['dim']}, batch {args['batch']} per "
         f"rank, ~{args['ids_per_bag']} ids per bag, MLP {args['tables'] * args['dim']}-256-1, BCE, "
         "Adam for the MLP; tables: fused row-wise Adagrad, or fused SGD in the rows marked "
-        "(sgd). Data-parallel tables: TorchRec's DENSE kernel (dense gradients all-reduced, "
-        "stepped by torch's Adagrad or SGD) against shardkit's FUSED replicas (only the rows a "
-        "batch touched exchanged and updated, with exact Adagrad or SGD: the same trained "
-        "weights). Each "
+        "(sgd). Data-parallel tables (*data_parallel*): planned DENSE by each library's planner "
+        "(dense gradients, stepped by torch's Adagrad or SGD after the backward), shardkit's "
+        "DENSE path against TorchRec's; *data_parallel_fused*, a second row: shardkit's FUSED "
+        "replicas (only the rows a batch touched exchanged and updated, with exact Adagrad or "
+        "SGD: the same trained weights) against TorchRec's DENSE tables. Each "
         f"contender: median of {args['iters']} steps (the slower rank's) after {args['warmup']} "
         f"warm-up, in fresh processes; contenders take turns in {args['rounds']} round(s). "
         "*plain*: zero_grad, forward, backward, step; *pipeline*: each library's "
         "`TrainPipelineSparseDist.progress`. Each loop is compared with the same loop of the "
         "other library, never the better of the two.",
-        f"Machine: {json.dumps(report['machine'])}",
+        f"Machine: {machine_line(report['machine'])} (the .json has the rest).",
         "",
     ]
     lines += _ratio_table("shardkit / TorchRec, wall time per step (< 1 is faster)", report)

@@ -9,10 +9,12 @@ batch 1,024 per rank, ~20 ids per bag, a dense MLP (512 -> 256 -> 1) over the po
 BCE loss, Adam for the MLP, and for the tables each optimizer of ``--optimizers``:
 ``rowwise_adagrad`` (fused row-wise Adagrad; data-parallel tables: Adagrad) and ``sgd`` (fused
 SGD; data-parallel tables: SGD), which separates FBGEMM's CPU row-wise Adagrad from the DMP
-overhead. Data-parallel tables: TorchRec's have only the DENSE kernel (dense gradients
-all-reduced by DDP, stepped by torch's Adagrad/SGD); shardkit's are planned FUSED
-(``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated),
-which trains exactly as the dense Adagrad/SGD (see [Note: sparse data-parallel tables]). Every
+overhead. Data-parallel tables (``data_parallel``): planned by each library's planner, which
+plans them DENSE in both (dense gradients, stepped by torch's Adagrad/SGD after the backward);
+``data_parallel_fused`` is a second row: shardkit's tables planned FUSED by hand
+(``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated,
+which trains exactly as the dense Adagrad/SGD, see [Note: sparse data-parallel tables]) against
+TorchRec's DENSE ones (TorchRec has no other kernel for them). Every
 sharding type, each library with a plain loop and with its TrainPipelineSparseDist; each
 (library, loop, type, optimizer) runs in fresh processes, contenders taking turns round after
 round, and each loop kind is compared with the same loop kind of the other library. Writes the
@@ -45,6 +47,7 @@ TYPES = [
     "column_wise",
     "table_row_wise",
     "data_parallel",
+    "data_parallel_fused",
     "table_column_wise",
     "grid_shard",
 ]
@@ -205,14 +208,15 @@ def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> di
     ebc = EmbeddingBagCollection(tables=tables, device="meta", validate_ids=False)
     model = Model(ebc, args.tables * args.dim)
     rule, extra = OPTIMIZERS[optimizer][0], {}
-    if kind == "data_parallel":
+    if kind == "data_parallel_fused":
         rule, extra = REPLICA_RULES[optimizer]
     fused = {"optimizer": EmbOptimType[rule], "learning_rate": 0.01, **extra}
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
-    # By hand: the planner plans data-parallel tables DENSE (as TorchRec's), and grid only
-    # over 2 or more hosts; on one host grid is one column block row-wise over its ranks.
+    # By hand: FUSED replicas (the planner plans data-parallel tables DENSE, as TorchRec's), and
+    # grid (planned only over 2 or more hosts; on one host grid is one column block row-wise
+    # over its ranks).
     by_hand = {
-        "data_parallel": lambda: data_parallel(compute_kernel="fused"),
+        "data_parallel_fused": lambda: data_parallel(compute_kernel="fused"),
         "grid_shard": lambda: grid_shard(host_indexes=[0]),
     }
     if kind in by_hand:
@@ -254,6 +258,7 @@ def run_torchrec(rank: int, world_size: int, args, case: tuple, loop: str) -> di
         """TorchRec's pipeline checks for its interface by type."""
 
     kind, optimizer = case
+    kind = kind.removesuffix("_fused")  # TorchRec's data-parallel tables are DENSE only
     torch.set_num_threads(args.threads)
     tables = [
         torchrec.EmbeddingBagConfig(
