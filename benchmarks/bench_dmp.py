@@ -422,7 +422,11 @@ def main() -> None:
                     )
                     if "profile" in result:
                         print(f"profile of {label} {library} {loop} {result['profile']}")
-    report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, labels)}
+    report = {
+        "args": vars(args),
+        "machine": machine_info(threads=args.threads),
+        **summarize(times, failed, labels),
+    }
     report["cpu"] = summarize(cpu_times, failed, labels)
     report["cases"] = labels
     report["input_wait_ms"] = [

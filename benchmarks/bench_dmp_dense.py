@@ -135,7 +135,7 @@ def report(args, rows: dict[str, dict]) -> str:
         "",
         f"`python benchmarks/bench_dmp_dense.py {' '.join(argv(args))}`",
         "",
-        f"Machine: {machine_line()}.",
+        f"Machine: {machine_line(threads=1)}.",
         "",
         f"DLRM, {params / 1e6:.1f} M dense parameters, {TABLES} tables of {args.rows} x "
         f"{args.dim} (planned, default sharders), Adam on the dense part, batch {args.batch}.",
@@ -173,7 +173,9 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "rows": rows, "machine": machine_info()}, indent=1)
+            json.dumps(
+                {"args": vars(args), "rows": rows, "machine": machine_info(threads=1)}, indent=1
+            )
         )
 
 

@@ -238,7 +238,7 @@ def environment(device: str = "cpu", threads: int = 1) -> dict:
         "cpu": _cpu_name(),
         "cores": os.cpu_count(),
         "threads_per_rank": threads,
-        "machine": machine_info(),
+        "machine": machine_info(threads=threads),
     }
 
 
@@ -253,7 +253,7 @@ def _machine(env: dict) -> str:
     name and cores it did record)."""
     if "machine" in env:
         return machine_line(env["machine"])
-    return f"{env['cpu']}, {env['cores']} cores"
+    return f"{env['cpu']}, {env['cores']} cores, {env['threads_per_rank']} thread(s)"
 
 
 def _cpu_name() -> str:
@@ -388,8 +388,7 @@ def write_markdown(results: dict, path: Path) -> None:
         "Written by `benchmarks/bench_fsdp.py`; the raw numbers are in `fsdp.json` beside it.",
         "",
         f"- command: `{results['command']}`",
-        f"- machine: {_machine(env)}, shared with other jobs, "
-        f"{env['threads_per_rank']} thread(s) per rank; {env['platform']}",
+        f"- machine: {_machine(env)} per rank, shared with other jobs; {env['platform']}",
         f"- versions: Python {env['python']}, torch {env['torch']}; 2 ranks, "
         f"{_transport(env)}, Adam (lr 1e-4), "
         "float32; every contender starts from the same full model built on the CPU",

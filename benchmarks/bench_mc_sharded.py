@@ -129,7 +129,7 @@ def main() -> None:
         "",
         f"`python benchmarks/bench_mc_sharded.py {' '.join(argv(args))}`",
         "",
-        f"Machine: {machine_line()}.",
+        f"Machine: {machine_line(threads=1)}.",
         "",
         "| contender | ms/step (median) | range over rounds | vs id % rows |",
         "|---|---|---|---|",
@@ -144,7 +144,9 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(report)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "rows": rows, "machine": machine_info()}, indent=1)
+            json.dumps(
+                {"args": vars(args), "rows": rows, "machine": machine_info(threads=1)}, indent=1
+            )
         )
 
 

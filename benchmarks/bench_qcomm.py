@@ -172,7 +172,7 @@ def report(args, results: dict[int, dict], codec_times: dict[str, float]) -> str
         "",
         f"`python benchmarks/bench_qcomm.py {' '.join(argv(args))}`",
         "",
-        f"Machine: {machine_line()}.",
+        f"Machine: {machine_line(threads=1)}.",
         "",
         f"DLRM, {args.tables} tables of {args.rows} x {args.dim} (half table-wise, half "
         f"row-wise), batch {args.batch} per rank, {args.rounds * args.steps} steps per contender.",
@@ -222,7 +222,7 @@ def main() -> None:
                     "args": vars(args),
                     "results": results,
                     "codec_ms": codec_times,
-                    "machine": machine_info(),
+                    "machine": machine_info(threads=1),
                 },
                 indent=1,
             )

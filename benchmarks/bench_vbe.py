@@ -154,7 +154,7 @@ def report(args, results: dict) -> str:
         "",
         f"`python benchmarks/bench_vbe.py {' '.join(argv(args))}`",
         "",
-        f"Machine: {machine_line()}.",
+        f"Machine: {machine_line(threads=1)}.",
         "",
         f"2 ranks x 1 thread; per rank a batch of {args.batch} examples: {args.user_features} "
         f"user features with one bag (about {args.user_ids} ids) per {args.repeat} examples, "
@@ -204,7 +204,8 @@ def main() -> None:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
             json.dumps(
-                {"args": vars(args), "results": results, "machine": machine_info()}, indent=1
+                {"args": vars(args), "results": results, "machine": machine_info(threads=1)},
+                indent=1,
             )
         )
 

@@ -40,12 +40,13 @@ ISA_FLAGS = (
 _FBGEMM_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(*, threads: int | None = None) -> dict[str, Any]:
     """Date, host, CPU (model name, family and model, the ISA flags of `ISA_FLAGS` it has,
     transparent huge pages mode, cores, torch's threads and its CPU capability), Python, torch
     (and its CUDA), shardkit, and TorchRec/FBGEMM versions when they are importable (side-by-side
     runs) with FBGEMM's instruction set, for every report under benchmarks/results. See [Note:
-    a result names its machine]."""
+    a result names its machine]. ``threads``: the threads the benchmark ran on (per rank), where
+    that is not this process's torch setting (a parent that spawns the ranks)."""
     import shardkit
 
     cpu = _cpuinfo()
@@ -60,7 +61,7 @@ def machine_info() -> dict[str, Any]:
         "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "thp": _thp_mode(),
         "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
+        "threads": threads if threads is not None else torch.get_num_threads(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -77,10 +78,11 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def machine_line(info: dict[str, Any] | None = None) -> str:
+def machine_line(info: dict[str, Any] | None = None, *, threads: int | None = None) -> str:
     """`machine_info` in one line, e.g. "AMD EPYC (family 25 model 1): avx2 fma, no AVX-512;
-    THP madvise; 2 cores, 1 thread; FBGEMM avx2 (inferred from the CPU flags)"."""
-    info = info if info is not None else machine_info()
+    THP madvise; 2 cores, 1 thread(s); FBGEMM avx2 (inferred from the CPU flags)"; ``threads``
+    as `machine_info`'s."""
+    info = info if info is not None else machine_info(threads=threads)
     model = info.get("cpu_model") or info.get("cpu") or "unknown CPU"
     if info.get("cpu_family") is not None:
         model += f" (family {info['cpu_family']} model {info['cpu_model_id']})"
