@@ -14,7 +14,12 @@ plans them DENSE in both (dense gradients, stepped by torch's Adagrad/SGD after 
 ``data_parallel_fused`` is a second row: shardkit's tables planned FUSED by hand
 (``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated,
 which trains exactly as the dense Adagrad/SGD, see [Note: sparse data-parallel tables]) against
-TorchRec's DENSE ones (TorchRec has no other kernel for them). Every
+TorchRec's DENSE ones (TorchRec has no other kernel for them). Column-wise (``column_wise``):
+each planner's own column blocks, which differ here: shardkit's are 32 columns wide at least
+(the seed tutorial's 64 -> 2 x 32), TorchRec 1.8's 128 (``MIN_CW_DIM``), so TorchRec keeps a
+64-column table whole on one rank (table-wise in all but name) while shardkit sends every id
+to both ranks and looks up two 32-column halves; ``column_wise_32`` is the same program with
+``ParameterConstraints(min_partition=32)`` in both, the same 2 x 32 shards on both sides. Every
 sharding type, each library with a plain loop and with its TrainPipelineSparseDist; each
 (library, loop, type, optimizer) runs in fresh processes, contenders taking turns round after
 round, and each loop kind is compared with the same loop kind of the other library. Writes the
@@ -45,6 +50,7 @@ TYPES = [
     "table_wise",
     "row_wise",
     "column_wise",
+    "column_wise_32",
     "table_row_wise",
     "data_parallel",
     "data_parallel_fused",
@@ -149,6 +155,15 @@ OPTIMIZERS = {
 REPLICA_RULES = {"rowwise_adagrad": ("EXACT_ADAGRAD", {"eps": 1e-10}), "sgd": ("EXACT_SGD", {})}
 
 
+def _constraints(constraint_type, kind: str, tables: int) -> dict:
+    """Every table constrained to ``kind``; ``column_wise_32``: column-wise with shards of 32
+    columns or more in either library's planner (see the module's docstring)."""
+    extra = {}
+    if kind == "column_wise_32":
+        kind, extra = "column_wise", {"min_partition": 32}
+    return {f"t{t}": constraint_type(sharding_types=[kind], **extra) for t in range(tables)}
+
+
 def _label(kind: str, optimizer: str) -> str:
     """The report's row: the sharding type, with the optimizer unless it is row-wise Adagrad."""
     return kind if optimizer == "rowwise_adagrad" else f"{kind} ({optimizer})"
@@ -226,9 +241,7 @@ def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> di
         )
         plan = ShardingPlan({"ebc": module_plan})
     else:
-        constraints = {
-            f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)
-        }
+        constraints = _constraints(ParameterConstraints, kind, args.tables)
         planner = EmbeddingShardingPlanner(
             topology=Topology(
                 world_size=world_size, compute_device=args.device, local_world_size=world_size
@@ -278,7 +291,7 @@ def run_torchrec(rank: int, world_size: int, args, case: tuple, loop: str) -> di
             return super().sharding_types("cuda")
 
     sharders = [AllTypesSharder(fused_params=fused)]
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
+    constraints = _constraints(ParameterConstraints, kind, args.tables)
     planner = EmbeddingShardingPlanner(
         topology=Topology(
             world_size=world_size, compute_device=args.device, local_world_size=world_size
