@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.shardkit-installed
 
-.PHONY: demo test test-gpu bench-gpu lint typecheck bench-comm clean
+.PHONY: demo test test-programs test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 test: $(STAMP) lint typecheck
 	$(PY) -m pytest
 
+# The programs tier: user programs written from TorchRec's and torch's docs, run on TorchRec
+# (the peers venv, ../shared/peers/setup.sh) and on shardkit, figures compared (~15 min).
+test-programs: $(STAMP)
+	SHARDKIT_PROGRAMS=1 $(PY) -m pytest tests/programs
+
 # The GPU tier (tests marked gpu: the sharded-vs-unsharded, FSDP and checkpoint bodies on CUDA
 # with NCCL). Without CUDA every one of them skips, with one summary line.
 test-gpu: $(STAMP)
@@ -34,6 +39,11 @@ bench-gpu: $(STAMP)
 	$(PY) benchmarks/bench_dmp.py --device cuda --out benchmarks/results/dmp_cuda.md
 	$(PY) benchmarks/bench_fsdp.py --device cuda --json benchmarks/results/fsdp_cuda.json \
 		--markdown benchmarks/results/fsdp_cuda.md
+
+# Build the CUDA kernel without a GPU, as a GPU machine's first use does, for every architecture
+# torch's CUDA wheel targets: its own venv (.venv-cuda, ~5 GB once); not part of `make test`.
+check-cuda-build:
+	scripts/check_cuda_build.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

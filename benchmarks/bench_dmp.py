@@ -204,13 +204,13 @@ def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> di
         Topology,
     )
     from shardkit.optim import EmbOptimType
-    from shardkit.planner import ShardingPlan
     from shardkit.sharding import (
         TrainPipelineSparseDist,
         construct_module_sharding_plan,
         data_parallel,
         grid_shard,
     )
+    from shardkit.types import ShardingPlan
 
     kind, optimizer = case
     torch.set_num_threads(args.threads)

@@ -34,13 +34,13 @@ from shardkit.modules.mc_modules import (
     ManagedCollisionCollection,
     MCHManagedCollisionModule,
 )
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     ShardedManagedCollisionEmbeddingBagCollection,
     construct_module_sharding_plan,
     row_wise,
 )
+from shardkit.types import ShardingEnv
 
 FEATURES = ["user", "item"]
 

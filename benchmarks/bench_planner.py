@@ -35,14 +35,13 @@ from shardkit.planner import (
     EmbeddingComputeKernel,
     EnumerableShardingSpec,
     ParameterConstraints,
-    ParameterSharding,
     PlannerError,
-    ShardingPlan,
     ShardMetadata,
     Topology,
     estimate_plan,
     plan_tables,
 )
+from shardkit.types import ParameterSharding, ShardingPlan
 
 # TorchRec's DLRM example (torchrec/examples/dlrm, --num_embeddings_per_feature for Criteo 1TB).
 CRITEO_TB_ROWS = [

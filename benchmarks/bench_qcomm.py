@@ -41,7 +41,6 @@ from shardkit.launch import spawn
 from shardkit.models import DLRM
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DistributedModelParallel,
     EmbeddingBagCollectionSharder,
@@ -49,6 +48,7 @@ from shardkit.sharding import (
     row_wise,
     table_wise,
 )
+from shardkit.types import ShardingPlan
 
 CONTENDERS = {
     "fp32": CommType.FP32,

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_row_buckets.py            # 20k ids (1024 bags of ~20), 1 thread
 
-One feature's ids grouped by the shard that holds their row, as `_input_dist` does per
+One feature's ids grouped by the shard that holds their row, as `sharding._dist._input` does per
 row-sharded feature per step (see [Note: row bucketing without a sort]), for 1-16 shards: the
 compiled operator ([Note: compiled row bucketing]; "n/a" where it does not build) and the two
 eager paths, all checked equal first. Prints the best of ``--reps`` calls of each (ms) and the

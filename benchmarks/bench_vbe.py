@@ -34,7 +34,6 @@ from shardkit.bench import machine_info, machine_line
 from shardkit.launch import spawn
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig, expand_variable_batch
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     column_wise,
@@ -43,6 +42,7 @@ from shardkit.sharding import (
     table_row_wise,
     table_wise,
 )
+from shardkit.types import ShardingEnv
 
 CONTENDERS = ("vbe", "expanded")
 PLANS = {

@@ -5,7 +5,8 @@ body with ``device=<torch.device>`` (this rank's device), on a process group tha
 
 - ``cpu``: gloo, the default tier.
 - ``fakegpu``: gloo, with every tensor the body puts on ``device`` a fake-GPU tensor that refuses
-  to mix with CPU tensors (see [Note: the fake GPU] in `tests.fake_gpu`). Part of the default
+  to mix with CPU tensors (see [Note: the fake GPU] in `tests.fake_gpu`), and collectives that
+  refuse CPU tensors as NCCL does (`shardkit.comm.set_collective_device`). Part of the default
   tier: it proves on a CPU-only machine that nothing is created on, or left on, the wrong device.
 - ``cuda``: NCCL on ``cuda:<local rank>``, the GPU tier (``pytest -m gpu``, ``make test-gpu``);
   skipped, with one summary line for all of them, where CUDA is missing.
@@ -77,7 +78,14 @@ class OnDevice:
             return self.fn(rank, world_size, *args, device=torch.device("cpu"))
         if self.kind == "cuda":
             return self.fn(rank, world_size, *args, device=launch.current().device)
-        from tests.fake_gpu import fake_gpu
+        from shardkit import comm
+        from tests.fake_gpu import DEVICE_TYPE, fake_gpu
 
-        with fake_gpu() as device:
-            return self.fn(rank, world_size, *args, device=device)
+        # The fake GPU's gloo stands for NCCL: collectives refuse CPU tensors as NCCL does
+        # (see [Note: collective placement] in shardkit/comm/_placement.py).
+        comm.set_collective_device(DEVICE_TYPE)
+        try:
+            with fake_gpu() as device:
+                return self.fn(rank, world_size, *args, device=device)
+        finally:
+            comm.set_collective_device(None)

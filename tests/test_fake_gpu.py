@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     construct_module_sharding_plan,
     row_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.fake_gpu import DeviceMismatch, host_syncs
 from tests.sharding.common import global_batch, local_part
 
@@ -49,7 +49,7 @@ def test_the_fake_gpu_refuses_mixed_devices_like_a_gpu(run_ranks):
 
 
 def _old_weights(jt, config):
-    """`shardkit.sharding._inputs._weights` as it was before the device audit."""
+    """`shardkit.sharding._dist._source._weights` as it was before the device audit."""
     weights = jt.weights_or_none()
     weights = None if weights is None else weights.float()
     num_ids = jt.values().numel()
@@ -63,7 +63,7 @@ def _old_weights(jt, config):
 def _step(rank: int, world_size: int, put_back: bool, *, device: torch.device):
     """One step of a sharded EBC whose MEAN table makes the input dist send weights; with
     ``put_back``, the SUM table's weights come from the old CPU-only ``torch.ones(n)``."""
-    import shardkit.sharding._inputs as inputs
+    import shardkit.sharding._dist._source as inputs
 
     tables = [
         EmbeddingBagConfig(

@@ -20,15 +20,16 @@ import shardkit
 
 ROOT = Path(shardkit.__file__).parent
 
-# Every package may import these (they import nothing of ours): TorchRec-name refusals and
-# TorchRec's stream interfaces.
-BOTTOM = {"compat", "streamable"}
+# Every package may import these (they import nothing of ours): TorchRec-name refusals,
+# TorchRec's stream interfaces and its 4- and 2-bit tensor types.
+BOTTOM = {"compat", "streamable", "tensor_types"}
 
 # package -> shardkit packages it may import (besides itself and BOTTOM)
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "compat": set(),
     "streamable": set(),
+    "tensor_types": set(),
     "launch": set(),
     "comm": {"launch"},
     "sparse": set(),
@@ -63,9 +64,12 @@ ALLOWED: dict[str, set[str]] = {
 }  # fmt: skip
 
 # Single modules allowed more than their package: the planner is a pure function with no
-# process group, except `collective_plan`, which plans on rank 0 and broadcasts.
+# process group, except `collective_plan`, which plans on rank 0 and broadcasts; the data
+# readers need none, except the table scan's parallel form (`scan_table(parallel=True)`),
+# which merges the ranks' parts with all-gathers.
 ALLOWED_MODULES: dict[str, set[str]] = {
     "planner/_collective.py": {"comm", "launch"},
+    "data/_table_scan.py": {"comm", "launch"},
 }
 
 
@@ -164,16 +168,48 @@ def test_no_package_imports_another_packages_private_modules():
     assert not problems, "\n".join(problems)
 
 
+def _edge_private(name: str) -> bool:
+    """``shardkit.distributed._tracing.x``, ``shardkit.distributed.planner._tr_types.X``: a
+    private module of the edge itself."""
+    parts = name.split(".")
+    return parts[1] == "distributed" and any(part.startswith("_") for part in parts[2:-1])
+
+
 def test_torchrec_paths_only_reexport_package_names():
-    """``shardkit.distributed`` mirrors ``torchrec.distributed.*`` and only re-exports what the
-    packages below export; their middle modules are private, so each name has one public home."""
+    """``shardkit.distributed`` mirrors ``torchrec.distributed.*``: its public modules re-export
+    what the packages below export, or what its own private modules define (TorchRec's
+    vocabulary that shardkit's core does not use); the core's middle modules are private, so
+    each name has one public home."""
     problems = []
     for module, path, package in _library_modules():
-        if package == "distributed":
-            names = [name for name in _imported(path) if name.count(".") != 2]
+        if package == "distributed" and not module.rsplit(".", 1)[1].startswith("_"):
+            names = [
+                name for name in _imported(path) if name.count(".") != 2 and not _edge_private(name)
+            ]
             problems += [f"{module} imports {name}, not a package's name" for name in names]
         elif package in ("types", "planner", "sharding") and not _private(module):
             problems.append(f"{module} is public: make it private, export from __init__")
+    assert not problems, "\n".join(problems)
+
+
+# TorchRec's and FBGEMM's import paths: the compatibility edge, built over the packages' public
+# names (../shared/STYLE.md, "Compatibility at the edge").
+EDGE = {"distributed", "fbgemm_gpu"}
+# What speaks shardkit's own vocabulary, and so imports nothing from the edge.
+CORE = {"types", "sparse", "optim", "kernels", "modules", "planner", "sharding", "comm", "launch"}
+
+
+def test_the_core_imports_nothing_from_the_compatibility_edge():
+    """``sharding/`` and ``planner/`` (and what they stand on) never reach up into TorchRec's
+    paths, counting imports inside functions and under ``TYPE_CHECKING``: the edge can be
+    read, tested and versioned on its own."""
+    problems = []
+    for _module, path, package in _library_modules():
+        if package not in CORE:
+            continue
+        for name in _imported(path):
+            if _package(_target(name)) in EDGE:
+                problems.append(f"{path.relative_to(ROOT).as_posix()} imports {name} (the edge)")
     assert not problems, "\n".join(problems)
 
 

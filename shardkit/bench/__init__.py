@@ -1,12 +1,24 @@
 """Benchmarks that ship with the package (run them with ``shardkit bench ...``)."""
 
+from shardkit.bench._calibrate import (
+    CalibrationConfig,
+    calibrate,
+    fit_nonnegative,
+    format_profile,
+    machine_identity,
+)
 from shardkit.bench._machine import machine_info, machine_line
 from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
 
 __all__ = [
+    "CalibrationConfig",
     "CommBenchConfig",
     "CommBenchRow",
+    "calibrate",
+    "fit_nonnegative",
+    "format_profile",
     "format_table",
+    "machine_identity",
     "machine_info",
     "machine_line",
     "run_comm_bench",

@@ -176,8 +176,7 @@ def load(
         del state["optim"]
     with quiet_sharded_tensor():
         _check_fits(state, metadata, group)
-    for name in [k for k, v in state.items() if isinstance(v, dict) and not _flatten(v)]:
-        del state[name]  # torch.distributed.checkpoint reads an empty dict as a missing value
+    _drop_empty(state)  # torch.distributed.checkpoint reads an empty dict as a missing value
     template = _dense_template(metadata, state.get("model", {})) if optimizer else {}
     if template:  # an optimizer with no tensor state yet (SGD, Adam before a step) has none
         state.setdefault("optim", {})["dense"] = {"state": template}
@@ -321,6 +320,15 @@ def _verify_everywhere(directory: Path, rank: int, world: int, group: Group) -> 
     problems = [p for p in comm.all_gather_object(problem, group=group) if p]
     if problems:
         raise CheckpointError(problems[0])
+
+
+def _drop_empty(state: dict[str, Any]) -> None:
+    """Remove the dicts holding nothing, at any depth (a stateless optimizer's, SGD's)."""
+    for key, value in list(state.items()):
+        if isinstance(value, dict):
+            _drop_empty(value)
+            if not value:
+                del state[key]
 
 
 def _flatten(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:

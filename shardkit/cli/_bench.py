@@ -1,4 +1,5 @@
-"""``shardkit bench comm``: collective bandwidth and shardkit's overhead over torch.distributed."""
+"""``shardkit bench comm``: collective bandwidth and shardkit's overhead over torch.distributed;
+``shardkit bench calibrate``: measure this machine for the planner's predictions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import torch
 
-from shardkit.bench import machine_info
+from shardkit.bench import CalibrationConfig, calibrate, format_profile, machine_info
 from shardkit.bench.comm import OPS, CommBenchConfig, format_table, run_comm_bench
 from shardkit.launch import current, spawn
 
@@ -40,6 +41,64 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
     parser.add_argument("--json", metavar="PATH", help="also write rows and machine info here")
     parser.set_defaults(run=_run, parser=parser)
+    _add_calibrate(kinds)
+
+
+def _add_calibrate(kinds: Any) -> None:
+    defaults = CalibrationConfig()
+    parser = kinds.add_parser(
+        "calibrate",
+        allow_abbrev=False,
+        help="measure this machine and write the profile the planner predicts step times from",
+        description="Times the embedding kernel (forward, backward + fused update, per "
+        "optimizer), memory bandwidth, float32 matmul, the collectives per world size and the "
+        "sharded step's own overhead, fits them, prints what it measured and writes a JSON "
+        "profile for `shardkit plan --profile` and Topology.from_profile. Under torchrun on "
+        "several hosts it also measures the links between hosts.",
+    )
+    parser.add_argument("--out", default="profile.json", help="where to write the profile")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="default: cuda with a GPU, else cpu")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=defaults.threads_per_rank,
+                        help="intra-op threads per rank, as training will run")  # fmt: skip
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=list(defaults.world_sizes),
+                        help="ranks to time the collectives among, on this host")  # fmt: skip
+    parser.add_argument("--optimizers", nargs="+", default=list(defaults.optimizers),
+                        help="fused optimizers to time the kernel with")  # fmt: skip
+    parser.add_argument("--dims", type=int, nargs="+", default=list(defaults.dims))
+    parser.add_argument("--ids", type=int, nargs="+", default=list(defaults.ids),
+                        help="ids per kernel call at the kernel's points")  # fmt: skip
+    parser.add_argument("--sizes", type=_size, nargs="+", default=list(defaults.sizes),
+                        help="collective message sizes (16K, 4M..)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--copy-bytes", type=_size, default=defaults.copy_bytes,
+                        help="tensor copied to time memory bandwidth")  # fmt: skip
+    parser.add_argument("--big-table-bytes", type=_size, default=defaults.big_table_bytes,
+                        help="the kernel's table outside the cache")  # fmt: skip
+    parser.set_defaults(run=_run_calibrate, parser=parser)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = CalibrationConfig(
+        optimizers=tuple(args.optimizers),
+        dims=tuple(args.dims),
+        ids=tuple(args.ids),
+        world_sizes=tuple(args.world_sizes),
+        sizes=tuple(args.sizes),
+        threads_per_rank=args.threads,
+        repeats=args.repeats,
+        copy_bytes=args.copy_bytes,
+        big_table_bytes=args.big_table_bytes,
+        device=device,
+    )
+    profile = calibrate(config, log=print)
+    if profile is None:  # a rank other than 0 under torchrun
+        return 0
+    print(format_profile(profile))
+    profile.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def _size(text: str) -> int:

@@ -21,6 +21,15 @@ The model file (JSON, or YAML with ``shardkit[yaml]``) lists the tables::
         min_partition: 32
 
 A top-level list of tables is also accepted.
+
+With ``--profile P`` (from ``shardkit bench calibrate``) the ranks are that machine: the plan is
+chosen by predicted step time and printed with it, per rank and for the job. With ``--simulate``
+the planner plans and predicts every world size from 8 to 4,096 ranks on a cluster of that
+machine (``--ranks-per-host``, and the links: ``--inter-bw``/``--inter-latency-us``, and
+``--intra-bw``/``--intra-latency-us`` unless the profile's calibrated ones should serve)::
+
+    shardkit plan dlrm.yaml --profile a100.json --simulate --ranks-per-host 8 \
+        --intra-bw 230G --intra-latency-us 10 --inter-bw 23G --inter-latency-us 20 --png s.png
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardkit.cli._simulate import add_simulate_arguments, run_simulation
 from shardkit.modules import DataType, EmbeddingBagConfig, EmbeddingConfig
 from shardkit.planner import (
     DDR_CAP,
@@ -40,6 +50,7 @@ from shardkit.planner import (
     PlannerError,
     PlanStats,
     Topology,
+    load_profile,
     plan_tables,
 )
 
@@ -70,7 +81,9 @@ def add_parser(commands: Any) -> None:
         "per-rank bar chart as PNG.",
     )
     parser.add_argument("model", type=Path, help="JSON or YAML file of tables")
-    parser.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    parser.add_argument(
+        "--world-size", type=int, help="number of ranks (required unless --simulate)"
+    )
     parser.add_argument("--local-world-size", type=int, help="ranks per host (default: all)")
     parser.add_argument("--compute-device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--hbm-cap", type=_size, help="GPU memory per rank, e.g. 80G (default 32G)")
@@ -86,6 +99,18 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--png", type=Path, help="draw per-rank memory and cost here (shardkit[plot])"
     )
+    parser.add_argument(
+        "--profile", type=Path, help="a machine profile (shardkit bench calibrate): predict ms"
+    )
+    parser.add_argument(
+        "--dense-params", type=int, default=0, help="parameters of the dense model (prediction)"
+    )
+    parser.add_argument(
+        "--dense-flops",
+        type=float,
+        help="forward flops per example of the dense model (default 2 x --dense-params)",
+    )
+    add_simulate_arguments(parser)
     parser.set_defaults(run=_run, parser=parser)
 
 
@@ -94,25 +119,26 @@ def _run(args: argparse.Namespace) -> int:
         if args.png:
             _matplotlib()  # fail before planning, not after
         tables, constraints, file_batch = load_model(args.model)
-        # Plans for any cluster, not this machine: TorchRec's capacities unless told.
-        cuda = args.compute_device == "cuda"
-        topology = Topology(
-            world_size=args.world_size,
-            compute_device=args.compute_device,
-            hbm_cap=args.hbm_cap if args.hbm_cap is not None else (HBM_CAP if cuda else 0),
-            ddr_cap=args.ddr_cap if args.ddr_cap is not None else DDR_CAP,
-            local_world_size=args.local_world_size,
-        )
         reservation = HeuristicalStorageReservation(
             percentage=args.reserve, dense_tensor_estimate=args.dense_bytes
         )
+        profile = load_profile(args.profile) if args.profile else None
+        batch_size = args.batch_size or file_batch or 512
+        if args.simulate:
+            return run_simulation(
+                args, tables, constraints, reservation, profile, batch_size, _matplotlib
+            )
+        if args.world_size is None:
+            raise ValueError("--world-size is required (unless --simulate)")
         result = plan_tables(
             tables,
-            topology,
+            _topology(args, profile),
             constraints=constraints,
             storage_reservation=reservation,
-            batch_size=args.batch_size or file_batch or 512,
+            batch_size=batch_size,
             fused_params={"optimizer": args.optimizer},
+            dense_parameters=args.dense_params,
+            dense_flops_per_example=args.dense_flops,
         )
     except (PlannerError, ValueError, TypeError, OSError) as exc:
         print(f"shardkit plan: {exc}", file=sys.stderr)
@@ -128,6 +154,27 @@ def _run(args: argparse.Namespace) -> int:
         draw(result.stats, args.png)
         print(f"drew {args.png}")
     return 0
+
+
+def _topology(args: argparse.Namespace, profile: Any) -> Topology:
+    """The ranks: the profiled machine's (its device, memory and speeds), or any cluster with
+    TorchRec's capacities unless told."""
+    if profile is not None:
+        return Topology.from_profile(
+            profile,
+            world_size=args.world_size,
+            local_world_size=args.local_world_size,
+            hbm_cap=args.hbm_cap,
+            ddr_cap=args.ddr_cap,
+        )
+    cuda = args.compute_device == "cuda"
+    return Topology(
+        world_size=args.world_size,
+        compute_device=args.compute_device,
+        hbm_cap=args.hbm_cap if args.hbm_cap is not None else (HBM_CAP if cuda else 0),
+        ddr_cap=args.ddr_cap if args.ddr_cap is not None else DDR_CAP,
+        local_world_size=args.local_world_size,
+    )
 
 
 def load_model(path: Path) -> tuple[list, dict[str, ParameterConstraints], int | None]:

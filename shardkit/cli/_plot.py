@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def draw_metrics(records: list[dict[str, Any]], path: Path, *, title: str = "") -> None:
     """Four panels over steps: training loss; validation AUC; validation log loss; samples/s
-    of training (and of reading alone, per epoch)."""
+    of training (and of reading where training waited for it, per epoch)."""
     plt = _matplotlib()
     train = [r for r in records if r.get("kind") == "train"]
     validation = [r for r in records if r.get("kind") == "validation"]
@@ -61,7 +61,7 @@ def draw_metrics(records: list[dict[str, Any]], path: Path, *, title: str = "") 
     _line(axes[1][1], validation, "epoch_samples_per_s", "samples/s", "tab:purple", marker="s",
           linestyle="none", label="training, whole epoch")  # fmt: skip
     _line(axes[1][1], validation, "data_samples_per_s", "samples/s", "tab:orange", marker="o",
-          label="reading alone")  # fmt: skip
+          label="reading where training waited")  # fmt: skip
     axes[1][1].legend(loc="best")
     for ax in axes[1]:
         ax.set_xlabel("step")

@@ -7,7 +7,8 @@
 The program's ``import torchrec...`` and ``import fbgemm_gpu...`` resolve to shardkit
 ([Note: the import aliases] in ``shardkit.compat``); where there is no GPU, ``"cuda"`` runs on
 ``"cpu"`` and ``"nccl"`` on ``"gloo"`` ([Note: cuda on cpu]), said in one line. It then runs as
-``__main__`` with ``sys.argv`` set to the script and its arguments.
+``__main__`` with ``sys.argv`` set to the script and its arguments. Python processes the program
+starts itself get the same mapping through their environment ([Note: child processes]).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from shardkit.compat import install_aliases, map_cuda_to_cpu
+from shardkit.compat import carry_to_children, install_aliases, map_cuda_to_cpu
 
 __all__ = ["add_parser", "run_program"]
 
@@ -71,10 +72,12 @@ def run_program(script: str, script_args: list[str], *, module: bool = False) ->
         raise FileNotFoundError(f"shardkit run: no such program {script!r}")
     install_aliases()
     first_rank = os.environ.get("RANK", "0") == "0"
-    if not torch.cuda.is_available():
+    cuda_on_cpu = not torch.cuda.is_available()
+    if cuda_on_cpu:
         line = map_cuda_to_cpu()
         if first_rank:
             print(f"shardkit run: {line}", file=sys.stderr, flush=True)
+    carry_to_children(cuda_on_cpu=cuda_on_cpu)  # the Pythons the program starts: the same
     if first_rank and not module and "torch.distributed.fsdp" in Path(script).read_text():
         print(_FSDP_NOTE, file=sys.stderr, flush=True)
     sys.argv = [script, *script_args]

@@ -17,12 +17,14 @@ from shardkit.comm._autograd import Handle
 from shardkit.comm._debug import CollectiveMismatchError, set_debug
 from shardkit.comm._errors import CollectiveError
 from shardkit.comm._label import label
-from shardkit.comm._objects import all_gather_object, broadcast_object
+from shardkit.comm._objects import all_gather_object, broadcast_object, group_device
+from shardkit.comm._placement import PlacementError, collective_device, set_collective_device
 
 __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "Handle",
+    "PlacementError",
     "all_gather_into_tensor",
     "all_gather_object",
     "all_gather_sizes",
@@ -31,7 +33,10 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object",
+    "collective_device",
+    "group_device",
     "label",
     "reduce_scatter_tensor",
+    "set_collective_device",
     "set_debug",
 ]

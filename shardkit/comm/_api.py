@@ -18,7 +18,7 @@ from shardkit.comm import _debug
 from shardkit.comm._autograd import Handle, run
 from shardkit.comm._errors import collective_error
 from shardkit.comm._label import label
-from shardkit.comm._objects import object_device
+from shardkit.comm._objects import group_device
 from shardkit.comm._ops import (
     AllGather,
     AllReduce,
@@ -219,7 +219,7 @@ def all_gather_sizes(
     size: int, *, group: Group = None, device: torch.device | None = None
 ) -> list[int]:
     """Every rank's ``size`` in rank order: the ``output_split_sizes`` of an uneven gather."""
-    device = device or object_device(group)
+    device = device or group_device(group)
     local = torch.tensor([size], dtype=torch.int64, device=device)
     gathered = all_gather_into_tensor(local, group=group)
     assert isinstance(gathered, torch.Tensor)
@@ -244,7 +244,7 @@ def _run(
 
 
 def _exchange_counts(in_splits: tuple[int, ...], group: Group) -> tuple[int, ...]:
-    device = object_device(group)
+    device = group_device(group)
     counts = torch.tensor(in_splits, dtype=torch.int64, device=device)
     received = run(
         AllToAll(group, (1,) * len(in_splits), (1,) * len(in_splits)), counts, async_op=False

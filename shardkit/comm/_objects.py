@@ -16,22 +16,28 @@ import torch.distributed as dist
 from shardkit.comm._errors import collective_error
 from shardkit.comm._label import label
 from shardkit.comm._ops import AllGather, Broadcast
+from shardkit.comm._placement import collective_device
 
-__all__ = ["all_gather_object", "broadcast_object", "object_device"]
+__all__ = ["all_gather_object", "broadcast_object", "group_device"]
 
 Group = dist.ProcessGroup | None
 
 
-def object_device(group: Group) -> torch.device:
-    """Where the bytes travel: the current GPU for NCCL, else the CPU."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def group_device(group: Group) -> torch.device:
+    """Where the group's collectives want their tensors (an object's bytes, a flag, a count):
+    the current GPU for NCCL (or the device `set_collective_device`
+    names, see [Note: collective placement]), else the CPU."""
+    device_type = collective_device()
+    if device_type is None and dist.get_backend(group) == "nccl":
+        device_type = "cuda"
+    if device_type is None:
+        return torch.device("cpu")
+    return torch.device(device_type, torch.get_device_module(device_type).current_device())
 
 
 def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
     """Every rank gets global rank ``src``'s picklable ``obj`` (others pass anything, e.g. None)."""
-    device = object_device(group)
+    device = group_device(group)
     is_src = dist.get_rank() == src
     payload = _encode(obj, device) if is_src else None
     with label("shardkit::broadcast_object"):
@@ -48,7 +54,7 @@ def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
 
 def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
     """Every rank gets the list of all ranks' picklable objects, in rank order."""
-    device = object_device(group)
+    device = group_device(group)
     payload = _encode(obj, device)
     num_ranks = dist.get_world_size(group)
     with label("shardkit::all_gather_object"):

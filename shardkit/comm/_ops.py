@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ import torch.distributed as dist
 from shardkit.comm._errors import collective_error
 from shardkit.comm._exit import remember
 from shardkit.comm._label import label
+from shardkit.comm._placement import check_placement
 
 __all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Launched", "Reduce", "ReduceScatter"]
 
@@ -41,8 +42,23 @@ Group = dist.ProcessGroup | None
 # ``dist.all_reduce`` and friends take alongside a ``ReduceOp`` instance.
 ReduceOpLike = dist.ReduceOp | dist.ReduceOp.RedOpType
 
+
+# torch 2.13's single-tensor collectives, or, before them, the names that NCCL (and gloo's
+# all-gather) already served: the GPU machines' images may hold an older torch than the CPU
+# set-up pins (see scripts/gpu_run.sh). Looked up at each call, as tests patch them.
+def _all_gather_single(*args: Any, **kwargs: Any) -> dist.Work | None:
+    return getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(*args, **kwargs)
+
+
+def _reduce_scatter_single(*args: Any, **kwargs: Any) -> dist.Work | None:
+    return getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(*args, **kwargs)
+
+
 # Backends with a reduce_scatter_single of their own; any other uses the all-to-all fallback.
-_HAS_REDUCE_SCATTER = frozenset({"gloo", "nccl"})
+# (gloo's came with torch 2.13's reduce_scatter_single.)
+_HAS_REDUCE_SCATTER = frozenset(
+    {"gloo", "nccl"} if hasattr(dist, "reduce_scatter_single") else {"nccl"}
+)
 # Those whose own beats an all-to-all plus a local sum. gloo's costs about an all-reduce:
 # measured on CPU with 2-4 ranks, 256 KiB to 16 MiB, the all-to-all path took 0.4-0.6x its
 # time (same sums, in rank order). NCCL's is a ring that moves each byte once.
@@ -78,6 +94,7 @@ def _launch(
     name: str, group: Group, call: Callable[[], dist.Work | None], *handed: torch.Tensor
 ) -> dist.Work | None:
     """``call()`` (the backend's collective on the ``handed`` tensors), errors named."""
+    check_placement(name, group, _backend_for(group, torch.device("cpu")), handed)
     remember(*handed)  # See [Note: gloo at exit]
     with label(f"shardkit::{name}"):
         try:
@@ -147,7 +164,7 @@ class AllGather:
         work = _launch(
             self.name,
             self.group,
-            lambda: dist.all_gather_single(out, src, group=self.group, async_op=async_op),
+            lambda: _all_gather_single(out, src, group=self.group, async_op=async_op),
             out,
             src,
         )
@@ -197,7 +214,7 @@ class ReduceScatter:
         work = _launch(
             self.name,
             self.group,
-            lambda: dist.reduce_scatter_single(
+            lambda: _reduce_scatter_single(
                 out, src, op=self.op, group=self.group, async_op=async_op
             ),
             out,

@@ -14,8 +14,9 @@ The error is an `ImportError`, so TorchRec code that probes for an optional name
 
 ``shardkit run`` (no rewrite at all) uses the rest: `install_aliases` makes ``import torchrec``
 and ``import fbgemm_gpu`` resolve to shardkit ([Note: the import aliases]), `map_cuda_to_cpu`
-runs CUDA code on the CPU where there is no GPU ([Note: cuda on cpu]); `resolve_device` is how
-shardkit's entry points honour that.
+runs CUDA code on the CPU where there is no GPU ([Note: cuda on cpu]), `carry_to_children`
+carries both into the Python processes the program starts ([Note: child processes]);
+`resolve_device` is how shardkit's entry points honour the mapping.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardkit.compat._aliases import ALIASES, install_aliases, remove_aliases, shardkit_name
+from shardkit.compat._children import carry_to_children
 from shardkit.compat._devices import cuda_mapped, map_cuda_to_cpu, resolve_device
 
 __all__ = [
     "ALIASES",
     "NotInShardkitError",
+    "carry_to_children",
     "cuda_mapped",
     "install_aliases",
     "map_cuda_to_cpu",

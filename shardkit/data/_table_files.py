@@ -1,20 +1,17 @@
-"""The files of a table: CSV/TSV (stdlib, plain or gzip) and Parquet (pyarrow, optional), read
-as records of the columns a schema needs, each with where it came from.
+"""The files of a table: which they are, their kind (CSV/TSV plain or gzip, Parquet), header
+and needed columns; and, for naming a bad row, the standard library's reading of CSV records.
 
 [Note: table records]
-A record is ``(line, offset, values, problem)``: ``line`` the 1-based line of a CSV row's first
-line (for Parquet: the 1-based row number), ``offset`` the byte offset where the row starts
-(of the decompressed text for gzip; -1 for Parquet; a reader seeks there to start at that
-row, which costs decompressing up to it in a gzip file), ``values`` the needed
-columns' raw values in the order asked for (strings for CSV; Arrow's Python values for
-Parquet), and ``problem`` None or ``(column, message)`` for a row that cannot be read (a ragged
-row, bytes that are not UTF-8). Blank lines are not records. Only rows are records: the header
-of a CSV file is read by `TableFile.open` (or the schema gives ``names``).
+The scan and the readers read pieces of files in C++ (see [Note: table pieces]). Naming a bad
+CSV row reads records here, as ``(line, offset, values, problem)``: ``line`` the 1-based line of
+a row's first line, ``offset`` the byte offset where it starts (of the decompressed text for
+gzip), ``values`` the needed columns' raw strings, ``problem`` None or ``(column, message)``.
+Blank lines are not records; ragged rows are. The header of a CSV file is read by
+`TableFile.open` (or the schema gives ``names``).
 """
 
 from __future__ import annotations
 
-import bisect
 import csv
 import gzip
 import re
@@ -24,12 +21,12 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
-    "ParquetBlocks",
     "Record",
     "TableFile",
     "list_table_files",
     "open_table_files",
-    "parquet_row_groups",
+    "parquet",
+    "record_lines",
 ]
 
 Record = tuple[int, int, list[Any], "tuple[str, str] | None"]
@@ -102,7 +99,7 @@ class TableFile:
             magic = f.read(4)
         if magic == _PARQUET_MAGIC:
             columns, start, kind, sep = (
-                tuple(_parquet(path).ParquetFile(path).schema_arrow.names),
+                tuple(parquet(path).ParquetFile(path).schema_arrow.names),
                 (0, 0),
                 "parquet",
                 "",
@@ -118,18 +115,6 @@ class TableFile:
                              f"the file has {list(columns)}")  # fmt: skip
         index = tuple(columns.index(name) for name in needed)
         return TableFile(path, kind, sep, columns, tuple(needed), index, start)
-
-    def records(
-        self, *, offset: int | None = None, line: int = 0, row: int = 0
-    ) -> Iterator[Record]:
-        """Records from a row on: for CSV the row at byte ``offset`` (after line ``line``), by
-        default the first; for Parquet row ``row`` (0-based). See [Note: table records]."""
-        if self.kind == "parquet":
-            yield from _parquet_records(self, row)
-            return
-        if offset is None:
-            offset, line = self.start
-        yield from _csv_records(self, offset, line)
 
 
 def _delimiter(path: Path) -> str:
@@ -210,7 +195,8 @@ def _encoding_problem(file: TableFile, fields: list[str]) -> tuple[str, str]:
     return "", "bytes that are not UTF-8; save the file as UTF-8"
 
 
-def _parquet(path: Path) -> Any:
+def parquet(path: Path) -> Any:
+    """pyarrow.parquet, or an error naming the extra."""
     try:
         import pyarrow.parquet
     except ImportError:
@@ -219,59 +205,22 @@ def _parquet(path: Path) -> Any:
     return pyarrow.parquet
 
 
-def parquet_row_groups(file: TableFile) -> list[tuple[int, int]]:
-    """``(first row, rows)`` of each row group of a Parquet file."""
-    metadata = _parquet(file.path).ParquetFile(file.path).metadata
-    groups, first = [], 0
-    for g in range(metadata.num_row_groups):
-        rows = metadata.row_group(g).num_rows
-        groups.append((first, rows))
-        first += rows
-    return groups
-
-
-def _parquet_records(file: TableFile, row: int) -> Iterator[Record]:
-    """Rows from ``row`` on, one row group in memory at a time (the needed columns only)."""
-    blocks = ParquetBlocks(file)
-    while True:
-        records = blocks.records(row, 4096)
-        if not records:
-            return
-        yield from records
-        row += len(records)
-
-
-class ParquetBlocks:
-    """Rows of a Parquet file by number, one row group in memory (as Python values) at a time:
-    a reader that visits a row group's blocks one after another reads it once."""
-
-    def __init__(self, file: TableFile) -> None:
-        self.file = file
-        self.groups = parquet_row_groups(file)
-        self.starts = [first for first, _ in self.groups]
-        self._cached: tuple[int, list[tuple[Any, ...]]] | None = None
-
-    def group_of(self, row: int) -> int:
-        return max(bisect.bisect_right(self.starts, row) - 1, 0)
-
-    def records(self, row: int, count: int) -> list[Record]:
-        """Records ``row .. row + count - 1`` (fewer at the end of the file)."""
-        out: list[Record] = []
-        while len(out) < count:
-            group = self.group_of(row)
-            first, size = self.groups[group]
-            if row >= first + size:
+def record_lines(file: TableFile, begin: int, records: set[int]) -> dict[int, int]:
+    """The 1-based first line of each of ``records`` (numbers of the CSV records from byte
+    ``begin``, a line start): for naming bad rows, read with the standard library's `csv`."""
+    lines = 0
+    with _binary(file.path, file.kind) as f:
+        left = begin
+        while left:  # the lines before `begin`
+            chunk = f.read(min(left, 1 << 22))
+            if not chunk:
                 break
-            rows = self._group(group)
-            take = rows[row - first : row - first + count - len(out)]
-            out += [(row + i + 1, -1, list(values), None) for i, values in enumerate(take)]
-            row += len(take)
-        return out
-
-    def _group(self, group: int) -> list[tuple[Any, ...]]:
-        if self._cached is None or self._cached[0] != group:
-            reader = _parquet(self.file.path).ParquetFile(self.file.path)
-            table = reader.read_row_group(group, columns=list(self.file.needed))
-            columns = [table.column(name).to_pylist() for name in self.file.needed]
-            self._cached = (group, list(zip(*columns)))
-        return self._cached[1]
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+    found, last = {}, max(records)
+    for number, (line, _, _, _) in enumerate(_csv_records(file, begin, lines)):
+        if number in records:
+            found[number] = line
+        if number >= last:
+            break
+    return found

@@ -1,6 +1,6 @@
 """`FittedSchema`: a schema with what was learnt from the training split (vocabularies, table
 sizes, transform statistics), as plain data saved with checkpoints and exports, so evaluation and
-serving map raw values exactly as training did. `Fitter` learns it in one streaming pass.
+serving map raw values exactly as training did. `Fitter` (`_table_fit`) learns it.
 
 [Note: fitted schema]
 Features are the sparse columns, grouped by table in the order tables first appear in the
@@ -11,29 +11,26 @@ value to `hash_id` (no vocabulary). A dense column is ``log1p(max(x, 0))`` if as
 standardised with the training split's mean and population standard deviation (1 when it is
 0), or bucketised: ``bisect_right(boundaries, x) / len(boundaries)``. Quantile boundaries are
 fitted on a sample of at most 65,536 training values: those of the rows with the smallest
-hash keys, so the same file gives the same boundaries everywhere.
+hash keys, so the same file gives the same boundaries everywhere (see [Note: fitting in
+parts]).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
-import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardkit.data._batch import Batch
-from shardkit.data._table_rows import ParsedRow, RowEncoder, RowParser, RowProblem, rows_to_batch
+from shardkit.data._table_rows import RowEncoder, RowParser, RowProblem, rows_to_batch
 from shardkit.data._table_schema import ColumnSpec, TableSchema
 from shardkit.data._table_schema_load import schema_from_dict
 
-__all__ = ["DenseFit", "FittedSchema", "Fitter", "TableFit"]
+__all__ = ["DenseFit", "FittedSchema", "TableFit", "table_order"]
 
 _FORMAT = 1
-_SAMPLE = 65_536
 
 
 @dataclass(frozen=True)
@@ -155,81 +152,3 @@ def table_order(schema: TableSchema) -> dict[str, list[ColumnSpec]]:
     for column in schema.sparse:
         tables.setdefault(column.table, []).append(column)
     return tables
-
-
-class Fitter:
-    """Learns a `FittedSchema` from the training split's parsed rows, one at a time, in
-    memory bounded by the vocabularies (distinct values) and a fixed sample."""
-
-    def __init__(self, schema: TableSchema) -> None:
-        self.schema = schema
-        self.tables = table_order(schema)
-        self.keys = tuple(c.name for columns in self.tables.values() for c in columns)
-        self._counts = {name: Counter() for name in self.tables}  # type: ignore[var-annotated]
-        self._feature_table = [c.table for columns in self.tables.values() for c in columns]
-        self._moments = [[0, 0.0, 0.0] for _ in schema.dense]  # n, mean, M2 (Welford)
-        self._samples: list[list[tuple[int, float]]] = [[] for _ in schema.dense]
-        self.rows = self.positives = 0
-        # whether `add` needs its rows' keys (a quantile sample for fitted buckets)
-        self.samples = any(
-            "bucketize" in c.transform and c.boundaries is None for c in schema.dense
-        )
-
-    def add(self, row: ParsedRow, key: int) -> None:
-        """One training row; ``key`` a hash of its position (picks the quantile sample)."""
-        self.rows += 1
-        self.positives += int(row[0])
-        for table, items in zip(self._feature_table, row[2]):
-            if items:
-                self._counts[table].update(items)
-        for column, x, moments, sample in zip(
-            self.schema.dense, row[1], self._moments, self._samples
-        ):
-            if "log1p" in column.transform:
-                x = math.log1p(max(x, 0.0))
-            moments[0] += 1
-            delta = x - moments[1]
-            moments[1] += delta / moments[0]
-            moments[2] += delta * (x - moments[1])
-            if "bucketize" in column.transform and column.boundaries is None:
-                if len(sample) < _SAMPLE:
-                    heapq.heappush(sample, (-key, x))
-                elif -key > sample[0][0]:
-                    heapq.heapreplace(sample, (-key, x))
-
-    def fit(self) -> FittedSchema:
-        tables = tuple(self._table(name, columns) for name, columns in self.tables.items())
-        dense = tuple(self._dense(c, m, s) for c, m, s in
-                      zip(self.schema.dense, self._moments, self._samples))  # fmt: skip
-        stats = {"train_rows": self.rows, "train_positives": self.positives}
-        return FittedSchema(self.schema, tables, dense, stats)
-
-    def _table(self, name: str, columns: list[ColumnSpec]) -> TableFit:
-        first = columns[0]
-        features = tuple(c.name for c in columns)
-        if first.ids == "hash":
-            assert first.num_embeddings is not None
-            return TableFit(name, features, "hash", first.num_embeddings, first.pooling)
-        counts = self._counts[name]
-        kept = sorted((v for v, n in counts.items() if n >= first.min_count),
-                      key=lambda v: (-counts[v], v))  # fmt: skip
-        if first.num_embeddings is not None:
-            kept = kept[: first.num_embeddings - 1]
-        rows = first.num_embeddings or len(kept) + 1
-        return TableFit(name, features, "vocabulary", rows, first.pooling, tuple(kept))
-
-    @staticmethod
-    def _dense(column: ColumnSpec, moments: list, sample: list) -> DenseFit:
-        log1p = "log1p" in column.transform
-        if "standardize" in column.transform:
-            n, mean, m2 = moments
-            std = math.sqrt(m2 / n) if n else 0.0
-            return DenseFit(column.name, log1p, mean, std if std > 0 else 1.0)
-        if "bucketize" in column.transform:
-            bounds = column.boundaries
-            if bounds is None:
-                values = sorted(x for _, x in sample)
-                cuts = [values[len(values) * i // column.buckets] for i in range(1, column.buckets)]
-                bounds = tuple(sorted(set(cuts))) if values else ()
-            return DenseFit(column.name, log1p, boundaries=tuple(bounds))
-        return DenseFit(column.name, log1p)

@@ -1,9 +1,16 @@
 """TorchRec's import paths (``torchrec.distributed.*``) for shardkit's classes.
 
 Code written for TorchRec runs after ``torchrec`` -> ``shardkit`` in its imports (or unchanged
-under ``shardkit run``). Each module here only re-exports; the code lives in ``shardkit.types``,
-``shardkit.planner`` and ``shardkit.sharding``."""
+under ``shardkit run``). This package is the compatibility edge: each public module here only
+re-exports, from ``shardkit.types``, ``shardkit.planner`` and ``shardkit.sharding``, or from this
+package's private modules, which hold TorchRec's vocabulary that shardkit's own code does not
+use (`_embedding_types`, `_module_internals`, `_tracing`, `_dmp_utils`, `_plan_helpers`) and
+are built over the packages' public names. Nothing below imports from here."""
 
+from shardkit.distributed._dmp_utils import (
+    get_unsharded_module_names,
+    sharded_model_copy,
+)
 from shardkit.sharding import (
     DataLoadingThread,
     DistributedModelParallel,
@@ -14,8 +21,6 @@ from shardkit.sharding import (
     TrainPipelineSparseDist,
     get_local_rank,
     get_local_size,
-    get_unsharded_module_names,
-    sharded_model_copy,
 )
 from shardkit.types import (
     Awaitable,

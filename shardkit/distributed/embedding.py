@@ -1,21 +1,21 @@
 """``torchrec.distributed.embedding``: the sharder of `EmbeddingCollection` and the awaitables,
 contexts and helpers around it."""
 
-from shardkit.sharding import (
+from shardkit.distributed._module_internals import (
     EC_INDEX_DEDUP,
     EmbeddingCollectionAwaitable,
     EmbeddingCollectionContext,
-    EmbeddingCollectionSharder,
-    ShardedEmbeddingCollection,
     get_device_from_parameter_sharding,
     pad_vbe_kjt_lengths,
     set_ec_index_dedup,
 )
-from shardkit.sharding import (
+from shardkit.distributed._module_internals import (
     create_ec_sharding_infos as create_sharding_infos_by_sharding_device_group,
 )
+from shardkit.distributed._module_internals import ec_index_dedup as get_ec_index_dedup
 from shardkit.sharding import (
-    ec_index_dedup as get_ec_index_dedup,
+    EmbeddingCollectionSharder,
+    ShardedEmbeddingCollection,
 )
 
 __all__ = [

@@ -2,17 +2,19 @@
 awaitables, contexts and helpers around it."""
 
 from shardkit.compat import refuse
-from shardkit.sharding import (
+from shardkit.distributed._module_internals import (
     EmbeddingAwaitable,
     EmbeddingBagCollectionAwaitable,
     EmbeddingBagCollectionContext,
-    EmbeddingBagCollectionSharder,
-    ShardedEmbeddingBagCollection,
     VariableBatchEmbeddingBagCollectionAwaitable,
     construct_output_kt,
     create_sharding_infos_by_sharding_device_group,
     get_device_from_parameter_sharding,
     replace_placement_with_meta_device,
+)
+from shardkit.sharding import (
+    EmbeddingBagCollectionSharder,
+    ShardedEmbeddingBagCollection,
 )
 
 __all__ = [

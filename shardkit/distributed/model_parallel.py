@@ -1,17 +1,20 @@
-"""``torchrec.distributed.model_parallel``: `DistributedModelParallel`, its data-parallel
-wrappers and unwrapping helpers."""
+"""``torchrec.distributed.model_parallel``: `DistributedModelParallel`, `DMPCollection` (2-D
+parallelism), their data-parallel wrappers and unwrapping helpers."""
 
-from shardkit.compat import refuse
-from shardkit.sharding import (
-    DataParallelWrapper,
-    DefaultDataParallelWrapper,
-    DistributedModelParallel,
+from shardkit.distributed._dmp_utils import (
     HybridEvalDMP,
     get_module,
     get_unwrapped_module,
 )
+from shardkit.sharding import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+    DMPCollection,
+)
 
 __all__ = [
+    "DMPCollection",
     "DataParallelWrapper",
     "DefaultDataParallelWrapper",
     "DistributedModelParallel",
@@ -19,10 +22,3 @@ __all__ = [
     "get_module",
     "get_unwrapped_module",
 ]
-
-__getattr__ = refuse(
-    __name__,
-    {
-        "DMPCollection": "2D parallelism (sharding groups replicated across replica groups) is not in shardkit; use DistributedModelParallel over all ranks",
-    },
-)

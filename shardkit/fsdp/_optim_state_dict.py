@@ -9,7 +9,9 @@ dict converts parameters: gathered to full size (FULL_STATE_DICT), a DTensor
 (SHARDED_STATE_DICT) or this rank's rows (LOCAL_STATE_DICT). Scalars such as ``step`` are kept
 as they are. `optim_state_dict_to_load` goes back: it takes this rank's rows of each state tensor
 (a DTensor again for DTensor parameters) and positions from the optimizer it is given, so the
-result loads with ``optimizer.load_state_dict``, on any number of ranks.
+result loads with ``optimizer.load_state_dict``, on any number of ranks. torch's
+``ShardedTensor`` values (what its ``load_sharded_optimizer_state_dict`` returns) are read
+whole first (`full_of`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from shardkit.fsdp._param import ShardedParam, local_of
+from shardkit.fsdp._sharded_tensor import ShardedTensor, full_of
 from shardkit.fsdp._state import TreeContext
 from shardkit.fsdp._state_dict import CHECKPOINT_PREFIX, to_local
 from shardkit.fsdp._summon import units_under
@@ -204,6 +207,8 @@ def _groups_to_load(
 
 
 def _import(owner: ShardedParam | None, value: Any, fqn: str, key: str, *, local_form: bool) -> Any:
+    if isinstance(value, ShardedTensor):  # torch's FSDP1 reload gives these: see its module
+        value = full_of(value)
     if owner is None or not isinstance(value, torch.Tensor):
         return value
     like_param = isinstance(value, DTensor) or (

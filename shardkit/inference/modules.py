@@ -24,10 +24,11 @@ from shardkit.inference._predict import (
 )
 from shardkit.inference._sharded import shard_quant_model
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
+from shardkit.modules.embedding_configs import QuantConfig
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from shardkit.quant import EmbeddingCollection as QuantEmbeddingCollection
-from shardkit.quant import QuantConfig, TableWeights, assign_table_weights, table_weights
+from shardkit.quant import TableWeights, assign_table_weights, table_weights
 from shardkit.quant.embedding_modules import (
     FeatureProcessedEmbeddingBagCollection as QuantFeatureProcessedEmbeddingBagCollection,
 )

@@ -29,7 +29,7 @@ import torch
 
 from shardkit.kernels import _pages
 
-__all__ = ["BuildError", "cache_root", "load_library"]
+__all__ = ["BuildError", "build_cuda", "cache_root", "load_library"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,28 @@ def _load_first() -> str:
                 "the CUDA kernel failed to build (%s); building the CPU one alone", error
             )
     return _load(_CPU_SOURCES)
+
+
+def build_cuda() -> str:
+    """Build (or find cached) and load the CPU and CUDA operators together, as `load_library`
+    does on a machine with a GPU, but with no fallback: any failure is raised. Needs nvcc
+    (``CUDA_HOME``), not a GPU: without one, ``TORCH_CUDA_ARCH_LIST`` names the architectures
+    (``make check-cuda-build`` sets it to those of torch's own wheel).
+
+    Raises:
+        BuildError: torch is a CPU build, no nvcc, the build failed, or the library did not load.
+    """
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if torch.version.cuda is None:
+        raise BuildError(f"torch {torch.__version__} is a CPU build: install a CUDA build of torch")
+    if CUDA_HOME is None:
+        raise BuildError("no nvcc: set CUDA_HOME to a CUDA toolkit (e.g. pip's nvidia-cuda-nvcc)")
+    with _lock:
+        if _loaded_from is not None:
+            raise BuildError(f"a library is already loaded in this process from {_loaded_from}")
+        _check_toolchain()
+        return _load(_CPU_SOURCES + _CUDA_SOURCES)
 
 
 def _load(sources: tuple[str, ...]) -> str:
@@ -150,7 +172,8 @@ def _key(sources: tuple[str, ...], flags: list[str]) -> str:
         capabilities = [
             torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())
         ]
-        parts += [str(torch.version.cuda), str(capabilities)]
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "")  # cpp_extension reads it
+        parts += [str(torch.version.cuda), str(capabilities), arch_list]
     digest.update("\0".join(parts).encode())
     version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
     return f"torch{version}-{digest.hexdigest()[:16]}"

@@ -23,9 +23,7 @@ def distributed(group: Group) -> bool:
 
 def collective_device(group: Group) -> torch.device:
     """Where tensors must be for the group's backend: the current GPU for NCCL, else the CPU."""
-    if distributed(group) and dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return comm.group_device(group) if distributed(group) else torch.device("cpu")
 
 
 def sum_over_ranks(local: torch.Tensor, group: Group) -> torch.Tensor:

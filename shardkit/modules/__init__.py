@@ -1,9 +1,9 @@
 """Embedding tables: configurations and the (unsharded) collections.
 
 The batched kernel (`BatchedTables`, `lookup`, its inputs from `kernel_input` and
-`mean_as_weights`) and the functions that read and build tables (`collection_tables`,
-`stack_tables`, `fused_tables`) are the interface the sharded modules and the planner use; they
-read nothing else of a collection.
+`mean_as_weights`), the functions that read and build tables (`collection_tables`,
+`stack_tables`, `fused_tables`) and the managed-collision remappers' `with_values` are the
+interface the sharded modules and the planner use; they read nothing else of a collection.
 """
 
 # TorchRec's `torchrec.modules` imports these submodules: `import torchrec` then
@@ -19,6 +19,7 @@ from shardkit.modules import (  # noqa: F401 (see above)
 )
 from shardkit.modules._inputs import kernel_input, mean_as_weights
 from shardkit.modules._kernel import BatchedTables, lookup
+from shardkit.modules._mc_collection import with_values
 from shardkit.modules._tables import (
     CollectionTables,
     TableDict,
@@ -66,4 +67,5 @@ __all__ = [
     "lookup",
     "mean_as_weights",
     "stack_tables",
+    "with_values",
 ]

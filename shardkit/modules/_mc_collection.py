@@ -87,7 +87,7 @@ class ManagedCollisionCollection(nn.Module):
             rows.append(remapped[config.name].values())
             key = last
         values = torch.cat(rows) if rows else features.values()
-        return _with_values(features, values)
+        return with_values(features, values)
 
     def evict(self) -> dict[str, torch.Tensor | None]:
         """``{table: rows whose id changed since the last call, or None}``."""
@@ -97,7 +97,9 @@ class ManagedCollisionCollection(nn.Module):
         return {name: m.open_slots() for name, m in self._modules_by_table().items()}
 
 
-def _with_values(kjt: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
+def with_values(kjt: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
+    """``kjt`` with its ids replaced by ``values`` (same keys, lengths, weights and batch: a
+    remapper's output); a variable batch per key stays one."""
     variable = kjt.variable_stride_per_key()
     return KeyedJaggedTensor(
         keys=kjt.keys(),

@@ -45,7 +45,8 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         output_segments: row bounds of all the table's buckets (a rank's shard); default:
             ``buckets`` buckets over ``[output_global_offset, output_global_offset + zch_size)``.
         buckets: how many buckets (row ranges) the rows are split into; row-wise sharding over
-            ``W`` ranks will need ``buckets`` divisible by ``W``.
+            ``W`` ranks needs ``buckets`` divisible by ``W``, or 1 (then the sharder gives each
+            rank one bucket, as TorchRec does).
     """
 
     _mch_sorted_raw_ids: torch.Tensor  # buffers, registered in __init__
@@ -256,6 +257,25 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             output_global_offset=start,
             output_segments=output_segments or self._segments,
         )
+
+    def rebuild_with_buckets(self, buckets: int) -> MCHManagedCollisionModule:
+        """A fresh module for the same table with ``buckets`` buckets (no state)."""
+        return type(self)(
+            self._zch_size,
+            self.device,
+            self._eviction_policy,
+            self._eviction_interval,
+            input_hash_size=self._input_hash_size,
+            input_hash_func=self._input_hash_func,
+            name=self._name,
+            output_global_offset=self._output_global_offset,
+            buckets=buckets,
+        )
+
+    def holds_ids(self) -> bool:
+        """Whether any slot holds an id, or ids wait for the next eviction (the module has
+        been trained or loaded)."""
+        return bool(self._window) or bool((self._mch_sorted_raw_ids != SENTINEL).any())
 
     def extra_repr(self) -> str:
         return (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -100,7 +101,9 @@ _FROM_DTYPE = {torch.float32: DataType.FP32, torch.float16: DataType.FP16,
 
 
 def dtype_to_data_type(dtype: torch.dtype) -> DataType:
-    """The `DataType` of a torch dtype."""
+    """The `DataType` of a torch dtype, as TorchRec maps it: ``torch.qint8``, ``torch.quint8``
+    and ``torch.int8`` -> INT8, ``torch.uint8`` -> UINT8 (stored quantized as INT8 is: see
+    [Note: uint8 storage] in `shardkit.quant`), ``torch.quint4x2`` -> INT4, ..."""
     if dtype not in _FROM_DTYPE:
         raise ValueError(f"no DataType for {dtype}; DataTypes exist for {list(_FROM_DTYPE)}")
     return _FROM_DTYPE[dtype]
@@ -114,11 +117,14 @@ def data_type_to_sparse_type(data_type: DataType) -> SparseType:
 
 
 class QuantConfig(NamedTuple):
-    """TorchRec's quantization config of a collection (torch observers, per-table dtypes)."""
+    """TorchRec's quantization config: ``weight().dtype`` is the tables' storage type (e.g.
+    ``torch.qint8``, ``torch.quint4x2``, ``torch.float16``), ``activation().dtype`` the output's;
+    ``per_table_weight_dtype`` overrides the storage per table name. ``weight`` and ``activation``
+    are factories (torch's ``PlaceholderObserver.with_args(dtype=...)`` works too)."""
 
-    activation: Any
-    weight: Any
-    per_table_weight_dtype: dict[str, torch.dtype] | None = None
+    activation: Callable[[], Any]
+    weight: Callable[[], Any]
+    per_table_weight_dtype: Mapping[str, torch.dtype] | None = None
 
 
 # See [Note: table names] in `_tables`.

@@ -19,7 +19,8 @@ the same model with the same topology gets the same plan, and ``collective_plan`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from shardkit.planner._diagnose import no_fit_error, no_option_error
 from shardkit.planner._enumerate import enumerate_options
 from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
 from shardkit.planner._partition import build_plan
+from shardkit.planner._predict import PlacedTable, StepPrediction, placed_tables, predict_step
 from shardkit.planner._search import search
 from shardkit.planner._stats import PlanStats, placement_stats, plan_stats
 from shardkit.planner._tables import TableSource, config_sources, input_bytes, resolve_tables
@@ -54,11 +56,19 @@ class PlannerSettings:
         batch_size: examples per rank per step (default 512).
         storage_reservation: what each rank keeps back (default: 15% margin, the dense model and
             input batches).
+        dense_parameters: parameters of the model's dense part, for the predicted step time
+            with a profiled topology (default: its parameter bytes / 4 when planning a module,
+            else 0).
+        dense_flops_per_example: the dense part's forward flops per example (default 2 x its
+            parameters, exact for MLPs; give it for layers that reuse weights or have none,
+            e.g. DLRM's interaction).
     """
 
     constraints: Mapping[str, ParameterConstraints] | None = None
     batch_size: int = BATCH_SIZE
     storage_reservation: HeuristicalStorageReservation | None = None
+    dense_parameters: int | None = None
+    dense_flops_per_example: float | None = None
 
     def __post_init__(self) -> None:
         batch_size = self.batch_size
@@ -73,6 +83,10 @@ class PlannerSettings:
                     f"constraints['{name}'] must be ParameterConstraints, got {value!r}"
                 )
         object.__setattr__(self, "constraints", constraints)
+        for name in ("dense_parameters", "dense_flops_per_example"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if self.storage_reservation is None:
             object.__setattr__(self, "storage_reservation", HeuristicalStorageReservation())
 
@@ -106,14 +120,24 @@ def make_plan(
         input_bytes=input_bytes(specs),
         dense_parameter_bytes=dense_parameter_bytes if specs else 0,  # no table, nothing to fit
     )
+    predict = _predictor(settings, topology, dense_parameter_bytes)
     if given is not None or not specs:
         plan = ShardingPlan({}) if given is None else given
-        stats = plan_stats(plan, specs, topology, reservation, batch_size=batch_size)
+        stats = plan_stats(
+            plan, specs, topology, reservation, batch_size=batch_size, predict=predict
+        )
         return PlanResult(ShardingPlan(plan.plan, stats=stats), stats)
     options, rejections = enumerate_options(specs, topology, reservation.available)
     if not all(options):
         raise no_option_error(specs, options, rejections, topology, reservation, batch_size)
-    result = search(options, topology, reservation.available)
+    scorer = None
+    if predict is not None:
+
+        def scorer(proposal, placement) -> float:
+            placed = placed_tables(specs, proposal, placement.ranks, topology.world_size)
+            return predict(placed).step_ms
+
+    result = search(options, topology, reservation.available, scorer=scorer)
     if not result.fits:
         raise no_fit_error(specs, options, result, topology, reservation, batch_size)
     stats = placement_stats(
@@ -124,9 +148,28 @@ def make_plan(
         reservation,
         batch_size=batch_size,
         num_proposals=result.num_proposals,
+        predict=predict,
     )
     plan = build_plan(specs, result.proposal, result.placement, topology)
     return PlanResult(ShardingPlan(plan.plan, stats=stats), stats)
+
+
+def _predictor(
+    settings: PlannerSettings, topology: Topology, dense_parameter_bytes: int
+) -> Callable[[Sequence[PlacedTable]], StepPrediction] | None:
+    """The step-time prediction for placed tables, when the topology carries a profile."""
+    if topology.profile is None:
+        return None
+    parameters = settings.dense_parameters
+    if parameters is None:
+        parameters = dense_parameter_bytes // 4
+    return functools.partial(
+        predict_step,
+        topology=topology,
+        batch_size=settings.batch_size,
+        dense_parameters=int(parameters),
+        dense_flops_per_example=settings.dense_flops_per_example,
+    )
 
 
 def plan_tables(
@@ -139,6 +182,8 @@ def plan_tables(
     fused_params: Mapping[str, Any] | None = None,
     is_weighted: bool = False,
     module_path: str = "",
+    dense_parameters: int = 0,
+    dense_flops_per_example: float | None = None,
 ) -> PlanResult:
     """Plan embedding tables given as configs, with no module, no memory, no processes.
 
@@ -154,6 +199,8 @@ def plan_tables(
             state counted (default row-wise Adagrad).
         is_weighted: the collection's features carry per-id weights.
         module_path: where the collection sits in the model (the plan's outer key).
+        dense_parameters, dense_flops_per_example: the dense part of the model, for the
+            predicted step time when ``topology`` carries a profile (see `PlannerSettings`).
 
     Returns:
         the plan and its stats.
@@ -162,7 +209,11 @@ def plan_tables(
         PlannerError: no plan fits, or the constraints allow none; the message says why.
     """
     settings = PlannerSettings(
-        constraints=constraints, batch_size=batch_size, storage_reservation=storage_reservation
+        constraints=constraints,
+        batch_size=batch_size,
+        storage_reservation=storage_reservation,
+        dense_parameters=dense_parameters,
+        dense_flops_per_example=dense_flops_per_example,
     )
     sources = config_sources(
         tables,
@@ -185,12 +236,18 @@ def estimate_plan(
     fused_params: Mapping[str, Any] | None = None,
     is_weighted: bool = False,
     module_path: str = "",
+    dense_parameters: int = 0,
+    dense_flops_per_example: float | None = None,
 ) -> PlanStats:
     """The planner's estimates for any ``plan`` of ``tables`` (a manual plan, another
     planner's): per-rank memory and cost, per-table layout, imbalance. Arguments as
     `plan_tables`; the plan need not fit."""
     settings = PlannerSettings(
-        constraints=constraints, batch_size=batch_size, storage_reservation=storage_reservation
+        constraints=constraints,
+        batch_size=batch_size,
+        storage_reservation=storage_reservation,
+        dense_parameters=dense_parameters,
+        dense_flops_per_example=dense_flops_per_example,
     )
     sources = config_sources(
         tables,

@@ -194,8 +194,8 @@ def _layouts(table: TableSpec, sharding_type: ShardingType, topology: Topology) 
         return [(size_groups(rows, world), whole_cols)]
     if sharding_type == ShardingType.COLUMN_WISE:
         most = min(world, widest)
-        if most < 2:
-            return _cw_reason("column_wise", table, "world_size", world)
+        if most < 2:  # TorchRec's rule: shards of min(min_partition, dim) columns, so one
+            return [(whole_rows, whole_cols)]
         return [(whole_rows, size_groups(dim, k)) for k in range(2, most + 1)]
     if local < 2:
         return f"{sharding_type.value} needs local_world_size >= 2 ranks per host, got {local}"

@@ -43,6 +43,14 @@ A collective among ranks of one host runs at ``intra_host_bw``, one spanning hos
 ``inter_host_bw``. One rank alone communicates nothing. The costs of all a rank's shards add
 up: the model has no overlap of communication and computation (TorchRec's neither), so it ranks
 plans rather than predicting step times.
+
+[Note: calibrated shard costs]
+With a `MachineProfile` in the topology, a shard's cost is what it adds to its rank's step
+under [Note: step-time model]: its kernel time, forward and backward with the update, from the
+profile's `KernelFit` without the per-call cost (a shard group's, counted once per rank by
+`predict_step`), and the bytes it adds to each collective it takes part in at the measured
+bandwidth of that collective over the world (again without the latency, paid once per
+collective). The search balances these; `predict_step` adds the fixed costs and times the plan.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from shardkit.planner._constants import (
     OPTIMIZER_STATE_DTYPE_SIZE,
 )
 from shardkit.planner._inputs import Topology
+from shardkit.planner._profile import collective_ms, expected_unique, miss_fraction
 from shardkit.planner._tables import TableSpec
 from shardkit.types import EmbeddingComputeKernel, ShardingType
 
@@ -108,13 +117,20 @@ def estimate_shard(
     cols: int,
     topology: Topology,
 ) -> ShardCost:
-    """Memory and cost of one ``[rows, cols]`` shard. See [Note: cost model]."""
+    """Memory and cost of one ``[rows, cols]`` shard. See [Note: cost model] and, with a
+    profile, [Note: calibrated shard costs]."""
     ids, outputs = _volume(table, sharding_type, rows, topology.world_size)
     e = table.element_size
     io = math.ceil(ids * table.id_bytes) + math.ceil(outputs * cols * e)
     weights = rows * cols * e
     state = optimizer_state_bytes(table.optimizer, rows, cols)
     gradient = weights if kernel == EmbeddingComputeKernel.DENSE else 0
+    memory = weights + state + gradient + io
+    if topology.profile is not None:
+        compute, comms = _calibrated(
+            table, sharding_type, kernel, rows, cols, ids, outputs, topology
+        )
+        return ShardCost(memory, io, compute, comms)
     bandwidth = topology.memory_bw
     if kernel == EmbeddingComputeKernel.DENSE:
         bandwidth *= DENSE_KERNEL_BW_FACTOR
@@ -125,7 +141,67 @@ def estimate_shard(
     if sharding_type == ShardingType.DATA_PARALLEL:
         backward += DENSE_UPDATE_PERF_FACTOR * weights / topology.memory_bw
     comms = _comms(table, sharding_type, ids, outputs * cols * e, weights, topology)
-    return ShardCost(weights + state + gradient + io, io, forward + backward, comms)
+    return ShardCost(memory, io, forward + backward, comms)
+
+
+def _calibrated(
+    table: TableSpec,
+    sharding_type: ShardingType,
+    kernel: EmbeddingComputeKernel,
+    rows: int,
+    cols: int,
+    ids: float,
+    outputs: float,
+    topology: Topology,
+) -> tuple[float, float]:
+    """(compute, comms) ms of one shard from the topology's profile. See
+    [Note: calibrated shard costs]."""
+    profile = topology.profile
+    assert profile is not None
+    world, local = topology.world_size, topology.intra_group_size
+    fit = profile.kernel(table.optimizer.value)
+    weights = rows * cols * table.element_size
+    touched = weights + optimizer_state_bytes(table.optimizer, rows, cols) + outputs * cols * 4
+    miss = miss_fraction(touched, profile.cache_bytes)
+    replica = sharding_type == ShardingType.DATA_PARALLEL
+    fused = kernel == EmbeddingComputeKernel.FUSED
+    bwd_ids = ids * world if replica and fused else ids
+    compute = fit.forward_ms(ids, outputs, cols, miss=miss, calls=0) + fit.backward_ms(
+        bwd_ids, expected_unique(bwd_ids, rows), cols, miss=miss, calls=0
+    )
+    if replica and not fused:
+        compute += DENSE_UPDATE_PERF_FACTOR * weights / profile.memory_bw
+    compute *= profile.compute_slowdown(local)
+
+    def wire(kind: str, nbytes: float, size: int = world, group_local: int = local) -> float:
+        """What ``nbytes`` add to one collective (its latency is paid once per step)."""
+
+        def ms(n: float) -> float:
+            return collective_ms(
+                kind, n, world_size=size, local_world_size=group_local, profile=profile
+            )
+
+        return ms(nbytes) - ms(0)
+
+    out_bytes = outputs * cols * 4
+    if replica:
+        if not fused:
+            return compute, wire("all_reduce", weights)
+        words = table.outputs_per_rank * (cols + 1) + table.ids_per_rank * (
+            2 if table.is_weighted else 1
+        )
+        return compute, wire("all_gather", 4 * words * world)
+    comms = wire("all_to_all", ids * table.id_bytes)
+    if sharding_type in _WHOLE_ROWS:
+        return compute, comms + 2 * wire("all_to_all", out_bytes)
+    if sharding_type == ShardingType.ROW_WISE:
+        return compute, comms + wire("reduce_scatter", out_bytes) + wire("all_gather", out_bytes)
+    comms += wire("reduce_scatter", out_bytes, local, local) + wire(
+        "all_gather", out_bytes, local, local
+    )
+    if topology.num_hosts > 1:
+        comms += 2 * wire("all_to_all", out_bytes / local, topology.num_hosts, 1)
+    return compute, comms
 
 
 def _volume(

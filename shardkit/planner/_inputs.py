@@ -26,6 +26,7 @@ from shardkit.planner._constants import (
     WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
 )
 from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
+from shardkit.planner._profile import MachineProfile
 from shardkit.types import EmbeddingComputeKernel, ShardingType, refuse_kernel_settings
 
 __all__ = [
@@ -70,11 +71,15 @@ class Topology:
             plans ranks of equal memory: ``ssd_cap`` and ``custom_topology_data`` are refused
             when set, ``uneven_sharding_perf_multiplier`` unless 1.0; the SSD/UVM bandwidths and
             ``pod_size`` are kept but unused; a `BasicCommsBandwidths` sets the two bandwidths.
+        profile: a `MachineProfile` the ranks run on (``shardkit bench calibrate``): the costs
+            become predicted milliseconds from its measurements, and the plan carries a
+            predicted step time (see docs/planner.md). `from_profile` builds such a topology.
 
     Example::
 
         Topology(world_size=16, compute_device="cuda", local_world_size=8)  # 2 hosts of 8 GPUs
         Topology(world_size=2, compute_device="cpu", ddr_cap=8 * 1024**3)  # 8 GiB per rank
+        Topology.from_profile(load_profile("profile.json"), world_size=4)  # calibrated
     """
 
     world_size: int
@@ -96,7 +101,43 @@ class Topology:
     uneven_sharding_perf_multiplier: float = 1.0
     generalized_comms_bandwidths: Any = None
     created_by_factory: bool = False
+    profile: MachineProfile | None = None
     memory_source: str = field(init=False, compare=False, repr=False)
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: MachineProfile,
+        *,
+        world_size: int,
+        local_world_size: int | None = None,
+        hbm_cap: int | None = None,
+        ddr_cap: int | None = None,
+    ) -> Topology:
+        """``world_size`` ranks of the calibrated machine (``local_world_size`` per host, default
+        all on one): its device, its memory (the GPU's, or the host's divided among its ranks)
+        and bandwidths, and the profile for the planner's predictions."""
+        local = world_size if local_world_size is None else local_world_size
+        if profile.compute_device == "cuda":
+            hbm_cap = profile.memory_bytes if hbm_cap is None else hbm_cap
+        elif ddr_cap is None and profile.memory_bytes > 0 and isinstance(local, int) and local > 0:
+            ddr_cap = profile.memory_bytes // local
+        # TorchRec's two bandwidth fields: the calibrated all-to-all's (the costs use the profile)
+        intra = profile.link("all_to_all", max(2, local), "intra")
+        inter = profile.link("all_to_all", max(2, world_size), "inter")
+        cuda = profile.compute_device == "cuda"
+        return cls(
+            world_size=world_size,
+            compute_device=profile.compute_device,
+            hbm_cap=hbm_cap,
+            ddr_cap=ddr_cap,
+            local_world_size=local_world_size,
+            profile=profile,
+            hbm_mem_bw=profile.memory_bw if cuda else HBM_MEM_BW,
+            ddr_mem_bw=DDR_MEM_BW if cuda else profile.memory_bw,
+            intra_host_bw=intra.bytes_per_ms if intra is not None else INTRA_NODE_BANDWIDTH,
+            inter_host_bw=inter.bytes_per_ms if inter is not None else CROSS_NODE_BANDWIDTH,
+        )
 
     def __post_init__(self) -> None:
         _check_int("world_size", self.world_size, 1)
@@ -120,6 +161,11 @@ class Topology:
         for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 bytes/ms, got {getattr(self, name)}")
+        if self.profile is not None and not isinstance(self.profile, MachineProfile):
+            raise TypeError(
+                f"profile must be a MachineProfile (load_profile(path)), got "
+                f"{type(self.profile).__name__}"
+            )
         for name in ("bwd_compute_multiplier", "weighted_feature_bwd_compute_multiplier"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -1,4 +1,5 @@
-"""`EmbeddingShardingPlanner`: TorchRec's planner interface over shardkit's pure pipeline."""
+"""`EmbeddingShardingPlanner`: TorchRec's planner interface over shardkit's pure pipeline (TorchRec's
+`EmbeddingPlannerBase`, at the edge, counts it as one of its own)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from shardkit.planner._inputs import ParameterConstraints, Topology
 from shardkit.planner._resolve import resolve_components
 from shardkit.planner._stats import PlanStats
 from shardkit.planner._tables import TableSource, config_sources, module_sources
-from shardkit.planner._tr_interfaces import EmbeddingPlannerBase
-from shardkit.types import ModuleSharder, ShardingPlan
+from shardkit.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -28,7 +28,7 @@ __all__ = ["EmbeddingShardingPlanner"]
 logger = logging.getLogger(__name__)
 
 
-class EmbeddingShardingPlanner(EmbeddingPlannerBase):
+class EmbeddingShardingPlanner(ShardingPlanner):
     """Plans how to shard the embedding tables of a model over ranks (TorchRec's interface).
 
     Planning is a pure function of the tables, the topology and the constraints: it starts no

@@ -10,11 +10,9 @@ from dataclasses import dataclass
 
 from shardkit.planner._errors import PlannerError, PlannerErrorType, format_bytes
 from shardkit.planner._inputs import (
-    HeuristicalStorageReservation,
     Reservation,
     Topology,
 )
-from shardkit.planner._tr_interfaces import StorageReservation
 
 __all__ = [
     "FixedAbsoluteStorageReservation",
@@ -22,8 +20,6 @@ __all__ = [
     "InferenceStorageReservation",
     "StorageReservationType",
 ]
-
-StorageReservation.register(HeuristicalStorageReservation)
 
 
 class StorageReservationType(str, enum.Enum):
@@ -45,7 +41,7 @@ def _checked(reservation: Reservation, topology: Topology) -> Reservation:
 
 
 @dataclass(frozen=True)
-class FixedPercentageStorageReservation(StorageReservation):
+class FixedPercentageStorageReservation:
     """Keeps ``percentage`` of each rank's memory back, nothing else."""
 
     percentage: float
@@ -64,7 +60,7 @@ class FixedPercentageStorageReservation(StorageReservation):
 
 
 @dataclass(frozen=True)
-class FixedAbsoluteStorageReservation(StorageReservation):
+class FixedAbsoluteStorageReservation:
     """Keeps ``hbm_reserved_bytes`` of each GPU's memory back (nothing on CPUs, whose tables
     live in host memory)."""
 
@@ -83,7 +79,7 @@ class FixedAbsoluteStorageReservation(StorageReservation):
 
 
 @dataclass(frozen=True)
-class InferenceStorageReservation(StorageReservation):
+class InferenceStorageReservation:
     """Keeps ``percentage`` back, plus the dense model (``dense_tensor_estimate`` bytes, else
     its parameters once: no gradients or optimizer state) and one input batch."""
 

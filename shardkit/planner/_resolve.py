@@ -16,6 +16,11 @@ search. It takes TorchRec's components that it has equivalents of:
 
 A component of another class (your own `Proposer`...) is refused by name: shardkit would not
 call it, and ignoring it silently would plan differently from what the code says.
+
+TorchRec's component classes live at the compatibility edge (``shardkit.distributed.planner``),
+which the planner does not import: each declares the part it plays in a class attribute,
+``_shardkit_component`` (``"enumerator"``, ``"proposer"``, ``"partitioner"``, ``"stats"`` or
+``"no stats"``), and that, inherited like ``isinstance``, is what is checked here.
 """
 
 from __future__ import annotations
@@ -25,19 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardkit.planner._components import EmbeddingEnumerator
 from shardkit.planner._inputs import HeuristicalStorageReservation
-from shardkit.planner._partitioners import (
-    EmbeddingStats,
-    GreedyPerfPartitioner,
-    NoopEmbeddingStats,
-)
-from shardkit.planner._proposers import (
-    DynamicProgrammingProposer,
-    GreedyProposer,
-    GridSearchProposer,
-    UniformProposer,
-)
 from shardkit.planner._reservations import (
     FixedAbsoluteStorageReservation,
     FixedPercentageStorageReservation,
@@ -50,7 +43,14 @@ logger = logging.getLogger(__name__)
 
 _RESERVATIONS = (HeuristicalStorageReservation, FixedPercentageStorageReservation,
                  FixedAbsoluteStorageReservation, InferenceStorageReservation)  # fmt: skip
-_PROPOSERS = (GreedyProposer, UniformProposer, GridSearchProposer, DynamicProgrammingProposer)
+# The edge's classes that play each part (see the Note), for the refusal's message.
+_COMPONENTS = {
+    "enumerator": ("EmbeddingEnumerator",),
+    "proposer": ("GreedyProposer", "UniformProposer", "GridSearchProposer",
+                 "DynamicProgrammingProposer"),
+    "partitioner": ("GreedyPerfPartitioner",),
+    "stats": ("EmbeddingStats", "NoopEmbeddingStats"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,21 @@ def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, Sequence) else [value]
 
 
-def _refuse(name: str, value: Any, allowed: tuple[type, ...]) -> None:
-    if not isinstance(value, allowed):
-        names = ", ".join(kind.__name__ for kind in allowed) or "None"
-        raise TypeError(
-            f"EmbeddingShardingPlanner({name}={type(value).__name__}(...)): shardkit's planner "
-            f"runs its own search and does not call custom components; pass {names} or leave "
-            f"{name} out (see docs/planner.md)"
-        )
+def _role(value: Any) -> str | None:
+    role = getattr(type(value), "_shardkit_component", None)
+    return "stats" if role == "no stats" else role
+
+
+def _refuse(name: str, value: Any, allowed: tuple[type, ...] = ()) -> None:
+    if isinstance(value, allowed) or (name in _COMPONENTS and _role(value) == name):
+        return
+    kinds = [kind.__name__ for kind in allowed] or list(_COMPONENTS.get(name, ()))
+    names = ", ".join(kinds) or "None"
+    raise TypeError(
+        f"EmbeddingShardingPlanner({name}={type(value).__name__}(...)): shardkit's planner "
+        f"runs its own search and does not call custom components; pass {names} or leave "
+        f"{name} out (see docs/planner.md)"
+    )
 
 
 def resolve_components(
@@ -87,29 +94,29 @@ def resolve_components(
     """Check the components (see [Note: TorchRec's planner components]) and what they give."""
     for name, value in (("performance_model", performance_model), ("plan_loader", plan_loader)):
         if value is not None:
-            _refuse(name, value, ())
+            _refuse(name, value)
     if callbacks:
         raise ValueError(
             f"EmbeddingShardingPlanner(callbacks={list(callbacks)}): shardkit's planner does not "
             "rewrite its sharding options through callbacks; use ParameterConstraints instead"
         )
     if enumerator is not None:
-        _refuse("enumerator", enumerator, (EmbeddingEnumerator,))
+        _refuse("enumerator", enumerator)
         constraints = constraints if constraints is not None else enumerator.constraints
         batch_size = batch_size if batch_size is not None else enumerator.batch_size
     if storage_reservation is not None:
         _refuse("storage_reservation", storage_reservation, _RESERVATIONS)
     searchers = [*_listed(proposer), *_listed(partitioner)]
     for each in _listed(proposer):
-        _refuse("proposer", each, _PROPOSERS)
+        _refuse("proposer", each)
     if partitioner is not None:
-        _refuse("partitioner", partitioner, (GreedyPerfPartitioner,))
+        _refuse("partitioner", partitioner)
     if searchers:
         logger.info("planner: %s accepted; shardkit's own search proposes and places",
                     [type(s).__name__ for s in searchers])  # fmt: skip
     log = True
     for each in _listed(stats):
-        _refuse("stats", each, (EmbeddingStats, NoopEmbeddingStats))
+        _refuse("stats", each)
     if stats is not None:
-        log = any(isinstance(s, EmbeddingStats) for s in _listed(stats))
+        log = any(getattr(type(s), "_shardkit_component", None) == "stats" for s in _listed(stats))
     return Components(constraints, batch_size, storage_reservation, log)

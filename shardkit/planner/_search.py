@@ -16,6 +16,17 @@ The best proposal (lowest maximum rank cost, then lowest total cost, then lowest
 memory) is then improved by local moves (see [Note: local search]). Everything is
 deterministic: see [Note: the planner is a pure function].
 
+[Note: choosing by predicted step]
+With a profiled topology, proposals are ranked by their predicted step time (`predict_step`:
+the slowest rank in each phase, the collectives' latencies and the kernels' per-call costs
+included) instead of the busiest rank's summed cost, and the local search's result is kept only
+if its predicted step is no slower than the proposal it started from. The shards' own costs
+(see [Note: calibrated shard costs]) leave out what is paid once per collective or kernel call,
+so the threshold sweep alone would never propose a layout whose gain is fewer collectives (all
+tables data-parallel on a high-latency network, say): the proposals also include, for each
+sharding type, every table at its cheapest option of that type (TorchRec's uniform proposer).
+The shards' costs still drive the thresholds, the partition and the moves.
+
 [Note: local search]
 Greedy partitioning places whole proposals; equal tables then leave some ranks one table
 heavier than others (26 equal tables on 8 ranks: two ranks carry 4, the rest 3), and no
@@ -36,10 +47,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardkit.planner._enumerate import Kind, Option, Partition
+from shardkit.planner._enumerate import TYPE_ORDER, Kind, Option, Partition
 from shardkit.planner._inputs import Topology
 from shardkit.planner._partition import Placement, partition
 
@@ -67,10 +78,18 @@ class SearchResult:
         return not self.placement.failed
 
 
-def search(options: Sequence[Sequence[Option]], topology: Topology, available: int) -> SearchResult:
+def search(
+    options: Sequence[Sequence[Option]],
+    topology: Topology,
+    available: int,
+    *,
+    scorer: Scorer | None = None,
+) -> SearchResult:
     """Best proposal found for ``options`` (per table, cheapest first). See
     [Note: threshold proposals]. If nothing fits, the result holds the most spread proposal
-    with its failures, for the error message."""
+    with its failures, for the error message. ``scorer`` (a profiled topology's predicted step
+    time of a placed proposal) ranks proposals in place of the busiest rank's cost: see
+    [Note: choosing by predicted step]."""
     seen: set[tuple[int, ...]] = set()
     best: tuple[tuple, list[int], Placement] | None = None
     for limit in _memory_levels(options, available):
@@ -80,24 +99,60 @@ def search(options: Sequence[Sequence[Option]], topology: Topology, available: i
             if key in seen:
                 continue
             seen.add(key)
-            candidate = _evaluate(options, choice, topology, available)
+            candidate = _evaluate(options, choice, topology, available, scorer)
             if best is None or candidate[0] < best[0]:
                 best = candidate
         if best is not None and not best[2].failed:
             break
+    if scorer is not None:
+        for choice in _uniform_choices(options):
+            if tuple(choice) not in seen:
+                seen.add(tuple(choice))
+                candidate = _evaluate(options, choice, topology, available, scorer)
+                if best is None or candidate[0] < best[0]:
+                    best = candidate
     assert best is not None
-    _, choice, placement = best
+    score, choice, placement = best
     if not placement.failed:
         budget = min(_MAX_REFINE_TRIES, 64 + 2 * len(options))
-        choice, placement = _refine(options, choice, placement, topology, available, budget)
+        refined, moved = _refine(options, choice, placement, topology, available, budget)
+        kept = scorer is not None and _score(options, refined, moved, scorer) > score[1]
+        if not kept:
+            choice, placement = refined, moved
     proposal = [options[t][i] for t, i in enumerate(choice)]
     return SearchResult(proposal, placement, len(seen))
 
 
-def _evaluate(options, choice, topology, available) -> tuple[tuple, list[int], Placement]:
+Scorer = Callable[[list[Option], Placement], float]
+
+
+def _uniform_choices(options: Sequence[Sequence[Option]]) -> list[list[int]]:
+    """Per sharding type some table can use: every table at its cheapest option of that type
+    (its cheapest of any where it has none). See [Note: choosing by predicted step]."""
+    types = sorted(
+        {o.sharding_type for table in options for o in table}, key=lambda t: TYPE_ORDER[t]
+    )
+    choices = []
+    for sharding_type in types:
+        choice = []
+        for table in options:
+            of_type = [i for i, o in enumerate(table) if o.sharding_type == sharding_type]
+            choice.append(of_type[0] if of_type else 0)  # options are cheapest first
+        choices.append(choice)
+    return choices
+
+
+def _score(options, choice, placement: Placement, scorer: Scorer) -> float:
+    return scorer([options[t][i] for t, i in enumerate(choice)], placement)
+
+
+def _evaluate(options, choice, topology, available, scorer) -> tuple[tuple, list[int], Placement]:
     proposal = [options[t][i] for t, i in enumerate(choice)]
     placement = partition(proposal, topology, available)
-    score = (len(placement.failed), placement.max_cost, sum(placement.cost), placement.max_memory)
+    primary = placement.max_cost
+    if scorer is not None and not placement.failed:
+        primary = scorer(proposal, placement)
+    score = (len(placement.failed), primary, sum(placement.cost), placement.max_memory)
     return score, choice, placement
 
 

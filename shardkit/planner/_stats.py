@@ -5,7 +5,7 @@ stats, so ``print(plan)`` shows this table."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from shardkit.planner._errors import format_bytes
 from shardkit.planner._estimate import ShardCost, estimate_shard
 from shardkit.planner._inputs import Reservation, Topology
 from shardkit.planner._partition import Placement
+from shardkit.planner._predict import PlacedTable, StepPrediction, placed_tables
 from shardkit.planner._tables import TableSpec
 from shardkit.types import (
     ParameterSharding,
@@ -90,6 +91,7 @@ class PlanStats:
     tables: tuple[TableStats, ...]
     num_proposals: int = 0
     memory_source: str = "given"
+    prediction: StepPrediction | None = None
 
     @property
     def available(self) -> int:
@@ -128,7 +130,33 @@ class PlanStats:
     def text(self, module: str | None = None) -> str:
         """The table: header, one row per rank, then the tables module by module (only those
         of the module at path ``module`` if given)."""
-        return "\n".join([*self._header(), "", *self._rank_rows(), "", *self._table_rows(module)])
+        ranks = self._rank_rows() if self.prediction is None else self._predicted_rows()
+        return "\n".join([*self._header(), "", *ranks, "", *self._table_rows(module)])
+
+    def _predicted_rows(self) -> list[str]:
+        """Per rank: memory, then the predicted ms of each part of its step."""
+        assert self.prediction is not None
+        rows = [
+            ("rank", "host", "memory", "% avail", "step ms", "embedding", "input dist",
+             "output dist", "dense", "all-reduce", "shards")
+        ]  # fmt: skip
+        for r, p in zip(self.ranks, self.prediction.ranks):
+            rows.append(
+                (
+                    str(r.rank),
+                    str(r.host),
+                    format_bytes(r.memory),
+                    _percent(r.memory, self.available),
+                    f"{p.total:.4g}",
+                    f"{p.embedding:.4g}",
+                    f"{p.input_dist:.4g}",
+                    f"{p.output_dist:.4g}",
+                    f"{p.dense:.4g}",
+                    f"{p.dense_all_reduce:.4g}",
+                    str(r.num_shards),
+                )
+            )
+        return format_columns(rows, left=set())
 
     def _header(self) -> list[str]:
         hosts = self.world_size // self.local_world_size
@@ -146,6 +174,7 @@ class PlanStats:
             f"{self.memory_imbalance:.3f}; max cost {self.max_cost:.4g} ms, max memory "
             f"{format_bytes(self.max_memory)} ({_percent(self.max_memory, self.available)}% "
             "of the memory for tables)",
+            *([self.prediction.summary()] if self.prediction is not None else []),
         ]
 
     def _rank_rows(self) -> list[str]:
@@ -257,8 +286,10 @@ def placement_stats(
     *,
     batch_size: int,
     num_proposals: int,
+    predict: Predict | None = None,
 ) -> PlanStats:
-    """Stats of the planner's chosen options where the partition put them."""
+    """Stats of the planner's chosen options where the partition put them (and their
+    predicted step, given ``predict``)."""
     ledger = _Ledger(topology.world_size)
     per_table = []
     for table, option, ranks in zip(tables, proposal, where.ranks):
@@ -283,7 +314,13 @@ def placement_stats(
                 option.total_cost,
             )
         )
-    return _stats(topology, reservation, batch_size, ledger, per_table, num_proposals)
+    prediction = None
+    if predict is not None:
+        prediction = predict(placed_tables(tables, proposal, where.ranks, topology.world_size))
+    return _stats(topology, reservation, batch_size, ledger, per_table, num_proposals, prediction)
+
+
+Predict = Callable[[Sequence[PlacedTable]], StepPrediction]
 
 
 def plan_stats(
@@ -293,17 +330,26 @@ def plan_stats(
     reservation: Reservation,
     *,
     batch_size: int,
+    predict: Predict | None = None,
 ) -> PlanStats:
-    """Stats of any plan for ``tables`` (e.g. a manual one, or another planner's)."""
+    """Stats of any plan for ``tables`` (e.g. a manual one, or another planner's), with its
+    predicted step given ``predict``."""
     ledger = _Ledger(topology.world_size)
-    per_table = []
+    per_table, placed = [], []
     for table in tables:
         module = plan.get_plan_for_module(table.path)
         sharding = module.get(table.name) if module is not None else None
         if sharding is None:
             raise ValueError(f"the plan has no entry for table '{table.key}'")
-        per_table.append(_account(table, sharding, topology, ledger))
-    return _stats(topology, reservation, batch_size, ledger, per_table, 0)
+        stats = _account(table, sharding, topology, ledger)
+        per_table.append(stats)
+        placed.append(
+            PlacedTable(
+                table, sharding.sharding_type, sharding.compute_kernel, stats.shards, stats.ranks
+            )
+        )
+    prediction = predict(placed) if predict is not None and tables else None
+    return _stats(topology, reservation, batch_size, ledger, per_table, 0, prediction)
 
 
 def _account(
@@ -364,7 +410,9 @@ def _table_stats(table, sharding_type, kernel, ranks, shards, memory, cost) -> T
     )
 
 
-def _stats(topology, reservation, batch_size, ledger, per_table, num_proposals) -> PlanStats:
+def _stats(
+    topology, reservation, batch_size, ledger, per_table, num_proposals, prediction=None
+) -> PlanStats:
     return PlanStats(
         world_size=topology.world_size,
         local_world_size=topology.local_world_size,
@@ -378,4 +426,5 @@ def _stats(topology, reservation, batch_size, ledger, per_table, num_proposals) 
         tables=tuple(per_table),
         num_proposals=num_proposals,
         memory_source=topology.memory_source,
+        prediction=prediction,
     )

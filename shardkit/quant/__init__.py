@@ -1,7 +1,6 @@
 """Quantized embedding collections for serving on CPU (TorchRec's ``torchrec.quant``): tables
 stored row-wise in INT8, INT4, INT2 or FP16, looked up with torch's own quantized operators."""
 
-from shardkit.quant._config import QuantConfig, dtype_to_data_type
 from shardkit.quant._state import quantize_table_weights
 from shardkit.quant._weights import TableWeights, assign_table_weights, table_weights
 from shardkit.quant.embedding_modules import (
@@ -13,10 +12,8 @@ from shardkit.quant.embedding_modules import (
 __all__ = [
     "EmbeddingBagCollection",
     "EmbeddingCollection",
-    "QuantConfig",
     "TableWeights",
     "assign_table_weights",
-    "dtype_to_data_type",
     "quantize_state_dict",
     "quantize_table_weights",
     "table_weights",

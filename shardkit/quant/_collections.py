@@ -8,7 +8,9 @@ ship in torch's CPU build. Build them from trained float modules::
     model = quantize_embeddings(model, dtype=torch.qint8, inplace=True)  # shardkit.inference
 
 The ``state_dict`` keeps TorchRec's keys (``embedding_bags.<table>.weight``, a uint8 buffer for
-the n-bit types); the module has no parameters (serving only).
+the n-bit types) in shardkit's row layout; ``load_state_dict`` also takes TorchRec's (what a
+TorchRec quantized collection saves, split scale/bias or not), and `tables_in_torchrec_layout`
+gives TorchRec's ([Note: TorchRec's quantized rows]). The module has no parameters (serving only).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from shardkit.quant._config import quantized_configs
 from shardkit.quant._groups import Stacks
 from shardkit.quant._pack import check_data_type, code_columns, lookup, pack, packed_shape
 from shardkit.quant._prep import DEFAULT_ROW_ALIGNMENT, check_row_alignment, layout_switches
+from shardkit.quant._torchrec_rows import from_torchrec, is_torchrec_rows, to_torchrec
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "quantize_state_dict"]
@@ -75,12 +78,30 @@ class _QuantCollection(nn.Module):
         setattr(self, self._TABLES, tables)
         self._stacks = Stacks(configs, tables)
         self._stacks.restack()
+        self._split_scale_bias = split_scale_bias
+        self._register_state_dict_hook(_write_split_scale_bias)
+        self._register_load_state_dict_pre_hook(_read_torchrec_rows, with_module=True)
         self.register_load_state_dict_post_hook(lambda module, _: module._stacks.restack())
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
         super()._apply(fn, recurse)
         self._stacks.restack()  # see [Note: quantized stacks]
         return self
+
+    def tables_in_torchrec_layout(self) -> dict[str, torch.Tensor]:
+        """Each table's rows as TorchRec stores them (raw bytes; split when the module's
+        ``quant_state_dict_split_scale_bias`` is on), keyed as in ``state_dict()``: what a
+        TorchRec quantized collection's ``state_dict`` holds (see [Note: TorchRec's quantized
+        rows])."""
+        out = {}
+        alignment = self.layout["row_alignment"]
+        configs = {c.name: c for c in self._stacks.configs}
+        for name, table in getattr(self, self._TABLES).items():
+            config = configs[name]
+            rows = to_torchrec(table.weight, config.embedding_dim, config.data_type,
+                               alignment=alignment, split=self._split_scale_bias)  # fmt: skip
+            out.update({f"{self._TABLES}.{name}.{key}": value for key, value in rows.items()})
+        return out
 
     def _keep_layout(self, register_tbes: bool, row_alignment: int, cache_order: bool) -> None:
         check_row_alignment(row_alignment)
@@ -107,7 +128,8 @@ class EmbeddingBagCollection(_QuantCollection):
             `quantize_state_dict` gives; unset: zeros (load a ``state_dict``).
         register_tbes, row_alignment, cache_features_order: FBGEMM's layout switches: checked
             and kept in ``layout``; outputs do not depend on them ([Note: FBGEMM layout switches]).
-        quant_state_dict_split_scale_bias: only False (scale and bias stay in each row).
+        quant_state_dict_split_scale_bias: write n-bit tables' ``state_dict`` as TorchRec does
+            with this switch (codes, float16 ``weight_qscale`` and ``weight_qbias``).
         validate_ids: refuse ids outside their table (they would read another table's rows).
     """
 
@@ -316,6 +338,32 @@ def _initial(
     return rows.to(device)
 
 
+def _write_split_scale_bias(
+    module: _QuantCollection, state_dict: dict[str, Any], prefix: str, _: Any
+) -> None:
+    """With ``quant_state_dict_split_scale_bias``, every table as TorchRec writes it."""
+    if module._split_scale_bias:
+        for key, value in module.tables_in_torchrec_layout().items():
+            state_dict[prefix + key] = value
+
+
+def _read_torchrec_rows(
+    module: _QuantCollection, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """Tables saved by TorchRec (its layout, split or not) become shardkit's rows."""
+    alignment = module.layout["row_alignment"]
+    for config in module._stacks.configs:
+        key = f"{prefix}{module._TABLES}.{config.name}.weight"
+        value = state_dict.get(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        qscale = state_dict.pop(key + "_qscale", None)
+        qbias = state_dict.pop(key + "_qbias", None)
+        dim, data_type = config.embedding_dim, config.data_type
+        if qscale is not None or is_torchrec_rows(value, dim, data_type, alignment):
+            state_dict[key] = from_torchrec(value, dim, data_type, qscale=qscale, qbias=qbias)
+
+
 def _check_collection(
     configs: Sequence[BaseEmbeddingConfig],
     device: torch.device,
@@ -329,11 +377,6 @@ def _check_collection(
         )
     if output_dtype not in (torch.float32, torch.float16):
         raise ValueError(f"output_dtype must be torch.float or torch.half, got {output_dtype}")
-    if split_scale_bias:
-        raise ValueError(
-            "quant_state_dict_split_scale_bias=True is not supported: each stored row keeps its "
-            "scale and bias (see shardkit.quant); use False"
-        )
     names = [c.name for c in configs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

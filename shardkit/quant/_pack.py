@@ -10,12 +10,14 @@ A table of ``[rows, D]`` floats is stored as torch's CPU operators
     INT4   uint8 [rows, D / 2 + 4]   two codes a byte, then float16 scale and bias (D even)
     INT2   uint8 [rows, D / 4 + 4]   four codes a byte, then float16 scale and bias (D % 4 == 0)
 
-An n-bit row is ``value = code * scale + bias`` with ``bias = min(row)`` and
-``scale = (max(row) - min(row)) / (2**n - 1)``, so every value is within ``scale / 2`` of the
-float it came from (INT4/INT2 also round scale and bias to float16). Pooling sums dequantized
-rows in float32 (FP16 without per-id weights: in float32, the pooled vector then rounded to
-float16 once, as torch's CPU kernel does). FBGEMM (TorchRec) puts the scale and bias first and pads rows to 16 bytes:
-the bytes differ, the values are the same quantization.
+An n-bit row is ``value = code * scale + bias``, quantized as FBGEMM (TorchRec) does for every
+n: ``bias = min(row)`` rounded to float16, ``scale = (max(row) - bias) / (2**n - 1)`` rounded to
+float16, ``code = round((x - bias) / scale)``; so every value is within about ``scale / 2`` of the
+float it came from, and the codes, scales and biases are TorchRec's bit for bit (INT8's float32
+scale and bias hold float16 values). Pooling sums dequantized rows in float32 (FP16 too, as
+FBGEMM does: torch's float16 embedding bag would round the pooled vector). TorchRec's ``state_dict`` lays the same rows out FBGEMM's way (float16 scale and bias
+first, rows padded to 16 bytes): ``shardkit.quant`` reads and writes that layout too (see
+[Note: TorchRec's quantized rows]).
 """
 
 from __future__ import annotations
@@ -85,10 +87,23 @@ def pack(weight: torch.Tensor, data_type: DataType) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device="meta")
     weight = weight.float().contiguous().cpu()
     if data_type == DataType.INT8:
-        return _OPS.embedding_bag_byte_prepack(weight)
+        return _pack_int8(weight)
     if data_type == DataType.INT4:
         return _OPS.embedding_bag_4bit_prepack(weight)
     return _OPS.embedding_bag_2bit_prepack(weight)
+
+
+def _pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """FBGEMM's 8-bit rule (torch's ``embedding_bag_byte_prepack`` keeps float32 scales and
+    biases; TorchRec rounds them to float16 first): codes, then float32 scale and bias."""
+    bias = weight.min(dim=1, keepdim=True).values.half().float()  # [rows, 1]
+    top = weight.max(dim=1, keepdim=True).values
+    scale = ((top - bias) / 255).half().float()
+    degenerate = (scale == 0) | torch.isinf(1.0 / scale)  # a constant row: any scale works
+    scale = torch.where(degenerate, torch.ones_like(scale), scale)
+    codes = torch.round((weight - bias) * (1.0 / scale)).clamp_(0, 255).to(torch.uint8)
+    scale_bias = torch.cat([scale, bias], dim=1).view(torch.uint8)  # [rows, 8]
+    return torch.cat([codes, scale_bias], dim=1)
 
 
 def unpack(packed: torch.Tensor, data_type: DataType) -> torch.Tensor:
@@ -111,12 +126,15 @@ def lookup(
 ) -> torch.Tensor:
     """Sum-pooled rows ``[bags, D]`` float32: bag ``b`` is ``ids[offsets[b]:offsets[b + 1]]``
     (``offsets`` ``[bags + 1]``), each row times its ``per_sample_weights`` entry if given."""
-    if data_type == DataType.FP16 and per_sample_weights is not None:
-        # weights in float16 would round each product: weigh float32 copies of the rows
+    if data_type == DataType.FP16:
+        # summed in float16, the pooled vector would be rounded (and each weighted product):
+        # sum float32 copies of the rows, as FBGEMM (TorchRec) does
         rows = packed.index_select(0, ids).float()  # [N, D]
         each = torch.arange(ids.numel(), device=ids.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.float()
         return F.embedding_bag(each, rows, offsets, mode="sum", include_last_offset=True,
-                               per_sample_weights=per_sample_weights.float())  # fmt: skip
+                               per_sample_weights=per_sample_weights)  # fmt: skip
     if data_type in (DataType.FP32, DataType.FP16):
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.float()

@@ -32,6 +32,8 @@ __all__ = [
     "layout_switches",
     "quant_prep_customize_row_alignment",
     "quant_prep_enable_cache_features_order",
+    "quant_prep_enable_quant_state_dict_split_scale_bias",
+    "quant_prep_enable_quant_state_dict_split_scale_bias_for_types",
     "quant_prep_enable_register_tbes",
 ]
 
@@ -66,6 +68,25 @@ def quant_prep_enable_register_tbes(
     submodules (see [Note: FBGEMM layout switches])."""
     for_each_module_of_type_do(
         module, module_types, lambda m: setattr(m, MODULE_ATTR_REGISTER_TBES_BOOL, True)
+    )
+
+
+def quant_prep_enable_quant_state_dict_split_scale_bias(module: nn.Module) -> None:
+    """Mark ``module`` to write its n-bit tables' ``state_dict`` as TorchRec does with this
+    switch: codes in ``weight``, float16 ``weight_qscale`` and ``weight_qbias`` (see [Note:
+    TorchRec's quantized rows])."""
+    setattr(module, MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS, True)
+
+
+def quant_prep_enable_quant_state_dict_split_scale_bias_for_types(
+    module: nn.Module, module_types: Sequence[type[nn.Module]]
+) -> None:
+    """`quant_prep_enable_quant_state_dict_split_scale_bias` for every module of
+    ``module_types`` in ``module``."""
+    for_each_module_of_type_do(
+        module,
+        module_types,
+        lambda m: setattr(m, MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS, True),
     )
 
 

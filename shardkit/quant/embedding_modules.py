@@ -22,6 +22,7 @@ from shardkit.quant._composed import (
 from shardkit.quant._prep import (
     DEFAULT_ROW_ALIGNMENT,
     MODULE_ATTR_CACHE_FEATURES_ORDER,
+    MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS,
     MODULE_ATTR_REGISTER_TBES_BOOL,
     MODULE_ATTR_REMOVE_STBE_PADDING_BOOL,
     MODULE_ATTR_ROW_ALIGNMENT_INT,
@@ -30,12 +31,15 @@ from shardkit.quant._prep import (
     for_each_module_of_type_do,
     quant_prep_customize_row_alignment,
     quant_prep_enable_cache_features_order,
+    quant_prep_enable_quant_state_dict_split_scale_bias,
+    quant_prep_enable_quant_state_dict_split_scale_bias_for_types,
     quant_prep_enable_register_tbes,
 )
 
 __all__ = [
     "DEFAULT_ROW_ALIGNMENT",
     "MODULE_ATTR_CACHE_FEATURES_ORDER",
+    "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS",
     "MODULE_ATTR_REGISTER_TBES_BOOL",
     "MODULE_ATTR_REMOVE_STBE_PADDING_BOOL",
     "MODULE_ATTR_ROW_ALIGNMENT_INT",
@@ -49,22 +53,16 @@ __all__ = [
     "for_each_module_of_type_do",
     "quant_prep_customize_row_alignment",
     "quant_prep_enable_cache_features_order",
+    "quant_prep_enable_quant_state_dict_split_scale_bias",
+    "quant_prep_enable_quant_state_dict_split_scale_bias_for_types",
     "quant_prep_enable_register_tbes",
     "quantize_state_dict",
 ]
 
-_SPLIT = (
-    "quant_state_dict_split_scale_bias (rows with separate scale/bias tensors in the state dict) "
-    "is not supported: shardkit's state dict stores each row with its scale and bias (docs/"
-    "serving.md)"
-)
 __getattr__ = refuse(
     __name__,
     {
         "MODULE_ATTR_EMB_CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT": "row pruning of quantized "
         "tables is not supported; serve the whole table",
-        "MODULE_ATTR_QUANT_STATE_DICT_SPLIT_SCALE_BIAS": _SPLIT,
-        "quant_prep_enable_quant_state_dict_split_scale_bias": _SPLIT,
-        "quant_prep_enable_quant_state_dict_split_scale_bias_for_types": _SPLIT,
     },
 )

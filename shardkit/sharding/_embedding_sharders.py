@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from shardkit.modules import EmbeddingBagCollection, EmbeddingCollection
-from shardkit.sharding._embedding import ShardedEmbeddingCollection
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
 
 __all__ = ["EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]

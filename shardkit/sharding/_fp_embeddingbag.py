@@ -24,9 +24,9 @@ from shardkit.modules.fp_embedding_modules import (
     apply_feature_processors_to_kjt,
 )
 from shardkit.optim import FusedOptimizer
-from shardkit.sharding._embedding_types import ShardedEmbeddingModule
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
-from shardkit.sharding._input_dist import InputError
+from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._dist._input import InputError
+from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv
 

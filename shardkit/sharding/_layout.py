@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardkit.modules import BaseEmbeddingConfig
-from shardkit.types import ParameterSharding, ShardingType
+from shardkit.types import ParameterSharding, ShardingType, validate_module_plan
 
 __all__ = ["Layout", "Route", "ShardSlice", "Slot", "Unit", "build_layout"]
 
@@ -149,6 +149,7 @@ def build_layout(
             f"the sharding plan does not match the module's tables: no plan for {missing}, "
             f"plans for unknown tables {extra}"
         )
+    validate_module_plan(plan)  # plans are mutable: an edited one is checked where applied
     units: list[Unit] = []
     fused = []
     feature_index = 0

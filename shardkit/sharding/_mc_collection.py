@@ -21,6 +21,9 @@ slots]). A table-wise table keeps its whole remapper on the table's rank. Each f
 
 The row-wise shard bounds are the bucket bounds (``floor`` splits); where the plan's even split
 differs (rows not divisible by ``W``), the sharder moves the bounds (one INFO line per table).
+A remapper of one bucket (MCH's default) is rebuilt row-wise with one bucket per rank, as TorchRec
+rebuilds its sharded remappers (`rebucketed`): the table then behaves as the unsharded module with
+``buckets=W``, and its checkpoints load at ``W`` ranks (or into that module), not at others.
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 )
 
 from shardkit import comm
-from shardkit.modules import BaseEmbeddingConfig
+from shardkit.modules import BaseEmbeddingConfig, with_values
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
-from shardkit.sharding._input_dist import InputError
-from shardkit.sharding._state import quiet_sharded_tensor
+from shardkit.sharding._collection._state import quiet_sharded_tensor
+from shardkit.sharding._dist._input import InputError
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 from shardkit.types import ParameterSharding, ShardingEnv
 
@@ -108,6 +111,7 @@ class ShardedManagedCollisionCollection(nn.Module):
         plan: table name -> bucket-aligned `ParameterSharding` (see `aligned_plan`).
         env: the ranks.
         device: where this rank's remappers live.
+        remappers: the unsharded remappers to shard, if not the module's own (`rebucketed`).
     """
 
     def __init__(
@@ -116,12 +120,14 @@ class ShardedManagedCollisionCollection(nn.Module):
         plan: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        *,
+        remappers: Mapping[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self._env = env
         self._device = device
         self._configs: list[BaseEmbeddingConfig] = list(module.embedding_configs())
-        unsharded = dict(module._managed_collision_modules.items())
+        unsharded = dict(remappers or module._managed_collision_modules.items())
         self._tables = mc_tables(unsharded, plan)
         self._feature_names = [f for c in self._configs for f in c.feature_names]
         self._features_per_table = [len(c.feature_names) for c in self._configs]
@@ -168,7 +174,7 @@ class ShardedManagedCollisionCollection(nn.Module):
         assert isinstance(back, torch.Tensor)
         remapped = torch.empty_like(back)
         remapped[order] = back
-        return _with_values(features, remapped.to(features.values().dtype))
+        return with_values(features, remapped.to(features.values().dtype))
 
     def _table_order(self, features: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, str | None]:
         keys = features.keys()
@@ -330,18 +336,3 @@ def _sharded_slots(table: McTable, local: torch.Tensor, env: ShardingEnv) -> Sha
 def _jagged(values: torch.Tensor) -> JaggedTensor:
     """One bag of all ``values`` (what a remapper takes)."""
     return JaggedTensor(values=values, lengths=torch.tensor([values.numel()]))
-
-
-def _with_values(kjt: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
-    variable = kjt.variable_stride_per_key()  # a VBE batch stays one
-    return KeyedJaggedTensor(
-        keys=kjt.keys(),
-        values=values,
-        weights=kjt.weights_or_none(),
-        lengths=kjt.lengths(),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
-        length_per_key=kjt.length_per_key(),
-        offset_per_key=kjt.offset_per_key(),
-        inverse_indices=kjt.inverse_indices_or_none(),
-    )

@@ -23,14 +23,14 @@ from shardkit.modules.mc_embedding_modules import (
     ManagedCollisionEmbeddingCollection,
 )
 from shardkit.optim import FusedOptimizer
-from shardkit.sharding._collection import ShardedCollection
-from shardkit.sharding._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._base import ShardedCollection
+from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
+from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._state import reset_rows
+from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sharding._embedding_sharders import _CollectionSharder
-from shardkit.sharding._embedding_types import ShardedEmbeddingModule
-from shardkit.sharding._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._mc_collection import ShardedManagedCollisionCollection
-from shardkit.sharding._mc_plan import aligned_plan
-from shardkit.sharding._state import reset_rows
+from shardkit.sharding._mc_plan import aligned_plan, rebucketed
 from shardkit.sparse import KeyedJaggedTensor
 from shardkit.types import BaseEmbeddingSharder, ParameterSharding, ShardingEnv, ShardingType
 
@@ -61,9 +61,11 @@ class _ShardedMc(nn.Module):
         super().__init__()
         device = torch.device(device) if device is not None else torch.device("cpu")
         mcc = module._managed_collision_collection
-        plan = aligned_plan(dict(mcc._managed_collision_modules.items()), plan, env.world_size)
+        remappers = dict(mcc._managed_collision_modules.items())
+        remappers = rebucketed(remappers, plan, env.world_size)  # 1 bucket: 1 per rank
+        plan = aligned_plan(remappers, plan, env.world_size)
         self._managed_collision_collection = ShardedManagedCollisionCollection(
-            mcc, plan, env, device
+            mcc, plan, env, device, remappers=remappers
         )
         self._embedding_module = self.sharded(module._embedding_module, plan, env, device, **kwargs)
         self._return_remapped_features = module._return_remapped_features

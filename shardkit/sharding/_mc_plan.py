@@ -11,9 +11,9 @@ from typing import Any
 from torch import nn
 
 from shardkit.modules.mc_modules import ManagedCollisionModule, MCHManagedCollisionModule
-from shardkit.types import ParameterSharding, ShardingType
+from shardkit.types import ParameterSharding, ShardingType, validate_module_plan
 
-__all__ = ["aligned_plan"]
+__all__ = ["aligned_plan", "rebucketed"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ def aligned_plan(
 ) -> dict[str, ParameterSharding]:
     """The plan with each row-wise table's shards moved onto its bucket bounds; refuses a
     sharding type managed collision cannot take, naming the table and what works."""
+    validate_module_plan(plan)  # plans are mutable: an edited one is checked where applied
     out = {}
     for name, module in modules.items():
         sharding = plan[name]
@@ -37,6 +38,41 @@ def aligned_plan(
         out[name] = sharding
         if kind == ShardingType.ROW_WISE:
             out[name] = _on_bucket_bounds(name, module, sharding, world_size)
+    return out
+
+
+def rebucketed(
+    modules: Mapping[str, nn.Module], plan: Mapping[str, ParameterSharding], world_size: int
+) -> dict[str, nn.Module]:
+    """``modules`` with each row-wise MCH remapper of ONE bucket (the default) rebuilt with one
+    bucket per rank, as TorchRec does (its sharded remappers get ``buckets = `` the number of
+    row shards): each rank then remaps the ids of its bucket into its own rows. The sharded
+    table then behaves as the unsharded module with ``buckets=world_size`` (ids compete for the
+    rows of their rank's bucket, not for all rows). A remapper that already holds ids cannot be
+    split so (its ids are not in the rows of their new buckets): that is refused."""
+    out = dict(modules)
+    for name, module in modules.items():
+        kind = plan[name].sharding_type
+        if (
+            kind != ShardingType.ROW_WISE
+            or world_size == 1
+            or not isinstance(module, MCHManagedCollisionModule)
+            or module.buckets() != 1
+        ):
+            continue
+        if module.holds_ids():
+            raise ValueError(
+                f"managed-collision table '{name}': its remapper (1 bucket) already holds ids, "
+                f"and row-wise over {world_size} ranks it needs one bucket per rank, which moves "
+                "ids to other rows; shard it before training, or build its "
+                f"MCHManagedCollisionModule with buckets= a multiple of {world_size}"
+            )
+        out[name] = module.rebuild_with_buckets(world_size)
+        logger.info(
+            "managed-collision table '%s': 1 bucket, row-wise over %d ranks: one bucket per rank "
+            "(as TorchRec; the table behaves as with buckets=%d)",
+            name, world_size, world_size,
+        )  # fmt: skip
     return out
 
 

@@ -229,11 +229,24 @@ def _local_world_size(world_size: int) -> int:
 
 
 def _check_same_plan(plan: ShardingPlan, env: ShardingEnv) -> None:
-    """Every rank must hold the same plan; name the ranks whose plan differs, on every rank."""
+    """Every rank must hold the same valid plan (plans are mutable: a user may have edited one);
+    name the ranks whose plan differs, or the first inconsistent table, on every rank."""
+    problem = None
+    try:
+        plan.validate()
+        digest = hashlib.sha256(plan.to_json().encode()).hexdigest()[:16]
+    except (TypeError, ValueError) as error:
+        problem, digest = (type(error).__name__, str(error)), ""
     if env.world_size == 1:
-        return
-    digest = hashlib.sha256(plan.to_json().encode()).hexdigest()[:16]
-    digests = comm.all_gather_object(digest, group=env.pg)
+        reports = [(digest, problem)]
+    else:  # agree first, so that a plan wrong on one rank fails every rank, none waits
+        reports = comm.all_gather_object((digest, problem), group=env.pg)
+    for rank, (_, rank_problem) in enumerate(reports):
+        if rank_problem is not None:
+            kind, message = rank_problem
+            where = "" if env.world_size == 1 else f"rank {rank}'s plan: "
+            raise (TypeError if kind == "TypeError" else ValueError)(where + message)
+    digests = [d for d, _ in reports]
     if len(set(digests)) > 1:
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         raise ValueError(

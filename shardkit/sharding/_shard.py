@@ -15,7 +15,6 @@ from shardkit.compat import resolve_device
 from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._comm_helpers import get_local_size
 from shardkit.sharding._model_parallel import _materialize
-from shardkit.sharding._plan_helpers import get_module_to_default_sharders
 from shardkit.sharding._sharding_plan import get_default_sharders
 from shardkit.sharding._sharding_sharder import sharders_by_type, sharding_sharders
 from shardkit.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingPlan
@@ -59,7 +58,7 @@ def shard(
 
         sharded = shard(ebc, row_wise())        # a ShardedEmbeddingBagCollection
     """
-    sharder = sharder or get_module_to_default_sharders().get(type(module))
+    sharder = sharder or {s.module_type: s for s in get_default_sharders()}.get(type(module))
     if sharder is None:
         raise TypeError(
             f"no sharder for {type(module).__name__}; shard() takes an EmbeddingBagCollection "

@@ -80,7 +80,7 @@ def data_parallel(compute_kernel: str | None = None) -> ParameterShardingGenerat
     ``compute_kernel``: ``"dense"`` (the default, as TorchRec: dense gradients all-reduced by
     DDP and stepped by your optimizer) or ``"fused"`` (shardkit only: the sharder's fused
     optimizer runs in backward and only the rows a batch touched are exchanged and updated;
-    see [Note: sparse data-parallel tables] in `shardkit.sharding._replicas`).
+    see [Note: sparse data-parallel tables] in `shardkit.sharding._collection._replicas`).
     """
     kernel = EmbeddingComputeKernel.parse(compute_kernel or EmbeddingComputeKernel.DENSE)
 

@@ -130,6 +130,7 @@ def _table_data(config: TrainConfig, rank: int, world_size: int, table: TableDat
         "batch_size": config.batch_size,
         "rank": rank,
         "world_size": world_size,
+        "cache": config.table_cache,
     }
     train = TableReader(table, split="train", shuffle_buffer=config.shuffle_buffer,
                         seed=config.seed, **common)  # fmt: skip

@@ -72,6 +72,8 @@ class TrainConfig:
         skip_bad_rows: table data: skip and count rows that cannot be read, instead of
             refusing the input.
         shuffle_buffer: table data: rows each rank's shuffle holds.
+        table_cache: table data: a folder for the encoded splits, memory-mapped by later epochs
+            and runs (written once; a change of the files, schema or split makes new ones).
         num_embeddings: criteo/synthetic: rows per table (criteo ids are mapped into them by
             --id-mapping).
         criteo_format: criteo line layout: tsv (Kaggle/Terabyte: label, 13 ints, 26 hex ids) or
@@ -120,6 +122,7 @@ class TrainConfig:
     schema: Path | None = None
     skip_bad_rows: bool = False
     shuffle_buffer: int = 16_384
+    table_cache: Path | None = None
     num_embeddings: int = 100_000
     criteo_format: CriteoFormat = CriteoFormat.TSV
     id_mapping: IdMapping = IdMapping.MODULO
@@ -199,7 +202,7 @@ def _coerce(config: TrainConfig) -> None:
                                  f"{value!r}") from None  # fmt: skip
         elif f.name in ("data_path", "data_val_path"):
             value = (Path(value),) if isinstance(value, (str, Path)) else tuple(map(Path, value))
-        elif f.name in ("schema", "metrics_path") and isinstance(value, str):
+        elif f.name in ("schema", "metrics_path", "table_cache") and isinstance(value, str):
             value = Path(value)
         object.__setattr__(config, f.name, value)
     if config.checkpoint_dir is None:
@@ -244,5 +247,7 @@ def _check_data(config: TrainConfig) -> None:
     if source is DataSource.TABLE and config.schema is None:
         raise ValueError("--data table needs --schema (a TOML, JSON or YAML file naming the "
                          "label and the columns; see docs/data.md)")  # fmt: skip
-    if source is not DataSource.TABLE and (config.schema is not None or config.skip_bad_rows):
-        raise ValueError("--schema and --skip-bad-rows are for --data table")
+    if source is not DataSource.TABLE and (
+        config.schema is not None or config.skip_bad_rows or config.table_cache is not None
+    ):
+        raise ValueError("--schema, --skip-bad-rows and --table-cache are for --data table")

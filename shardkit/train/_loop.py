@@ -103,9 +103,9 @@ def _epoch_line(results: dict[str, Any]) -> str:
         f"{results['log_loss']:.4f}, normalized entropy {results['normalized_entropy']:.4f}, "
         f"accuracy {results['accuracy']:.4f} ({results['num_examples']:.0f} examples); "
         f"train {results['epoch_samples_per_s']:,.0f} samples/s over the epoch "
-        f"({results['samples_per_s']:,.0f} after warm-up); reading alone "
-        f"{results['data_samples_per_s']:,.0f} samples/s, {results['data_time_share']:.0%} of the "
-        "epoch's time"
+        f"({results['samples_per_s']:,.0f} after warm-up); waiting for data "
+        f"{results['data_time_share']:.1%} of the epoch's time (reading where training waited: "
+        f"{results['data_samples_per_s']:,.0f} samples/s)"
     )
 
 
@@ -181,8 +181,9 @@ def _train_epoch(
 
 
 class _Timed:
-    """The data iterator, timed: how fast this rank reads, parses and batches alone (without
-    training), to compare with the training speed: the slower one bounds the run."""
+    """The data iterator, timed: how long this rank waits for each batch. A reader that makes
+    batches in the training thread (Adult, Criteo) is timed whole: its rate is reading alone; a
+    prefetching reader (tables) is timed only where training waits for it."""
 
     def __init__(self, batches: Any) -> None:
         self.batches, self.seconds, self.samples = batches, 0.0, 0

@@ -4,9 +4,11 @@ from, and a table's scan (every row checked, the schema fitted).
 [Note: refusing input before ranks start]
 `prepare` runs in the process that starts the ranks (`run` before `spawn`), so a missing file,
 a bad row or a corrupted checkpoint is one error from one process, before any rank starts and
-before anything is written to the checkpoint directory. Under torchrun there is no such
-process: rank 0 prepares and broadcasts the result or its error, and every rank raises that
-error (`prepare_on_ranks`), before any other collective.
+before anything is written to the checkpoint directory (that process scans a table with a
+thread per core). Under torchrun there is no such process: rank 0 prepares and broadcasts the
+result or its error, and every rank raises that error (`prepare_on_ranks`), before any other
+collective; then every rank (on every host) scans its own pieces of a table and the ranks
+merge (`scan_table(parallel=True)`), raising a bad row's error on every rank alike.
 """
 
 from __future__ import annotations
@@ -37,37 +39,48 @@ class Prepared:
     table: TableData | None = None
 
 
-def prepare(config: TrainConfig, world_size: int) -> Prepared:
+def prepare(config: TrainConfig, world_size: int, *, scan: bool = True) -> Prepared:
     """Check and read what the ranks will need (see [Note: refusing input before ranks
-    start]); raises ValueError, FileNotFoundError or CheckpointError."""
+    start]); raises ValueError, FileNotFoundError or CheckpointError. ``scan=False`` leaves
+    a table's scan to the ranks (`prepare_on_ranks`)."""
     for path in (*config.data_path, *config.data_val_path, config.schema):
         if path is not None and not path.exists():
             raise FileNotFoundError(f"{path} does not exist (--data-path, --data-val-path and "
                                     "--schema name local files or folders)")  # fmt: skip
     resume = resume_point(config)
-    table = _scan(config, resume, world_size) if config.data is DataSource.TABLE else None
+    table = None
+    if scan and config.data is DataSource.TABLE:
+        table = _scan(config, resume, world_size)
     return Prepared(resume, table)
 
 
 def prepare_on_ranks(config: TrainConfig, rank: int, world_size: int) -> Prepared:
-    """`prepare` on rank 0, its result (or error) on every rank."""
+    """`prepare` on rank 0, its result (or error) on every rank; then a table is scanned by
+    every rank, each its own pieces (`scan_table(parallel=True)`), and a refusal of it is
+    raised by every rank alike."""
     result: tuple[Prepared | None, BaseException | None] = (None, None)
     if rank == 0:
         try:
-            result = (prepare(config, world_size), None)
+            result = (prepare(config, world_size, scan=False), None)
         except _REFUSALS as exc:
             result = (None, exc)
     prepared, error = comm.broadcast_object(result, src=0)
     if error is not None:
         raise error
     assert prepared is not None
+    if config.data is DataSource.TABLE:
+        table = _scan(config, prepared.resume_from, world_size, parallel=True)
+        prepared = Prepared(prepared.resume_from, table)
     return prepared
 
 
-def _scan(config: TrainConfig, resume: Path | None, world_size: int) -> TableData:
+def _scan(
+    config: TrainConfig, resume: Path | None, world_size: int, *, parallel: bool = False
+) -> TableData:
     schema = _schema(config, resume)
     data = scan_table(config.data_path, schema, validation_paths=config.data_val_path,
-                      seed=config.seed, skip_bad_rows=config.skip_bad_rows)  # fmt: skip
+                      seed=config.seed, skip_bad_rows=config.skip_bad_rows,
+                      parallel=parallel)  # fmt: skip
     for split in ("train", "validation"):  # too little data for the batches: refuse it now
         TableReader(data, split=split, batch_size=config.batch_size, rank=0, world_size=world_size)
     return data

@@ -64,6 +64,7 @@ from shardkit.types._plan import (
     ShardPlacement,
     placement,
     refuse_kernel_settings,
+    validate_module_plan,
 )
 from shardkit.types._plan_text import format_columns, format_ranks, module_label
 from shardkit.types._qcomm import (
@@ -160,4 +161,5 @@ __all__ = [
     "refuse_kernel_settings",
     "scope",
     "split_evenly",
+    "validate_module_plan",
 ]

@@ -107,18 +107,24 @@ class EmbeddingComputeKernel(_ValueStrEnum):
     - ``DENSE``: the batched kernel with autograd: a dense gradient of the table that a regular
       optimizer steps; the only kernel data-parallel tables use (TorchRec's ``"dense"``).
 
-    Values print as in plans made by TorchRec's tutorials (``'batched_fused'``,
-    ``'batched_dense'``); `parse` also accepts TorchRec 1.8's ``"fused"`` and ``"dense"``.
+    Values are TorchRec 1.8's (``"fused"``, ``"dense"``); `parse` also accepts the spellings
+    of the tutorials' older TorchRec (``"batched_fused"``, ``"batched_dense"``), so plans and
+    checkpoints written with those still load.
     """
 
-    DENSE = "batched_dense"
-    FUSED = "batched_fused"
+    DENSE = "dense"
+    FUSED = "fused"
+
+    @classmethod
+    def _aliases(cls) -> Mapping[str, EmbeddingComputeKernel]:
+        return {"batched_fused": cls.FUSED, "batched_dense": cls.DENSE}
 
     @classmethod
     def _unknown(cls, value: Any) -> str:
         return (
             f"unknown or unsupported compute kernel {value!r}; shardkit has "
-            f"{[m.value for m in cls]} (TorchRec's 'fused' and 'dense'); UVM, quantized and "
+            f"{[m.value for m in cls]} (also spelled 'batched_dense', 'batched_fused'); UVM, "
+            "quantized and "
             "key-value kernels are not implemented"
         )
 

@@ -93,7 +93,8 @@ class CommOp(enum.Enum):
 
 
 class ShardingStrategy(enum.Enum):
-    """TorchRec's strategies for 2D parallelism (``DMPCollection``, which shardkit lacks)."""
+    """TorchRec's strategies for 2D parallelism (`DMPCollection`: shardkit has ``DEFAULT`` and
+    ``PER_MODULE`` without submodule configs, the same thing)."""
 
     DEFAULT = "default"
     PER_MODULE = "per_module"

@@ -10,7 +10,7 @@ memory and cost, what each table got, module by module), and the layout alone fo
 made by hand or read from JSON. ``repr(plan)`` is one short line per plan; a table's
 ``repr(plan.plan[path][name])`` is TorchRec's, as in its tutorials::
 
-    ParameterSharding(sharding_type='table_wise', compute_kernel='batched_fused', ranks=[0],
+    ParameterSharding(sharding_type='table_wise', compute_kernel='fused', ranks=[0],
         sharding_spec=EnumerableShardingSpec(shards=[ShardMetadata(shard_offsets=[0, 0],
         shard_sizes=[4096, 64], placement=rank:0/cpu)]))
 """
@@ -18,6 +18,7 @@ made by hand or read from JSON. ``repr(plan)`` is one short line per plan; a tab
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "ShardingPlan",
     "placement",
     "refuse_kernel_settings",
+    "validate_module_plan",
 ]
 
 _JSON_FORMAT = "shardkit.sharding_plan"
@@ -113,20 +115,27 @@ def placement(compute_device: str, rank: int, local_world_size: int) -> ShardPla
     return ShardPlacement(rank, f"{compute_device}:{rank % local_world_size}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ShardMetadata:
     """One shard: ``shard_sizes`` ``[rows, columns]`` of the table starting at ``shard_offsets``
-    ``[row, column]``, stored at ``placement`` (a `ShardPlacement` or its ``"rank:0/cpu"`` text)."""
+    ``[row, column]``, stored at ``placement`` (a `ShardPlacement` or its ``"rank:0/cpu"`` text).
+
+    Mutable, as torch's: ``shard.placement = "rank:1/cpu"`` moves a shard (assignments are
+    checked and normalised as the constructor's arguments are)."""
 
     shard_offsets: list[int]
     shard_sizes: list[int]
     placement: ShardPlacement
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shard_offsets", _pair("shard_offsets", self.shard_offsets, 0))
-        object.__setattr__(self, "shard_sizes", _pair("shard_sizes", self.shard_sizes, 0))
-        if not isinstance(self.placement, ShardPlacement):
-            object.__setattr__(self, "placement", ShardPlacement.parse(self.placement))
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("shard_offsets", "shard_sizes"):
+            value = _pair(name, value, 0)
+        elif name == "placement" and not isinstance(value, ShardPlacement):
+            value = ShardPlacement.parse(value)
+        object.__setattr__(self, name, value)
+
+    def __hash__(self) -> int:
+        return hash((*self.shard_offsets, *self.shard_sizes, self.placement))
 
 
 def _pair(name: str, values: Any, low: int) -> list[int]:
@@ -138,33 +147,45 @@ def _pair(name: str, values: Any, low: int) -> list[int]:
     raise ValueError(f"{name} must be two ints >= {low} (rows, columns), got {list(values)}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnumerableShardingSpec:
-    """The list of a table's shards."""
+    """The list of a table's shards (a list you may edit, as torch's)."""
 
     shards: list[ShardMetadata] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shards", list(self.shards))
+        self.shards = list(self.shards)
         for shard in self.shards:
             if not isinstance(shard, ShardMetadata):
                 raise TypeError(f"shards must be ShardMetadata, got {type(shard).__name__}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ParameterSharding:
-    """How one table is sharded.
+    """How one table is sharded; mutable, as TorchRec's: edit a plan the planner made.
+
+    Assignments are normalised (``ps.compute_kernel = "fused"`` stores
+    ``EmbeddingComputeKernel.FUSED``; an unknown name is refused at once); whether the fields
+    agree with each other (a spec for every sharding type but data-parallel, ``ranks`` in shard
+    order, no FBGEMM-only setting) is checked by `validate`, which DMP and `shard` call where the
+    plan is applied, so a plan may pass through inconsistent states while you edit it.
+
+    Example::
+
+        plan = construct_module_sharding_plan(ebc, {"t1": row_wise()})
+        plan["t1"].compute_kernel = EmbeddingComputeKernel.DENSE.value   # "dense"
 
     Args:
         sharding_type: a `ShardingType` (or its value, e.g. ``"table_wise"``).
-        compute_kernel: an `EmbeddingComputeKernel` (or ``"batched_fused"``, ``"fused"``...).
+        compute_kernel: an `EmbeddingComputeKernel` (or ``"fused"``, ``"dense"``; the
+            tutorials' ``"batched_fused"`` and ``"batched_dense"`` also parse).
         ranks: the rank of each shard, in shard order (every rank for data-parallel).
         sharding_spec: the shards; None for data-parallel (a full replica on each rank).
         cache_params, key_value_params, stochastic_rounding, bounds_check_mode, output_dtype,
             enforce_hbm: TorchRec's FBGEMM kernel settings. shardkit keeps every shard whole in
             its rank's memory, in the table's dtype, and checks ids itself: these are None (or
             what that already means: ``enforce_hbm``, ``output_dtype=DataType.FP32``); other
-            values are refused by name.
+            values are refused by name when the plan is applied.
     """
 
     sharding_type: ShardingType
@@ -178,32 +199,44 @@ class ParameterSharding:
     output_dtype: Any = None
     key_value_params: Any = None
 
-    def __post_init__(self) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "sharding_type":
+            value = ShardingType.parse(value)
+        elif name == "compute_kernel":
+            value = EmbeddingComputeKernel.parse(value)
+        elif name == "ranks" and value is not None:
+            value = list(value)
+        object.__setattr__(self, name, value)
+
+    def validate(self, table: str | None = None) -> None:
+        """ValueError if the fields disagree, naming ``table`` (the plan's key) when given."""
+        where = "ParameterSharding" if table is None else f"table '{table}'"
         refuse_kernel_settings(
-            "ParameterSharding",
+            where,
             cache_params=self.cache_params,
             key_value_params=self.key_value_params,
             stochastic_rounding=self.stochastic_rounding,
             bounds_check_mode=self.bounds_check_mode,
             output_dtype=self.output_dtype,
         )
-        object.__setattr__(self, "sharding_type", ShardingType.parse(self.sharding_type))
-        object.__setattr__(
-            self, "compute_kernel", EmbeddingComputeKernel.parse(self.compute_kernel)
-        )
-        if self.ranks is not None:
-            object.__setattr__(self, "ranks", list(self.ranks))
         spec = self.sharding_spec
         if self.sharding_type == ShardingType.DATA_PARALLEL:
             if spec is not None:
-                raise ValueError("data_parallel replicates the table: its sharding_spec is None")
+                raise ValueError(
+                    f"{where}: data_parallel replicates the table: its sharding_spec is None; "
+                    "set sharding_spec = None (or choose another sharding_type)"
+                )
             return
-        if spec is None:
-            raise ValueError(f"{self.sharding_type.value} sharding needs a sharding_spec of shards")
+        if not isinstance(spec, EnumerableShardingSpec):
+            raise ValueError(
+                f"{where}: {self.sharding_type.value} sharding needs a sharding_spec of shards "
+                f"(an EnumerableShardingSpec), got {spec!r}; plans from the planner or "
+                "construct_module_sharding_plan carry one"
+            )
         shard_ranks = [shard.placement.rank() for shard in spec.shards]
         if self.ranks is not None and self.ranks != shard_ranks:
             raise ValueError(
-                f"ranks {self.ranks} do not match the ranks of the shards' placements "
+                f"{where}: ranks {self.ranks} do not match the ranks of the shards' placements "
                 f"{shard_ranks}; list one rank per shard, in shard order"
             )
 
@@ -244,6 +277,22 @@ class ParameterSharding:
                 [ShardMetadata(s["offsets"], s["sizes"], s["placement"]) for s in shards]
             )
         return cls(data["sharding_type"], data["compute_kernel"], data.get("ranks"), spec)
+
+
+def validate_module_plan(
+    module_plan: Mapping[str, ParameterSharding], *, module_path: str | None = None
+) -> None:
+    """`ParameterSharding.validate` of each table of one module's plan, naming the table (and
+    the module, when its path is known); TypeError for a value that is no `ParameterSharding`."""
+    for name, sharding in module_plan.items():
+        label = name if not module_path else f"{name}' of module '{module_path}"
+        if not isinstance(sharding, ParameterSharding):
+            raise TypeError(
+                f"the plan of table '{label}' is a {type(sharding).__name__}, not a "
+                "ParameterSharding; build it with ParameterSharding(...) or a generator "
+                "(row_wise(), table_wise(rank=...))"
+            )
+        sharding.validate(label)
 
 
 _KERNEL_SETTINGS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode",
@@ -302,7 +351,7 @@ class EmbeddingModuleShardingPlan(ModuleShardingPlan, dict[str, ParameterShardin
         return {name: sharding.to_dict() for name, sharding in self.items()}
 
 
-@dataclass(frozen=True)
+@dataclass
 class ShardingPlan:
     """The plan of a model: module path -> that module's `EmbeddingModuleShardingPlan`.
 
@@ -328,11 +377,17 @@ class ShardingPlan:
             plan[path] = EmbeddingModuleShardingPlan(module_plan)
             plan[path].module_path = path
             plan[path].stats = self.stats
-        object.__setattr__(self, "plan", plan)
+        self.plan = plan
 
     def get_plan_for_module(self, module_path: str) -> EmbeddingModuleShardingPlan | None:
         """The plan of the module at ``module_path``, or None if it is not sharded."""
         return self.plan.get(module_path)
+
+    def validate(self) -> None:
+        """ValueError naming the first table whose `ParameterSharding` is inconsistent (see
+        `ParameterSharding.validate`); DMP calls it on the plan it applies."""
+        for path, module_plan in self.plan.items():
+            validate_module_plan(module_plan, module_path=path)
 
     def __str__(self) -> str:
         if self.stats is not None:

@@ -15,8 +15,8 @@ from shardkit.checkpoint import CheckpointError
 from shardkit.distributed import DistributedModelParallel
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.types import ShardingPlan
 from tests.devices import ALL, DEVICE_TIER
 from tests.fake_gpu import to_cpu
 from tests.sharding.common import configs, global_batch, local_part, make_plan

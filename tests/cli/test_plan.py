@@ -10,7 +10,8 @@ import pytest
 
 from shardkit.cli import main
 from shardkit.cli._plan import _size, load_model
-from shardkit.planner import ShardingPlan, ShardingType, _machine
+from shardkit.planner import ShardingType, _machine
+from shardkit.types import ShardingPlan
 
 MODEL = {
     "batch_size": 256,

@@ -40,7 +40,7 @@ def test_train_export_and_serve_a_csv_log(shardkit_here, tmp_path):
     assert "table: 1,193 training and 307 validation rows from 1 file(s)" in out
     assert "rows/s, parsing and checking" in out
     assert "validation AUC" in out and "samples/s over the epoch (" in out
-    assert "after warm-up); reading alone" in out
+    assert "after warm-up); waiting for data " in out and "of the epoch's time (reading" in out
     assert f"draw them with: shardkit plot {run}" in out
     model_file = tmp_path / "model.pt"
     out = _shardkit("export", run, model_file, cwd=tmp_path)

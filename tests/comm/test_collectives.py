@@ -275,8 +275,9 @@ def _which_reduce_scatter(rank: int, ws: int):
         raise RuntimeError("the backend's own reduce-scatter ran")
 
     x = torch.ones(2 * ws, 3)
-    original = dist.reduce_scatter_single
-    dist.reduce_scatter_single = refuse
+    own = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else None
+    original = getattr(dist, own or "reduce_scatter_tensor")
+    setattr(dist, own or "reduce_scatter_tensor", refuse)
     try:
         taken = {}
         for choice in (None, True, False):
@@ -287,11 +288,13 @@ def _which_reduce_scatter(rank: int, ws: int):
                 assert "own reduce-scatter ran" in str(exc), exc
                 taken[choice] = "own"
     finally:
-        dist.reduce_scatter_single = original
+        setattr(dist, own or "reduce_scatter_tensor", original)
     return taken
 
 
 def test_reduce_scatter_path_on_gloo(run_ranks):
-    """gloo: the all-to-all unless the caller asks for gloo's own (FSDP does, for memory)."""
+    """gloo: the all-to-all unless the caller asks for gloo's own (FSDP does, for memory); before
+    torch 2.13 gloo had none of its own, so the all-to-all always."""
+    own = "own" if hasattr(dist, "reduce_scatter_single") else "all_to_all"
     for taken in run_ranks(_which_reduce_scatter, 2):
-        assert taken == {None: "all_to_all", True: "all_to_all", False: "own"}
+        assert taken == {None: "all_to_all", True: "all_to_all", False: own}

@@ -27,6 +27,7 @@ LIST = Path(__file__).with_name("torchrec_names.txt")
 MODULES = [
     "torchrec",
     "torchrec.streamable",
+    "torchrec.tensor_types",
     "torchrec.sparse.jagged_tensor",
     "torchrec.modules.embedding_configs",
     "torchrec.modules.embedding_modules",
@@ -117,7 +118,6 @@ FBGEMM = {
 LEFT_OUT = {
     "torchrec.version": "no names (the version string is shardkit.__version__)",
     "torchrec.types": "internal mixins for copying modules in TorchRec's inference",
-    "torchrec.tensor_types": "internal tensor subclasses for TorchRec's quantized kernels",
     "torchrec.utils": "internal logging helpers",
     "torchrec.fx": "TorchRec's torch.fx tracer for TorchScript inference; shardkit modules trace "
     "with torch.fx as they are",

@@ -3,6 +3,7 @@ cuda-on-cpu (process-wide for good, so only in child processes under ``shardkit 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -135,3 +136,32 @@ def test_one_failing_rank_stops_the_others(tmp_path):
     assert result.returncode == 5, result.stderr
     assert "rank 1 exited with 5; stopping the others" in result.stderr
     assert time.monotonic() - started < 90  # rank 0 did not sleep its 120 s
+
+
+def test_pythons_the_program_starts_map_imports_too(tmp_path):
+    # issue 27: a program that serves from a fresh `python` it starts itself; a sitecustomize
+    # the environment already had still runs in that child
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
+    child = (
+        "import os, torch, torchrec; from torchrec.distributed.types import ShardingType; "
+        "print(torchrec.__name__, ShardingType.ROW_WISE.value, os.environ.get('THEIRS_RAN'), "
+        "torch.zeros(1, device='cuda').device.type)"
+    )
+    (tmp_path / "program.py").write_text(
+        "import subprocess, sys\n"
+        f"for code in [{child!r}, 'import sys; print(\"torch\" in sys.modules)']:\n"
+        "    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+        "    print(out.stdout.strip() or out.stderr[-2000:])\n"
+    )
+    result = subprocess.run(
+        [str(SHARDKIT), "run", str(tmp_path / "program.py")], capture_output=True, text=True,
+        timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(theirs)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+    assert result.stdout.splitlines() == [
+        f"shardkit row_wise yes {device}",
+        "False",  # a child that never imports torchrec does not import shardkit (nor torch)
+    ]

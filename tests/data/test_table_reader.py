@@ -9,8 +9,10 @@ import itertools
 import pytest
 import torch
 
+import shardkit.data._table_pieces as table_pieces
 import shardkit.data._table_reader as table_reader
 from shardkit.data import TableReader, scan_table
+from shardkit.data._table_encoded import EncodedRows, shuffle_buffer
 from shardkit.data._table_schema_load import schema_from_dict
 from tests.data.ratings import SCHEMA, T0, write_ratings, write_ratings_parquet
 
@@ -64,50 +66,60 @@ def test_training_rows_come_at_most_once_and_the_rest_are_dropped(data, world_si
     assert len(_split_rows(data, 0)) - len(rows) < world_size * (32 + 64)  # a batch and a block
 
 
-def test_each_rank_reads_only_its_own_blocks(data, monkeypatch):
+def test_each_rank_reads_only_the_pieces_of_its_rows(tmp_path, monkeypatch):
+    """Pieces of 2 KiB: a rank parses the pieces that hold its rows (a run of them) and no
+    other; neighbours share at most the piece at their edge."""
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 2048)
+    path = write_ratings(tmp_path / "r.csv", N)
+    data = scan_table([path], schema_from_dict(IDENTIFIED))
     read = []
-    original = table_reader._BlockReader.read
+    original = table_reader.read_pieces
 
-    def spy(self, block):
-        records = original(self, block)
-        read.extend((block[1], block[4] + i) for i in range(len(records)))
-        return records
+    def spy(*args):
+        for piece, table, ragged in original(*args):
+            read.append(piece.index)
+            yield piece, table, ragged
 
-    monkeypatch.setattr(table_reader._BlockReader, "read", spy)
+    monkeypatch.setattr(table_reader, "read_pieces", spy)
+    with_rows = [i for i, n in enumerate(data.pieces[:, 9].tolist()) if n]
+    assert len(with_rows) > 6
     per_rank = []
     for rank in range(3):
         read.clear()
-        list(TableReader(data, split="validation", batch_size=8, rank=rank, world_size=3))
-        per_rank.append(set(read))
-        assert len(read) == len(per_rank[-1])  # no record read twice
-    assert not (per_rank[0] & per_rank[1]) and not (per_rank[1] & per_rank[2])
-    blocks = data.blocks[data.blocks[:, 6] > 0]
-    assert set().union(*per_rank) == {(0, int(r) + i) for r in blocks[:, 4] for i in range(64)
-                                      if int(r) + i < N}  # fmt: skip
+        list(TableReader(data, split="validation", batch_size=8, rank=rank, world_size=3,
+                         prefetch=0))  # fmt: skip
+        per_rank.append(list(read))
+        assert read == sorted(set(read)) and read == list(range(read[0], read[-1] + 1))
+    assert sorted(set().union(*per_rank)) == with_rows
+    for mine, next_rank in itertools.pairwise(per_rank):
+        assert len(set(mine) & set(next_rank)) <= 1
 
 
-def test_the_shuffle_changes_each_epoch_and_holds_at_most_its_buffer(data, monkeypatch):
-    held = []
-    original = table_reader._buffered
+def test_the_shuffle_changes_each_epoch_and_holds_its_buffer_and_a_piece(data, monkeypatch):
+    held, pieces = [], []  # rows read but not yet emitted; each piece's rows
+    original = table_reader.shuffle_buffer
 
-    def counting(rows, size, seed):
-        consumed = 0
+    def counting(chunks, size, seed):
+        consumed = emitted = 0
 
         def source():
             nonlocal consumed
-            for row in rows:
-                consumed += 1
-                yield row
+            for chunk in chunks:
+                consumed += len(chunk)
+                pieces.append(len(chunk))
+                yield chunk
 
-        for emitted, row in enumerate(original(source(), size, seed), start=1):
+        for rows in original(source(), size, seed):
+            emitted += len(rows)
             held.append(consumed - emitted)
-            yield row
+            yield rows
 
-    monkeypatch.setattr(table_reader, "_buffered", counting)
+    monkeypatch.setattr(table_reader, "shuffle_buffer", counting)
     reader = TableReader(data, split="train", batch_size=32, rank=0, world_size=1,
                          shuffle_buffer=50)  # fmt: skip
     epochs = [[row for b in reader for row, _ in _rows(b)] for _ in range(2)]
-    assert max(held) <= 50
+    assert held and max(held) <= 50 + max(pieces)  # the buffer and the piece being read
+    assert max(held) >= 50  # the buffer holds rows back
     assert epochs[0] != epochs[1] and epochs[0] != sorted(epochs[0])
     again = TableReader(data, split="train", batch_size=32, rank=0, world_size=1, shuffle_buffer=50)
     assert [row for b in again for row, _ in _rows(b)] == epochs[0]  # seeded
@@ -165,14 +177,64 @@ def test_too_little_data_for_one_batch(data):
         TableReader(data, split="train", batch_size=200, rank=0, world_size=4)
 
 
+def _numbered(start, stop):
+    """Rows ``start .. stop - 1`` whose label is their number (and one id each)."""
+    n = stop - start
+    ids = torch.arange(start, stop)
+    return EncodedRows(ids.float(), torch.zeros(n, 0), (ids,), (torch.ones(n, dtype=torch.int64),))
+
+
 def test_the_shuffle_buffer_mixes_within_its_window():
-    """Every row comes out once; a row leaves at most `size` rows late... and the order is not
-    the input's with a delay (a buffer that always emitted the same slot would be)."""
-    out = list(table_reader._buffered(iter(range(2000)), 100, 7))
+    """Every row comes out once, with its ids; while rows come in, a row leaves at most about
+    `size` rows late... and the order is not the input's with a delay."""
+
+    def shuffled(seed):
+        chunks = (_numbered(a, min(a + 70, 2000)) for a in range(0, 2000, 70))
+        out = EncodedRows.cat(list(shuffle_buffer(chunks, 100, seed)))
+        assert out.ids[0].tolist() == out.labels.long().tolist()  # rows keep their ids
+        return out.labels.long().tolist()
+
+    out = shuffled(7)
     assert sorted(out) == list(range(2000))
     early = out[:1800]  # before the final drain
-    assert all(row < position + 101 for position, row in enumerate(early))
+    assert all(row < position + 171 for position, row in enumerate(early))  # buffer + a chunk
     ascents = sum(a < b for a, b in itertools.pairwise(early)) / len(early)
     assert 0.35 < ascents < 0.65, ascents  # about half, as in a random order
-    assert out == list(table_reader._buffered(iter(range(2000)), 100, 7))  # seeded
-    assert out != list(table_reader._buffered(iter(range(2000)), 100, 8))
+    assert out == shuffled(7)  # seeded
+    assert out != shuffled(8)
+
+
+def test_taking_rows_keeps_their_bags():
+    """`EncodedRows.take` of multi-hot rows (empty bags too) and of one-id rows."""
+    rows = EncodedRows(torch.arange(4.0), torch.arange(4.0).view(4, 1),
+                       (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8, 9, 6])),
+                       (torch.tensor([2, 0, 3, 0]), torch.tensor([1, 1, 1, 1])))  # fmt: skip
+    taken = rows.take(torch.tensor([2, 1, 0, 2]))
+    assert taken.ids[0].tolist() == [3, 4, 5, 1, 2, 3, 4, 5]
+    assert taken.lengths[0].tolist() == [3, 0, 2, 3]
+    assert taken.ids[1].tolist() == [9, 8, 7, 9] and taken.dense[:, 0].tolist() == [2, 1, 0, 2]
+    assert rows.slice(1, 3).ids[0].tolist() == [3, 4, 5]
+
+
+def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
+    """Made in a background thread (the second epoch's started when the first ended), or in
+    the caller's thread: the same batches, in the same order."""
+
+    def two_epochs(prefetch):
+        reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
+                             prefetch=prefetch)  # fmt: skip
+        return [[_rows(b) for b in reader] for _ in range(2)]
+
+    ahead = two_epochs(4)
+    assert ahead == two_epochs(0) and ahead[0] != ahead[1]
+
+
+def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
+    def broken(self, runs):
+        raise OSError("the disk went away")
+        yield
+
+    monkeypatch.setattr(TableReader, "_read", broken)
+    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1)
+    with pytest.raises(OSError, match="the disk went away"):
+        list(reader)

@@ -162,13 +162,14 @@ def test_quantized_comm_codecs_are_accepted_fbgemm_mx4_refused_by_name():
 
 
 def test_fbgemm_kernel_settings_on_a_parameter_sharding_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"cache_params"):
-        ParameterSharding(
-            sharding_type="table_wise",
-            compute_kernel="fused",
-            ranks=[0],
-            cache_params=CacheParams(load_factor=0.2),
-        )
+    sharding = ParameterSharding(  # built (plans are mutable), refused where applied
+        sharding_type="table_wise",
+        compute_kernel="fused",
+        ranks=[0],
+        cache_params=CacheParams(load_factor=0.2),
+    )
+    with pytest.raises(ValueError, match=r"table 't': cache_params=.*UVM caching is an FBGEMM"):
+        sharding.validate("t")
     with pytest.raises(ValueError, match=r"'fused_uvm_caching'.*UVM"):
         ParameterSharding(sharding_type="table_wise", compute_kernel="fused_uvm_caching")
 

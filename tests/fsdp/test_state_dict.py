@@ -160,6 +160,43 @@ def test_dcp_save_on_two_ranks_load_on_another_world_size(
         assert_state_equal(trained, want)  # the optimizer state came back too
 
 
+def _documented_fsdp1_reload(rank, ws, path):
+    """torch's FSDP docs' reload (``load_sharded_optimizer_state_dict``), as written there: its
+    optimizer state comes back as ShardedTensors chunked over the ranks (issue 27)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+
+    model, optimizer = model_and_optimizer("wrapper", "FULL_SHARD", seed=7)
+    with FSDP.state_dict_type(model, SHARDED):
+        model_state_dict = model.state_dict()
+        checkpoint = {"model": model_state_dict}
+        dcp.load(state_dict=checkpoint, storage_reader=dcp.FileSystemReader(path))
+        model.load_state_dict(checkpoint["model"])
+        optim_state = load_sharded_optimizer_state_dict(
+            model_state_dict, optimizer_key="optim", storage_reader=dcp.FileSystemReader(path)
+        )
+        kinds = {
+            type(v).__name__ for e in optim_state["optim"]["state"].values() for v in e.values()
+        }
+        assert ShardedTensor.__name__ in kinds, kinds
+        flattened_osd = FSDP.optim_state_dict_to_load(model, optimizer, optim_state["optim"])
+        optimizer.load_state_dict(flattened_osd)
+    loaded = full_state(model)
+    train(model, optimizer, batches(ws, steps=2, seed=5), rank, ws)
+    return loaded, full_state(model)
+
+
+@pytest.mark.parametrize("load_ws", [2, 3])
+def test_fsdp1_documented_sharded_optimizer_reload(run_ranks, tmp_path, load_ws):
+    path = str(tmp_path / "checkpoint")
+    saved = run_ranks(_dcp_save, 2, path, "wrapper")[0]
+    want = _continued_reference(2, load_ws)
+    for loaded, trained in run_ranks(_documented_fsdp1_reload, load_ws, path):
+        assert_state_equal(loaded, saved)
+        assert_state_equal(trained, want)  # Adam's moments came back, not zeros
+
+
 # ---- optimizer state, full ----------------------------------------------------------------------
 
 

@@ -4,8 +4,12 @@ the lock and load that build."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+
+import pytest
+import torch
 
 from shardkit.kernels import KernelPath, _build, use_kernel
 
@@ -66,3 +70,17 @@ def test_a_process_keeps_its_library_when_the_cache_has_another(monkeypatch, tmp
     with use_kernel("compiled") as path:
         assert path is KernelPath.COMPILED
     assert _build.load_library().startswith("already loaded in this process from ")
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs torch's CPU build")
+def test_cuda_build_check_refuses_a_cpu_torch(capsys):
+    # `make check-cuda-build` runs `python -m shardkit.kernels --cuda` in a venv with torch's
+    # CUDA build; with the CPU build it fails at once and says why (no fallback to the CPU kernel).
+    from shardkit.kernels.__main__ import main
+
+    assert main(["--cuda"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(
+        r"check-cuda-build: FAILED: torch 2\.\d+\.\d+\+cpu is a CPU build: install a CUDA build",
+        err,
+    ), err

@@ -1,6 +1,9 @@
 """Seed 001's printed plans, verbatim (world_size 2, compute_device "cuda"). The contract:
 forcing one sharding type per table gives exactly these tables, each ``ParameterSharding``
-printing as the tutorial shows (`tutorial_text`); on CPUs placements read ``rank:<r>/cpu``.
+printing as the tutorial shows (`tutorial_text`) but for the kernel's name, which is TorchRec
+1.8's (``'fused'``, ``'dense'``: issue 27) where the tutorial's older TorchRec printed
+``'batched_fused'`` and ``'batched_dense'`` (`SEED_PLANS_VERBATIM` keeps the seed's text); on
+CPUs placements read ``rank:<r>/cpu``.
 ``print(plan)`` itself is a table (issue 14: never a raw repr), checked by `check_readable`."""
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def check_readable(plan) -> None:
                 assert all(size in " ".join(rows[0]) for size in sizes), (name, rows[0])
 
 
-SEED_PLANS = {
+SEED_PLANS_VERBATIM = {
     "TABLE_WISE": (
         "{'': {'large_table_0': ParameterSharding(sharding_type='table_wise', "
         "compute_kernel='batched_fused', ranks=[0], "
@@ -98,4 +101,10 @@ SEED_PLANS = {
         "ParameterSharding(sharding_type='data_parallel', compute_kernel='batched_dense', "
         "ranks=[0, 1], sharding_spec=None)}}"
     ),
+}
+
+# TorchRec 1.8 renamed the kernels: the same plans as it prints them.
+SEED_PLANS = {
+    kind: text.replace("'batched_fused'", "'fused'").replace("'batched_dense'", "'dense'")
+    for kind, text in SEED_PLANS_VERBATIM.items()
 }

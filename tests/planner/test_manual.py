@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardkit.modules import EmbeddingBagConfig
-from shardkit.planner import ShardingPlan, ShardingType
+from shardkit.planner import ShardingType
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     apply_to_all,
@@ -17,6 +17,7 @@ from shardkit.sharding import (
     table_row_wise,
     table_wise,
 )
+from shardkit.types import ShardingPlan
 from tests.planner._helpers import StandInEBC, assert_tiles, meta_ebc, seed_tables
 from tests.planner._seed_plans import SEED_PLANS, check_readable, tutorial_text
 

@@ -11,13 +11,12 @@ from shardkit.planner import (
     EmbeddingComputeKernel,
     EmbeddingModuleShardingPlan,
     EnumerableShardingSpec,
-    ParameterSharding,
-    ShardingPlan,
     ShardingType,
     ShardMetadata,
     ShardPlacement,
     placement,
 )
+from shardkit.types import ParameterSharding, ShardingPlan, validate_module_plan
 
 
 def _table_wise(rank: int, device: str = "cpu") -> ParameterSharding:
@@ -26,15 +25,17 @@ def _table_wise(rank: int, device: str = "cpu") -> ParameterSharding:
 
 
 def test_parameter_sharding_prints_like_the_seed():
+    # the seed's repr with TorchRec 1.8's kernel name ('fused'; the seed's TorchRec printed
+    # 'batched_fused')
     expected = (
-        "ParameterSharding(sharding_type='table_wise', compute_kernel='batched_fused', "
+        "ParameterSharding(sharding_type='table_wise', compute_kernel='fused', "
         "ranks=[0], sharding_spec=EnumerableShardingSpec(shards=[ShardMetadata("
         "shard_offsets=[0, 0], shard_sizes=[4096, 64], placement=rank:0/cpu)]))"
     )
     assert repr(_table_wise(0)) == expected
     dp = ParameterSharding(ShardingType.DATA_PARALLEL, EmbeddingComputeKernel.DENSE, [0, 1])
     assert repr(dp) == (
-        "ParameterSharding(sharding_type='data_parallel', compute_kernel='batched_dense', "
+        "ParameterSharding(sharding_type='data_parallel', compute_kernel='dense', "
         "ranks=[0, 1], sharding_spec=None)"
     )
 
@@ -67,12 +68,12 @@ def test_a_plan_made_by_hand_prints_its_layout_module_by_module():
         "   1       2     262,176                  1",
         "   2       1          24                  1",
         "",
-        "table   type           kernel         ranks  shards",
+        "table   type           kernel  ranks  shards",
         "module (the model itself)",
-        "  ads   table_wise     batched_fused  1      1 x [4096, 64]",
+        "  ads   table_wise     fused   1      1 x [4096, 64]",
         "module sparse.ebc",
-        "  user  row_wise       batched_fused  0-2    2 x [4, 8], 1 x [3, 8]",
-        "  x     data_parallel  batched_dense  0-2    a replica on each rank",
+        "  user  row_wise       fused   0-2    2 x [4, 8], 1 x [3, 8]",
+        "  x     data_parallel  dense   0-2    a replica on each rank",
     ]
 
 
@@ -84,8 +85,8 @@ def test_module_plans_print_as_tables_and_reprs_are_short():
     assert lines[0] == "2 tables in 1 module(s) on 3 ranks"
     assert lines[-3:] == [
         "module sparse.ebc",
-        "  user  row_wise       batched_fused  0-2    2 x [4, 8], 1 x [3, 8]",
-        "  x     data_parallel  batched_dense  0-2    a replica on each rank",
+        "  user  row_wise       fused   0-2    2 x [4, 8], 1 x [3, 8]",
+        "  x     data_parallel  dense   0-2    a replica on each rank",
     ]
     alone = EmbeddingModuleShardingPlan(module_plan)  # not in a plan: no path known
     assert "module (path unknown)" in str(alone)
@@ -124,7 +125,8 @@ def test_enums_compare_equal_to_torchrec_strings():
         and f"{ShardingType.GRID_SHARD}" == "grid_shard"
     )
     assert ShardingType.parse("TABLE_ROW_WISE") is ShardingType.TABLE_ROW_WISE
-    assert str(EmbeddingComputeKernel.FUSED) == "batched_fused"
+    assert str(EmbeddingComputeKernel.FUSED) == "fused" == EmbeddingComputeKernel.FUSED.value
+    assert EmbeddingComputeKernel.DENSE.value == "dense"
 
 
 def test_unknown_enum_values_are_refused():
@@ -186,19 +188,61 @@ def test_placement_text_and_methods():
         ShardPlacement(-1, "cpu")
 
 
-def test_inconsistent_shardings_are_refused():
+def test_inconsistent_shardings_are_refused_when_validated():
+    # plans are mutable (issue 27): inconsistent ones are built, and refused where applied
     spec = EnumerableShardingSpec([ShardMetadata([0, 0], [4, 4], "rank:1/cpu")])
     with pytest.raises(
-        ValueError, match=r"ranks \[0\] do not match the ranks of the shards' placements \[1\]"
+        ValueError,
+        match=r"table 't': ranks \[0\] do not match the ranks of the shards' placements \[1\]",
     ):
-        ParameterSharding("table_wise", "fused", [0], spec)
+        ParameterSharding("table_wise", "fused", [0], spec).validate("t")
     with pytest.raises(
-        ValueError, match="data_parallel replicates the table: its sharding_spec is None"
+        ValueError,
+        match="data_parallel replicates the table: its sharding_spec is None; set sharding_spec",
     ):
-        ParameterSharding("data_parallel", "dense", [0], spec)
+        ParameterSharding("data_parallel", "dense", [0], spec).validate()
     with pytest.raises(ValueError, match="row_wise sharding needs a sharding_spec of shards"):
-        ParameterSharding("row_wise", "fused", [0, 1])
+        ParameterSharding("row_wise", "fused", [0, 1]).validate()
+    with pytest.raises(
+        ValueError, match=r"table 'a' of module 'sparse': stochastic_rounding=True: shardkit's"
+    ):
+        ShardingPlan(
+            {"sparse": {"a": ParameterSharding("data_parallel", "dense", stochastic_rounding=True)}}
+        ).validate()
+    with pytest.raises(
+        TypeError, match=r"the plan of table 'a' is a dict, not a ParameterSharding"
+    ):
+        validate_module_plan({"a": {"sharding_type": "table_wise"}})
     with pytest.raises(
         ValueError, match=r"shard_sizes must be two ints >= 0 \(rows, columns\), got \[4\]"
     ):
         ShardMetadata([0, 0], [4], "rank:0/cpu")
+
+
+def test_shardings_are_edited_in_place_as_torchrecs():
+    sharding = _table_wise(0)
+    sharding.compute_kernel = "dense"  # TorchRec's EmbeddingComputeKernel.DENSE.value
+    assert sharding.compute_kernel is EmbeddingComputeKernel.DENSE
+    sharding.sharding_type = ShardingType.TABLE_WISE.value
+    assert sharding.sharding_type is ShardingType.TABLE_WISE
+    sharding.sharding_spec.shards[0].placement = "rank:3/cpu"  # a torch ShardMetadata is mutable
+    sharding.ranks = (3,)
+    sharding.validate()
+    assert sharding.ranks == [3] and sharding.sharding_spec.shards[0].placement.rank() == 3
+    with pytest.raises(ValueError, match=r"unknown or unsupported compute kernel 'fused_uvm'"):
+        sharding.compute_kernel = "fused_uvm"
+    with pytest.raises(ValueError, match=r"shard_offsets must be two ints >= 0"):
+        sharding.sharding_spec.shards[0].shard_offsets = [0, -1]
+
+
+def test_plans_written_with_the_old_kernel_names_still_load():
+    text = (
+        '{"format": "shardkit.sharding_plan", "version": 1, "plan": {"": {"t": {"sharding_type":'
+        ' "data_parallel", "compute_kernel": "batched_dense", "ranks": [0, 1], "shards": null}, '
+        '"u": {"sharding_type": "table_wise", "compute_kernel": "batched_fused", "ranks": [1], '
+        '"shards": [{"offsets": [0, 0], "sizes": [4, 2], "placement": "rank:1/cpu"}]}}}}'
+    )
+    plan = ShardingPlan.from_json(text)
+    assert plan.plan[""]["t"].compute_kernel is EmbeddingComputeKernel.DENSE
+    assert plan.plan[""]["u"].compute_kernel is EmbeddingComputeKernel.FUSED
+    assert '"compute_kernel": "fused"' in plan.to_json()  # written with TorchRec 1.8's names

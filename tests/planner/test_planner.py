@@ -255,6 +255,19 @@ def test_a_table_too_small_for_row_wise_is_explained():
     )
 
 
+def test_a_table_narrower_than_two_column_shards_gets_one_as_torchrecs_planner_gives():
+    # TorchRec cuts column-wise shards of min(min_partition, dim) columns: an 8-wide table
+    # forced to column_wise gets one shard of 8 columns, placed on one rank.
+    narrow = EmbeddingBagConfig(name="t", num_embeddings=110, embedding_dim=8, feature_names=["f"])
+    constraints = {"t": ParameterConstraints(sharding_types=["column_wise"])}
+    topology = Topology(world_size=2, compute_device="cpu")
+    result = plan_tables([narrow], topology, constraints=constraints)
+    (sharding,) = result.plan.get_plan_for_module("").values()
+    assert sharding.sharding_type == "column_wise" and len(sharding.ranks) == 1
+    shards = sharding.sharding_spec.shards
+    assert [(s.shard_offsets, s.shard_sizes) for s in shards] == [([0, 0], [110, 8])]
+
+
 def test_constraints_that_exclude_everything_name_table_and_constraint():
     table = seed_tables()[:1]
     topology = Topology(world_size=2, compute_device="cpu")
@@ -265,7 +278,7 @@ def test_constraints_that_exclude_everything_name_table_and_constraint():
     }
     with pytest.raises(
         PlannerError,
-        match=r"table 'large_table_0': constraint compute_kernels=\['batched_fused'\] leaves no kernel for its sharding types; an embedding collection offers \{'data_parallel': \['batched_dense'\]\}",
+        match=r"table 'large_table_0': constraint compute_kernels=\['fused'\] leaves no kernel for its sharding types; an embedding collection offers \{'data_parallel': \['dense'\]\}",
     ):
         plan_tables(table, topology, constraints=only_dp_fused)
     grid = {"large_table_0": ParameterConstraints(sharding_types=["grid_shard"])}
@@ -504,4 +517,4 @@ def test_tables_stepped_by_row_norms_never_get_column_shards(optimizer):
             tables, topology, fused_params={"optimizer": optimizer}, constraints=dense
         )
         t0 = plan.plan.plan[""]["t0"]
-        assert (t0.sharding_type, t0.compute_kernel) == ("column_wise", "batched_dense")
+        assert (t0.sharding_type, t0.compute_kernel) == ("column_wise", "dense")

@@ -43,7 +43,7 @@ def test_stats_table_has_ranks_tables_and_imbalance():
     assert "module (the model itself)" in lines
     table_rows = [line.split() for line in lines if line.startswith(("  large", "  small"))]
     assert table_rows[0][:10] == [
-        "large_table_0", "4096", "x", "64", "row_wise", "batched_fused", "0-1", "2", "x", "[2048,",
+        "large_table_0", "4096", "x", "64", "row_wise", "fused", "0-1", "2", "x", "[2048,",
     ]  # fmt: skip
     assert len(table_rows) == 4
     assert stats.cost_imbalance == pytest.approx(1.0) and stats.memory_imbalance == pytest.approx(

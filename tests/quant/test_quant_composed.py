@@ -14,6 +14,7 @@ from shardkit.modules import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
+from shardkit.modules.embedding_configs import QuantConfig
 from shardkit.modules.feature_processor_ import PositionWeightedModuleCollection
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.modules.mc_embedding_modules import (
@@ -26,7 +27,6 @@ from shardkit.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 from shardkit.quant import EmbeddingBagCollection as QuantEBC
-from shardkit.quant import QuantConfig
 from shardkit.quant import embedding_modules as qem
 from tests.compat.peers import run_in_torchrec
 
@@ -145,8 +145,6 @@ def _bags_model() -> torch.nn.Module:
     [
         (qem.MODULE_ATTR_ROW_ALIGNMENT_INT, 0, r"row_alignment must be a positive number of bytes "
          r"\(FBGEMM's default 16\), got 0"),
-        ("__quant_state_dict_split_scale_bias", True,
-         r"quant_state_dict_split_scale_bias=True is not supported"),
         ("__emb_name_to_num_rows_post_pruning", {"t_a": 4}, r"row pruning \(MODULE_ATTR_EMB_"
          r"CONFIG_NAME_TO_NUM_ROWS_POST_PRUNING_DICT\) is not supported"),
     ],

@@ -35,7 +35,8 @@ FP16_EPS = 2.0**-11  # float16's relative rounding error
 
 def row_error_bound(table: torch.Tensor, data_type: DataType) -> torch.Tensor:
     """``[rows]``: how far any stored value of a row may be from its float (see [Note: quantized
-    rows]): half a quantization step, plus float16 rounding of scale and bias for INT4/INT2."""
+    rows]): half a quantization step, plus float16 rounding of scale and bias (FBGEMM's rule, for
+    every n-bit type)."""
     low, high = table.min(1).values, table.max(1).values
     if data_type == DataType.FP32:
         return torch.zeros_like(low)
@@ -43,8 +44,6 @@ def row_error_bound(table: torch.Tensor, data_type: DataType) -> torch.Tensor:
         return table.abs().max(1).values * FP16_EPS
     levels = {DataType.INT8: 255, DataType.INT4: 15, DataType.INT2: 3}[data_type]
     step = (high - low) / levels
-    if data_type == DataType.INT8:  # float32 scale and bias
-        return step / 2 * (1 + 1e-5) + low.abs() * 1e-6
     return step / 2 + (levels + 1) * step * 2 * FP16_EPS + low.abs() * 2 * FP16_EPS
 
 
@@ -192,6 +191,20 @@ def test_quantize_embeddings_swaps_collections_inside_models():
     assert half(kjt).values().dtype == torch.float16
 
 
+def test_uint8_is_uint8_everywhere_and_served_as_int8():
+    """One `dtype_to_data_type` (TorchRec's mapping): uint8 is UINT8, the int8 family INT8; a
+    table asked for in uint8 is served in INT8's rows, as FBGEMM stores both (SparseType.INT8)."""
+    from shardkit.modules.embedding_configs import dtype_to_data_type
+
+    assert dtype_to_data_type(torch.uint8) is DataType.UINT8
+    assert {dtype_to_data_type(d) for d in (torch.int8, torch.qint8, torch.quint8)} == {DataType.INT8}  # fmt: skip
+    kjt = _batch(1, weighted=False)
+    as_uint8 = quantize_embeddings(_float_ebc(), dtype=torch.uint8, inplace=False)
+    as_qint8 = quantize_embeddings(_float_ebc(), dtype=torch.qint8, inplace=False)
+    assert {c.data_type for c in as_uint8.embedding_bag_configs()} == {DataType.INT8}
+    torch.testing.assert_close(as_uint8(kjt).values(), as_qint8(kjt).values(), rtol=0, atol=0)
+
+
 def test_errors_name_the_table_and_what_works():
     odd = _float_ebc(dims=(7, 4))
     with pytest.raises(ValueError, match="table 't0': INT4 packs 2 values a byte, so embedding_dim must be a multiple of 2 \\(got 7\\); use INT8 or FP16"):  # fmt: skip
@@ -200,15 +213,13 @@ def test_errors_name_the_table_and_what_works():
         quantize_table_weights(odd.state_dict(), DataType.INT4)
     with pytest.raises(ValueError, match="table 't0': data type BF16 cannot be served quantized"):
         quantize_embeddings(_float_ebc(), dtype=torch.bfloat16, inplace=False)
-    with pytest.raises(ValueError, match=r"no table storage type for torch\.int32"):
+    with pytest.raises(ValueError, match=r"table 't0': data type INT32 cannot be served quantized; use one of FP32, FP16, INT8, INT4, INT2"):  # fmt: skip
         quantize_embeddings(_float_ebc(), dtype=torch.int32, inplace=False)
     tables = _tables()
     with pytest.raises(ValueError, match=r"served on CPU .* got device cuda"):
         QuantEBC(tables, is_weighted=False, device="cuda")
     with pytest.raises(ValueError, match=r"quantized EmbeddingCollection\(need_indices=True\): shardkit's JaggedTensor weights are floats, not ids; leave need_indices False"):  # fmt: skip
         QuantEC([EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=7, feature_names=["s"])], need_indices=True)  # fmt: skip
-    with pytest.raises(ValueError, match="quant_state_dict_split_scale_bias=True is not supported"):
-        QuantEBC(tables, is_weighted=False, quant_state_dict_split_scale_bias=True)
     with pytest.raises(ValueError, match=r"needs module\.qconfig"):
         QuantEBC.from_float(_float_ebc())
     with pytest.raises(ValueError, match=r"table 't1': quantized weights are torch.float32 \[7, 8\] but FP32 rows of dim 4 are torch.float32 \[7, 4\]"):  # fmt: skip

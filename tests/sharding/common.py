@@ -16,7 +16,6 @@ from shardkit.models import DLRM
 from shardkit.planner import (
     EmbeddingComputeKernel,
     EnumerableShardingSpec,
-    ParameterSharding,
     ShardingType,
     ShardMetadata,
 )
@@ -29,6 +28,7 @@ from shardkit.sharding import (
     table_row_wise,
     table_wise,
 )
+from shardkit.types import ParameterSharding
 
 LIMITS = {"a": 11, "b": 11, "c": 7, "d": 5, "e": 9}
 FEATURES = list(LIMITS)

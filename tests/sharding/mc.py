@@ -23,7 +23,6 @@ from shardkit.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     construct_module_sharding_plan,
     fused_state,
@@ -31,6 +30,7 @@ from shardkit.sharding import (
     row_wise,
     table_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.sharding.common import local_part
 
 BIG = 2**40
@@ -55,15 +55,21 @@ def tables(bags: bool = True) -> list:
     ]  # fmt: skip
 
 
-def mc_module(bags: bool = True, optimizer: EmbOptimType = EmbOptimType.EXACT_ROWWISE_ADAGRAD):
-    """The unsharded spec: two managed-collision tables in 6 buckets, evicting every 2 steps."""
+def mc_module(
+    bags: bool = True,
+    optimizer: EmbOptimType = EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    *,
+    buckets: int = BUCKETS,
+):
+    """The unsharded spec: two managed-collision tables in 6 buckets (or ``buckets``), evicting
+    every 2 steps."""
     torch.manual_seed(0)
     configs = tables(bags)
     fused = {"optimizer": optimizer, "learning_rate": 0.1, "eps": 1e-8}
     mcc = ManagedCollisionCollection(
         {
             c.name: MCHManagedCollisionModule(
-                c.num_embeddings, "cpu", DistanceLFU_EvictionPolicy(), 2, buckets=BUCKETS,
+                c.num_embeddings, "cpu", DistanceLFU_EvictionPolicy(), 2, buckets=buckets,
                 name=c.name,
             )
             for c in configs

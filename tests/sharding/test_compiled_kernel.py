@@ -17,8 +17,8 @@ import torch.distributed as dist
 from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.kernels import KernelPath, use_kernel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
+from shardkit.types import ShardingEnv
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 LOCAL_BATCH = 3

@@ -15,8 +15,8 @@ from shardkit import EmbeddingBagCollection, checkpoint
 from shardkit.distributed import DistributedModelParallel
 from shardkit.fsdp import FSDPModule
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, FullyShardDataParallelWrapper
+from shardkit.types import ShardingPlan
 from tests.sharding.common import (
     assert_pairs_close,
     configs,

@@ -12,8 +12,8 @@ import torch
 from shardkit import EmbeddingBagCollection
 from shardkit.distributed import DistributedModelParallel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.types import ShardingPlan
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 ADAM = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.1, "eps": 1e-8}

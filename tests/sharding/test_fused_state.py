@@ -13,8 +13,8 @@ import torch
 from shardkit import EmbeddingBagCollection
 from shardkit.distributed import DistributedModelParallel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, fused_state, load_fused_state
+from shardkit.types import ShardingPlan
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 STATES = {

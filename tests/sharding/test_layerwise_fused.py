@@ -18,13 +18,13 @@ import torch.distributed as dist
 
 from shardkit import EmbeddingBagCollection
 from shardkit.optim import LAMB, EmbOptimType, LarsSGD, PartialRowWiseAdam, PartialRowWiseLAMB
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     ShardedEmbeddingBagCollection,
     column_wise,
     construct_module_sharding_plan,
     table_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.sharding.common import (
     assert_pairs_close,
     configs,

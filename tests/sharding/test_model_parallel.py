@@ -11,8 +11,8 @@ import torch
 from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
 from shardkit.distributed import DistributedModelParallel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import EmbeddingBagCollectionSharder, InputError
+from shardkit.types import ShardingPlan
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import (
     assert_pairs_close,

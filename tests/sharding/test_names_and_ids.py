@@ -18,12 +18,12 @@ from shardkit import (
 from shardkit import checkpoint as ckpt
 from shardkit.distributed import DistributedModelParallel
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
     construct_module_sharding_plan,
 )
+from shardkit.types import ShardingPlan
 from tests.sharding.common import generators, local_part
 
 # (table, dim, rows, features): names add_module refuses, a feature with "." and an empty one

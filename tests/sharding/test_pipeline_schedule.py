@@ -8,7 +8,8 @@ import torch
 from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
-from shardkit.sharding import TrainPipelineSparseDist, _pipeline_schedule
+from shardkit.sharding import TrainPipelineSparseDist
+from shardkit.sharding._pipeline import _schedule as _pipeline_schedule
 from tests.sharding.common import dlrm, dlrm_batch, local_part
 
 

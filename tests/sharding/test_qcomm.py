@@ -21,7 +21,6 @@ from shardkit.distributed.fbgemm_qcomm_codec import (
     get_qcomm_codecs_registry,
 )
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
@@ -30,6 +29,7 @@ from shardkit.sharding import (
     row_wise,
     table_wise,
 )
+from shardkit.types import ShardingEnv
 from tests.sharding.common import configs, global_batch, local_part, make_plan
 
 LOCAL_BATCH = 4

@@ -18,7 +18,6 @@ from shardkit import (
     kernels,
 )
 from shardkit.distributed import DistributedModelParallel
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
@@ -27,6 +26,7 @@ from shardkit.sharding import (
     row_wise,
     table_wise,
 )
+from shardkit.types import ShardingPlan
 from tests.sharding.common import assert_pairs_close, configs, global_batch, local_part
 
 LOCAL_BATCH = 3
@@ -295,7 +295,7 @@ def _logged(rank: int, world_size: int) -> list[str]:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    logger = logging.getLogger("shardkit.sharding._replicas")
+    logger = logging.getLogger("shardkit.sharding._collection._replicas")
     handler, level = Keep(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from shardkit import kernels
-from shardkit.sharding import _row_buckets
-from shardkit.sharding._row_buckets import bucket_rows
+from shardkit.sharding._dist import _row_buckets
+from shardkit.sharding._dist._row_buckets import bucket_rows
 
 
 def _spec(lengths, values, row_starts):

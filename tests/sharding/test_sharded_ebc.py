@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from shardkit import EmbeddingBagCollection, PoolingType
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingBagCollection
+from shardkit.types import ShardingEnv
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import (
     assert_pairs_close,

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from shardkit import EmbeddingCollection, EmbeddingConfig
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import ShardedEmbeddingCollection
+from shardkit.types import ShardingEnv
 from tests.devices import CPU_AND_GPU, DEVICE_TIER
 from tests.sharding.common import (
     assert_pairs_close,

@@ -19,8 +19,8 @@ from shardkit.modules.feature_processor_ import (
 )
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import InputError, ShardedFeatureProcessedEmbeddingBagCollection
+from shardkit.types import ShardingEnv
 from tests.sharding.common import FEATURES, configs, global_batch, local_part, make_plan
 
 LOCAL_BATCH = 3
@@ -195,8 +195,8 @@ def _pipelined(rank, world_size, overlap):
     trained by a plain loop on the global batch: the pipeline prefetches nothing into the
     collection inside the feature-processed module (it sees weighted features)."""
     from shardkit.distributed import DistributedModelParallel
-    from shardkit.planner import ShardingPlan
     from shardkit.sharding import TrainPipelineSparseDist
+    from shardkit.types import ShardingPlan
 
     reference = _Trained(_module("row_wise", True))
     plan = make_plan(reference.fp._embedding_bag_collection, "row_wise", world_size, world_size)

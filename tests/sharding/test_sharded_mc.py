@@ -12,7 +12,6 @@ import torch
 
 from shardkit import checkpoint
 from shardkit.modules.mc_modules import ManagedCollisionModule
-from shardkit.planner import ShardingEnv, ShardingPlan
 from shardkit.sharding import (
     EmbeddingBagCollectionSharder,
     InputError,
@@ -23,6 +22,7 @@ from shardkit.sharding import (
     construct_module_sharding_plan,
     row_wise,
 )
+from shardkit.types import ShardingEnv, ShardingPlan
 from tests.sharding.common import local_part
 from tests.sharding.mc import (
     LOCAL_BATCH,
@@ -116,6 +116,43 @@ def _resume(rank, world_size, kind, root, saved_world_size):
 def test_checkpoint_reshards_tables_with_their_remappers(run_ranks, tmp_path, saved, loaded):
     run_ranks(_save, saved[1], saved[0], str(tmp_path))
     run_ranks(_resume, loaded[1], loaded[0], str(tmp_path), saved[1])
+
+
+# -- one bucket (MCH's default) row-wise: one bucket per rank, as TorchRec (issue 27) ---------
+
+
+def _one_bucket(rank, world_size, root):
+    # the spec: the unsharded module with a bucket per rank (TorchRec's sharded remappers get
+    # buckets = the number of row shards)
+    reference = mc_module(buckets=world_size)
+    sharded = _sharded(mc_module(buckets=1), "row_wise", world_size)
+    for step in range(SAVED_AT):
+        _step(sharded, reference, rank, world_size, step, True)
+    compare_state(sharded, reference)
+    checkpoint.save(root, step=SAVED_AT, model=sharded)
+    resumed = _sharded(mc_module(buckets=1), "row_wise", world_size)
+    checkpoint.load(root, model=resumed)
+    compare_state(resumed, reference)
+    for step in range(SAVED_AT, SAVED_AT + 3):
+        _step(resumed, reference, rank, world_size, step, True)
+    compare_state(resumed, reference)
+    return resumed._managed_collision_collection._managed_collision_modules["users"].buckets()
+
+
+def test_one_bucket_row_wise_gets_a_bucket_per_rank_and_checkpoints(run_ranks, tmp_path):
+    assert run_ranks(_one_bucket, 2, str(tmp_path)) == [2, 2]
+
+
+def test_a_one_bucket_remapper_that_holds_ids_is_not_split():
+    module = mc_module(buckets=1)
+    module(raw_batch(0, 4))  # trained: its bucket holds ids now
+    plan = plan_for(module, "row_wise", 2)
+    with pytest.raises(
+        ValueError,
+        match=r"table 'users': its remapper \(1 bucket\) already holds ids, and row-wise over 2 "
+        r"ranks it needs one bucket per rank.*shard it before training",
+    ):
+        ShardedManagedCollisionEmbeddingBagCollection(module, plan, ShardingEnv(2, 0, None))
 
 
 # -- DistributedModelParallel, the planner, and a dense layer (DDP must leave remappers alone) --

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardkit.modules import EmbeddingBagConfig
-from shardkit.sharding._inputs import _check_ids
+from shardkit.sharding._dist._source import _check_ids
 
 CONFIGS = [
     EmbeddingBagConfig(name=f"t{t}", embedding_dim=4, num_embeddings=10, feature_names=[f"f{t}"])

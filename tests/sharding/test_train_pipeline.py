@@ -15,18 +15,18 @@ from shardkit.data import Batch
 from shardkit.distributed import DistributedModelParallel
 from shardkit.models import DLRMTrain
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
-from shardkit.planner import ShardingPlan
 from shardkit.sharding import (
     DataExhaustedError,
     EvalPipelineSparseDist,
     InputError,
     ShardedEmbeddingBagCollection,
+    SparseDataDistUtil,
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
-from shardkit.sharding._pipeline_schedule import choose_overlap
-from shardkit.sharding._train_pipeline import prefetch_batch
+from shardkit.sharding._pipeline._schedule import choose_overlap
 from shardkit.sparse import KeyedJaggedTensor
+from shardkit.types import ShardingPlan
 from tests.devices import ALL
 from tests.sharding.common import dlrm, dlrm_batch, local_part, make_plan
 
@@ -150,6 +150,92 @@ def test_pipeline_trains_like_a_plain_loop(run_ranks, overlap):
         assert calls == ["prefetch", "step"] * 6, "each batch's ids were sent after the last step"
 
 
+def _plain_step(model, optimizer, batch) -> float:
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _detach_evaluate_attach(rank: int, world_size: int, overlap: bool):
+    """A TorchRec user's loop: train 3 steps through the pipeline, ``detach()``, evaluate the
+    model directly and take its state dict, ``attach(model)``, train on; beside a plain loop
+    that evaluates between the same steps."""
+    torch.manual_seed(0)
+    base = DLRMTrain(dlrm())
+    ebc = base.model.sparse_arch.embedding_bag_collection
+    plan = ShardingPlan(
+        {"model.sparse_arch.embedding_bag_collection": make_plan(ebc, "row_wise", world_size, 2)}
+    )
+    evaluation = list(_batches(rank, world_size, 8))[6:]  # batches the training never sees
+    runs = {}
+    for mode in ("plain", "pipelined"):
+        model = DistributedModelParallel(copy.deepcopy(base), plan=plan)
+        optimizer = torch.optim.SGD(
+            [p for n, p in model.named_parameters() if ".shards." not in n], lr=0.1
+        )
+        sharded = next(m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection))
+        dists = []
+
+        def counted(kjt, original=sharded.input_dist, dists=dists, **kw):
+            dists.append(1)
+            return original(kjt, **kw)
+
+        sharded.input_dist = counted
+        train = _batches(rank, world_size, 6)
+        if mode == "plain":
+            losses = [_plain_step(model, optimizer, next(train)) for _ in range(3)]
+            evaluated, own_forward = model, True
+        else:
+            pipeline = TrainPipelineSparseDist(model, optimizer, overlap=overlap)
+            losses = [pipeline.progress(train)[0].item() for _ in range(3)]
+            evaluated = pipeline.detach()
+            own_forward = "forward" not in vars(sharded)  # the class's, not the pipeline's
+        evaluated.eval()
+        with torch.no_grad():
+            logits = [evaluated(batch)[1][1] for batch in evaluation]
+        evaluated.train()
+        saved = _weights(evaluated)
+        if mode == "plain":
+            losses += [_plain_step(model, optimizer, batch) for batch in train]
+        else:
+            with pytest.raises(ValueError, match=r"attach\(model\): a DLRMTrain other than the model this pipeline was built with"):  # fmt: skip
+                pipeline.attach(base)
+            pipeline.attach(evaluated)
+            own_forward = own_forward and "forward" in vars(sharded)  # the pipeline's again
+            with pytest.raises(StopIteration):
+                while True:
+                    losses.append(pipeline.progress(train)[0].item())
+        runs[mode] = losses, logits, saved, _weights(model), len(dists), own_forward
+    return runs
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    """The model's weights, this rank's shards of each sharded table as one tensor."""
+    out = {}
+    for key, value in model.state_dict().items():
+        if isinstance(value, ShardedTensor):
+            value = torch.cat([shard.tensor.flatten() for shard in value.local_shards()])
+        if key.endswith(".weight"):
+            out[key] = value.detach().clone()
+    return out
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "synchronous"])
+def test_detach_evaluate_attach_trains_like_a_plain_loop(run_ranks, overlap):
+    """TorchRec 1.8's ``detach()``/``attach()``: the detached model runs its collections' own
+    forwards (its evaluation, state dict and later training match the plain loop's), and the
+    batch in flight at ``detach`` resumes: one input dist per batch, trained or evaluated."""
+    for runs in run_ranks(_detach_evaluate_attach, 2, overlap):
+        plain, pipelined = runs["plain"], runs["pipelined"]
+        assert pipelined[0] == pytest.approx(plain[0], abs=1e-6) and len(plain[0]) == 6
+        torch.testing.assert_close(pipelined[1], plain[1])
+        torch.testing.assert_close(pipelined[2], plain[2])
+        torch.testing.assert_close(pipelined[3], plain[3])
+        assert pipelined[4:] == (8, True) and plain[4] == 8
+
+
 def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():
     cpu = torch.device("cpu")
     on_two_cores = choose_overlap(cpu, cores=2, local_ranks=2, threads=1)
@@ -248,10 +334,11 @@ def _uneven_dense(rank: int, world_size: int, carried: bool, overlap: bool = Fal
     )
     prefetches, lead = [], pipeline._lead
     if pipeline._lead is not None:
-        original = pipeline._lead.prefetch
-        pipeline._lead.prefetch = lambda kjt, **kw: (prefetches.append(kjt), original(kjt, **kw))
+        queue = pipeline._prefetches.of(pipeline._lead)
+        original = queue.prefetch
+        queue.prefetch = lambda kjt, **kw: (prefetches.append(kjt), original(kjt, **kw))
     steps = _steps_until_rank_1_runs_out(pipeline, batches)
-    left = 0 if lead is None else lead.unused_prefetches()  # dropped at the fallback
+    left = 0 if lead is None else pipeline._prefetches.of(lead).unused_prefetches()  # dropped
     return steps, pipeline._lead is None, len(prefetches), left
 
 
@@ -391,13 +478,15 @@ def _fed_differently(rank: int, world_size: int, overlap: bool):
 
 
 def _used_before_and_fed_twice(rank: int, x: KeyedJaggedTensor) -> None:
-    """The second collection used a prefetch before this pipeline (`prefetch_batch`), then is
+    """The second collection used a prefetch before this pipeline (`SparseDataDistUtil`), then is
     fed copies: the pipeline still finds its prefetches unused and drops them, on both ranks.
     Rank 1's batches hold its features twice: one input dist per collection all the same."""
     model = DistributedModelParallel(_TwoInputs())
     y = KeyedJaggedTensor(keys=["b"], values=torch.arange(2), lengths=torch.ones(2).long())
-    assert prefetch_batch(model, {"x": x, "y": y}) == 2
+    staged = SparseDataDistUtil(model)
+    staged.start_sparse_data_dist({"x": x, "y": y})
     model({"x": x, "y": y})
+    assert [staged._prefetches.of(m).consumed_prefetches() for m in staged._collections] == [1, 1]
     model.module.copy_second = True
     pipeline = TrainPipelineSparseDist(
         model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=True
@@ -408,14 +497,15 @@ def _used_before_and_fed_twice(rank: int, x: KeyedJaggedTensor) -> None:
         for _ in range(4):
             pipeline.progress(batches)
     assert [pipeline._names[pipeline._collections.index(m)] for m in pipeline._kept] == []
-    assert model.module.second.unused_prefetches() == 0
+    assert pipeline._prefetches.of(model.module.second).unused_prefetches() == 0
     evaluation = EvalPipelineSparseDist(model, torch.optim.SGD(model.parameters(), lr=0.1))
     evaluation._overlap = True  # as where a core is free (see [Note: when the pipeline overlaps])
     batches = iter([batch] * 3)
     with pytest.raises(StopIteration):
         for _ in range(4):
             evaluation.progress(batches)
-    assert evaluation._kept == [] and model.module.second.unused_prefetches() == 0
+    second = evaluation._prefetches.of(model.module.second)
+    assert evaluation._kept == [] and second.unused_prefetches() == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
@@ -437,7 +527,9 @@ def _second_fed_a_copy(rank: int, world_size: int):
     with pytest.raises(StopIteration):
         while True:
             pipeline.progress(batches)
-    return model.module.second.unused_prefetches(), pipeline._lead is not None
+    return pipeline._prefetches.of(
+        model.module.second
+    ).unused_prefetches(), pipeline._lead is not None
 
 
 def test_a_synchronous_pipeline_starts_no_input_dist_a_forward_does_not_use(run_ranks):
@@ -452,7 +544,7 @@ def _lead_unused_on_one_rank(rank: int, world_size: int):
     model = DistributedModelParallel(DLRMTrain(dlrm()))
     pipeline = TrainPipelineBase(model, torch.optim.SGD(model.parameters(), lr=0.1))
     if rank == 1:
-        pipeline._lead.unused_prefetches = lambda: 1
+        pipeline._prefetches.of(pipeline._lead).unused_prefetches = lambda: 1
     batches = _batches(rank, world_size, 3 if rank == 1 else 5)
     return _steps_until_rank_1_runs_out(pipeline, batches), pipeline._lead is None
 
@@ -463,7 +555,7 @@ def test_the_ranks_agree_on_falling_back_to_flags(run_ranks):
 
 def test_headers_without_input_decide_the_same_on_every_rank():
     """What every rank concludes from the statuses in the headers ([Note: input exchange])."""
-    from shardkit.sharding._input_header import (
+    from shardkit.sharding._dist._header import (
         EXHAUSTED,
         NO_INPUT,
         OK,
@@ -505,22 +597,24 @@ def _both_used_then_one_rank_unused(rank: int, x: KeyedJaggedTensor) -> None:
                 optimizer.step()
             losses[mode] = [model({"x": x, "y": y})[1]]
             continue
-        prefetch = model.module.first.prefetch
-        model.module.first.prefetch = lambda kjt, tag, prefetch=prefetch: (
+        pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+        first = pipeline._prefetches.of(model.module.first)
+        first.prefetch = lambda kjt, tag, prefetch=first.prefetch: (
             tags.append(tag),
             prefetch(kjt, tag=tag),
         )
-        pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
         batches = iter([{"x": x, "y": y}] * 4)
         losses[mode] = [pipeline.progress(batches) for _ in range(4)][-1:]
-        assert len(pipeline._kept) == 1 and model.module.second.unused_prefetches() == 0
+        second = pipeline._prefetches.of(model.module.second)
+        assert len(pipeline._kept) == 1 and second.unused_prefetches() == 0
     torch.testing.assert_close(losses["pipelined"], losses["plain"])
     assert tags == [2] * 4  # bit 1: the second collection, the lead being the 0th
     pipeline = TrainPipelineSparseDist(model, optimizer, overlap=True)
+    second = pipeline._prefetches.of(model.module.second)
     if rank == 1:
-        model.module.second.consumed_prefetches = lambda: 7  # no use counted on rank 1
+        second.consumed_prefetches = lambda: 7  # no use counted on rank 1
     batches = iter([{"x": x, "y": y}] * 3)
     with pytest.raises(StopIteration):
         for _ in range(4):
             pipeline.progress(batches)
-    assert pipeline._kept == [] and model.module.second.unused_prefetches() == 0
+    assert pipeline._kept == [] and second.unused_prefetches() == 0

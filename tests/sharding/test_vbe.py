@@ -27,7 +27,6 @@ from shardkit import (
 from shardkit.modules.feature_processor_ import PositionWeightedModuleCollection
 from shardkit.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from shardkit.optim import EmbOptimType
-from shardkit.planner import ShardingEnv
 from shardkit.sharding import (
     InputError,
     ShardedEmbeddingBagCollection,
@@ -37,6 +36,7 @@ from shardkit.sharding import (
     construct_module_sharding_plan,
     data_parallel,
 )
+from shardkit.types import ShardingEnv
 from tests.compat.peers import run_in_torchrec
 from tests.sharding.common import FEATURES, assert_pairs_close, configs, make_plan, table_pairs
 from tests.sharding.mc import BIG as MC_BIG

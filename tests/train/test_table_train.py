@@ -31,7 +31,7 @@ def test_a_table_is_learnt_and_resumes_bit_identically(run_ranks, tmp_path):
     assert history[-1]["auc"] > 0.75, history
     # The epoch's training rate covers the whole epoch, its first steps (the shuffle buffer's
     # fill) included, as reading's does: at most the rate so far at its last step (logged,
-    # log_every=1), and reading alone, part of the epoch, is not slower.
+    # log_every=1), and reading where training waited, part of the epoch, is not slower.
     so_far = {r["epoch"]: r["samples_per_s"] for r in read_jsonl(straight.metrics_file)
               if r["kind"] == "train"}  # fmt: skip
     for epoch in history:

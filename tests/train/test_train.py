@@ -150,6 +150,7 @@ def test_synthetic_data_is_learnt_within_an_epoch(run_ranks, tmp_path):
             r"nproc \(3\) must be a multiple of local_world_size \(2\)",
         ),
         ({"memory_cap": 0}, r"memory_cap must be a number of bytes >= 1 \(e.g. --memory-cap 8G\)"),
+        ({"table_cache": "c"}, r"--schema, --skip-bad-rows and --table-cache are for --data table"),
     ],
 )
 def test_bad_configs(changes, pattern):

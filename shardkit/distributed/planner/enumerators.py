@@ -1,6 +1,6 @@
 """``torchrec.distributed.planner.enumerators``: every way to shard each table."""
 
-from shardkit.planner import (
+from shardkit.distributed.planner._components import (
     GUARDED_COMPUTE_KERNELS,
     GUARDED_SHARDING_TYPES_FOR_FP_MODULES,
     EmbeddingEnumerator,

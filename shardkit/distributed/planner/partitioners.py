@@ -1,6 +1,6 @@
 """``torchrec.distributed.planner.partitioners``: placing a proposal's shards on ranks."""
 
-from shardkit.planner import (
+from shardkit.distributed.planner._partitioners import (
     GreedyPerfPartitioner,
     MemoryBalancedPartitioner,
     OrderedDeviceHardware,

@@ -1,7 +1,7 @@
 """``torchrec.distributed.planner.proposers``: TorchRec's proposers over sharding options."""
 
 from shardkit.compat import refuse
-from shardkit.planner import (
+from shardkit.distributed.planner._proposers import (
     MAX_PROPOSALS,
     DynamicProgrammingProposer,
     GreedyProposer,

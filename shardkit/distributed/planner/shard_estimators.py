@@ -2,7 +2,7 @@
 cost model)."""
 
 from shardkit.compat import refuse
-from shardkit.planner import (
+from shardkit.distributed.planner._components import (
     EmbeddingPerfEstimator,
     EmbeddingStorageEstimator,
     calculate_pipeline_io_cost,

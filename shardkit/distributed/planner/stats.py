@@ -1,6 +1,6 @@
 """``torchrec.distributed.planner.stats``: reporting a plan."""
 
-from shardkit.planner import (
+from shardkit.distributed.planner._partitioners import (
     IMBALANCE_STAT_MEASURE,
     MIN_WIDTH,
     EmbeddingStats,

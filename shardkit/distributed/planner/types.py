@@ -1,42 +1,46 @@
 """``torchrec.distributed.planner.types``: the planner's inputs, data, component interfaces
 and errors."""
 
-from shardkit.planner import (
+from shardkit.distributed.planner._tr_interfaces import (
+    Enumerator,
+    Partitioner,
+    PerfModel,
+    PlanLoader,
+    Proposer,
+    ShardEstimator,
+    Stats,
+    StorageReservation,
+    hash_planner_context_inputs,
+    hash_planner_context_inputs_str,
+)
+from shardkit.distributed.planner._tr_types import (
     BasicCommsBandwidths,
     CollectiveType,
     CriticalPathEstimate,
     CustomTopologyData,
     DeviceHardware,
-    Enumerator,
     GeneralizedCommsBandwidth,
     HardwareConfig,
     KernelConfig,
-    ParameterConstraints,
     PartitionByType,
-    Partitioner,
     Perf,
-    PerfModel,
     PlanDebugStats,
-    PlanLoader,
-    PlannerError,
-    PlannerErrorType,
-    Proposer,
     Shard,
     SharderData,
-    ShardEstimator,
     ShardingOption,
-    Stats,
     Storage,
-    StorageReservation,
-    Topology,
     TopologyConfigBase,
     TopologyFactory,
     TrainerConfig,
-    hash_planner_context_inputs,
-    hash_planner_context_inputs_str,
     hash_sha256_str,
     hash_sha256_to_int,
     round_to_nearest,
+)
+from shardkit.planner import (
+    ParameterConstraints,
+    PlannerError,
+    PlannerErrorType,
+    Topology,
 )
 
 __all__ = [

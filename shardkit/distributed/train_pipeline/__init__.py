@@ -1,9 +1,12 @@
 """``torchrec.distributed.train_pipeline``: the train and eval pipelines and their parts."""
 
-from shardkit.sharding import (
+from shardkit.distributed._tracing import (
     ArgInfo,
     ArgInfoStepFactory,
     CallArgs,
+    Tracer,
+)
+from shardkit.sharding import (
     DataExhaustedError,
     DataLoadingThread,
     EvalPipelineSparseDist,
@@ -13,7 +16,6 @@ from shardkit.sharding import (
     SparseDataDistUtil,
     StagedTrainPipeline,
     TorchCompileConfig,
-    Tracer,
     TrainPipeline,
     TrainPipelineBase,
     TrainPipelineContext,

@@ -116,7 +116,7 @@ __global__ void update_kernel(W* __restrict__ weight, int64_t dim,
       if (lane == 0) grad_weights[position] = dot;
     }
   }
-  if (kRule == kDense) {
+  if constexpr (kRule == kDense) {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int64_t d = lane + int64_t(k) * kWarp;
@@ -171,6 +171,60 @@ void check_bad(const at::Tensor& bad) {
 
 int blocks_for(int64_t warps) { return static_cast<int>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// The CPU operators' checks (ops_cpu.cpp), plus one the CPU never needs: every tensor on the
+// table's GPU. A kernel handed a host pointer or another GPU's memory would fault or, worse,
+// read whatever lies there, so nothing reaches a launch unchecked.
+void check_on(const at::Tensor& weight, const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device() == weight.device(), what, " must be on the table's device ",
+              weight.device(), ", got ", t.device());
+}
+
+void check_batch(const at::Tensor& weight, const at::Tensor& ids,
+                 const std::optional<at::Tensor>& offsets,
+                 const std::optional<at::Tensor>& per_sample_weights, int64_t batch_size) {
+  TORCH_CHECK(weight.is_cuda() && weight.dim() == 2 && weight.is_contiguous(),
+              "weight must be a contiguous 2-D CUDA tensor, got ", weight.sizes());
+  check_on(weight, ids, "ids");
+  TORCH_CHECK(ids.dim() == 1 && ids.is_contiguous() &&
+                  (ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt),
+              "ids must be a contiguous 1-D int32 or int64 tensor");
+  if (offsets.has_value()) {
+    check_on(weight, *offsets, "offsets");
+    TORCH_CHECK(offsets->dim() == 1 && offsets->numel() >= 1 && offsets->is_contiguous() &&
+                    offsets->scalar_type() == at::kLong,
+                "offsets must be a contiguous 1-D int64 tensor of num_bags + 1 entries");
+    const int64_t num_bags = offsets->numel() - 1;
+    TORCH_CHECK(batch_size >= 0 && (batch_size == 0 || num_bags % batch_size == 0),
+                "batch_size (", batch_size, ") must divide the number of bags (", num_bags, ")");
+  }
+  if (per_sample_weights.has_value()) {
+    check_on(weight, *per_sample_weights, "per_sample_weights");
+    TORCH_CHECK(per_sample_weights->numel() == ids.numel() && per_sample_weights->is_contiguous() &&
+                    per_sample_weights->scalar_type() == at::kFloat,
+                "per_sample_weights must be contiguous fp32 with one weight per id");
+  }
+}
+
+void check_grad_out(const at::Tensor& weight, const at::Tensor& ids,
+                    const std::optional<at::Tensor>& offsets, const at::Tensor& grad_out) {
+  check_on(weight, grad_out, "grad_out");
+  const int64_t rows = offsets.has_value() ? offsets->numel() - 1 : ids.numel();
+  TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
+                  grad_out.dim() == 2 && grad_out.size(0) == rows &&
+                  grad_out.size(1) == weight.size(1),
+              "grad_out must be contiguous fp32 [", rows, ", ", weight.size(1), "]");
+}
+
+float* state_ptr(const at::Tensor& weight, const std::vector<at::Tensor>& state, size_t index,
+                 int64_t numel) {
+  if (index >= state.size()) return nullptr;
+  const at::Tensor& s = state[index];
+  check_on(weight, s, "optimizer state");
+  TORCH_CHECK(s.is_contiguous() && s.scalar_type() == at::kFloat && s.numel() == numel,
+              "optimizer state ", index, " must be contiguous fp32 with ", numel, " entries");
+  return s.data_ptr<float>();
+}
+
 template <typename Fn>
 void dispatch_weight(const at::Tensor& weight, Fn fn) {
   switch (weight.scalar_type()) {
@@ -186,9 +240,7 @@ at::Tensor pooled_forward_cuda(const at::Tensor& weight, const at::Tensor& ids,
                                const std::optional<at::Tensor>& per_sample_weights,
                                int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && ids.is_contiguous() &&
-                  offsets.is_contiguous() && offsets.scalar_type() == at::kLong,
-              "pooled_forward: contiguous weight [R, D], ids, int64 offsets");
+  check_batch(weight, ids, offsets, per_sample_weights, batch_size);
   const int64_t num_bags = offsets.numel() - 1, dim = weight.size(1);
   at::Tensor out = at::empty({num_bags, dim}, weight.options());
   if (num_bags <= 0 || dim == 0) return out;
@@ -285,8 +337,14 @@ std::optional<at::Tensor> fused_backward_cuda(
     const std::vector<at::Tensor>& state, int64_t rule, double lr, double eps, double weight_decay,
     double beta1, double beta2, int64_t step, bool grad_per_sample_weights, int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
-  TORCH_CHECK(weight.is_contiguous() && grad_out.is_contiguous() && grad_out.scalar_type() == at::kFloat,
-              "fused_backward: contiguous weight and fp32 grad_out");
+  check_batch(weight, ids, offsets, per_sample_weights, batch_size);
+  check_grad_out(weight, ids, offsets, grad_out);
+  TORCH_CHECK(rule >= kSgd && rule <= kAdam, "unknown rule ", rule);
+  const int64_t per_row = rule == kRowwiseAdagrad ? 1 : weight.size(1);
+  float* s1 = state_ptr(weight, state, 0, weight.size(0) * per_row);
+  float* s2 = state_ptr(weight, state, 1, weight.size(0) * per_row);
+  TORCH_CHECK(rule == kSgd || s1, "the rule needs its optimizer state");
+  TORCH_CHECK(rule != kAdam || s2, "Adam needs exp_avg and exp_avg_sq");
   const double step_size = lr * std::sqrt(1.0 - std::pow(beta2, double(step))) / (1.0 - std::pow(beta1, double(step)));
   Hyper h{float(lr), float(eps), float(weight_decay), float(beta1), float(beta2),
           float(1.0 - beta1), float(1.0 - beta2), float(rule == kAdam ? step_size : 0.0)};
@@ -294,8 +352,6 @@ std::optional<at::Tensor> fused_backward_cuda(
   std::optional<at::Tensor> grad_weights;
   if (grad_per_sample_weights) grad_weights = at::empty({ids.numel()}, grad_out.options());
   float* gw = grad_weights.has_value() ? grad_weights->data_ptr<float>() : nullptr;
-  float* s1 = state.size() > 0 ? state[0].data_ptr<float>() : nullptr;
-  float* s2 = state.size() > 1 ? state[1].data_ptr<float>() : nullptr;
   const float* psw = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
   dispatch_weight(weight, [&](auto w_tag) {
     using W = decltype(w_tag);
@@ -309,8 +365,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> dense_backward_cuda(
     const std::optional<at::Tensor>& per_sample_weights, const at::Tensor& grad_out,
     bool grad_per_sample_weights, int64_t batch_size) {
   c10::cuda::CUDAGuard guard(weight.device());
-  TORCH_CHECK(weight.is_contiguous() && grad_out.is_contiguous() && grad_out.scalar_type() == at::kFloat,
-              "dense_backward: contiguous weight and fp32 grad_out");
+  check_batch(weight, ids, offsets, per_sample_weights, batch_size);
+  check_grad_out(weight, ids, offsets, grad_out);
   at::Tensor grad = at::zeros_like(weight);
   Runs runs = group(ids, offsets, weight.size(0), batch_size);
   std::optional<at::Tensor> grad_weights;

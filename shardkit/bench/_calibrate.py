@@ -1,0 +1,729 @@
+"""``shardkit bench calibrate``: measure this machine and write the `MachineProfile` the planner
+predicts step times from (see [Note: calibrated kernel model] and
+[Note: calibrated collective model] in the planner).
+
+What it times, each point the fastest of a few repeats after a warm-up (other processes only
+add time), one rank's own work in its thread's CPU time when it runs one thread on a CPU:
+
+- the embedding kernel (`BatchedTables` + `lookup`, the kernel the sharded modules run), forward
+  and backward with the fused update, per optimizer, at ``ids x rows x dim`` points chosen so
+  that ids, bags, touched rows, columns and table size (inside or far outside the cache) vary
+  apart; then a least-squares fit per optimizer (`fit_nonnegative`), and the cache size the
+  kernel effectively has (`fit_kernels`);
+- memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
+  layer's forward and backward);
+- each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
+  ranks of each world size, on the backend they will train on, fitted to
+  ``latency + bytes / bandwidth``. Run under ``torchrun`` on several hosts, the world's own
+  ranks are measured as well, as the links between hosts (``scope="inter"``);
+- the sharded step's own overhead: one rank trains a DistributedModelParallel of tiny tables
+  (1 and 16 features, batch 128 and 1,024) and what its step takes beyond the fitted kernel is
+  fitted to ``per step + per feature + per bag`` (the modules' Python, KJT handling, autograd).
+
+Everything runs with the threads per rank training will use (``threads_per_rank``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardkit.launch import current, spawn
+from shardkit.modules import (
+    BatchedTables,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    lookup,
+    stack_tables,
+)
+from shardkit.optim import EmbOptimType, FusedOptimizerConfig
+from shardkit.planner import COLLECTIVE_KINDS, KernelFit, LinkFit, MachineProfile, miss_fraction
+from shardkit.sparse import KeyedJaggedTensor
+
+__all__ = [
+    "CalibrationConfig",
+    "calibrate",
+    "fit_kernels",
+    "fit_nonnegative",
+    "format_profile",
+    "machine_identity",
+    "measure_collectives",
+]
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationConfig:
+    """What ``shardkit bench calibrate`` measures (the defaults take well under a minute).
+
+    Args:
+        optimizers: fused rules to time the kernel with (`EmbOptimType` values).
+        dims: embedding dims of the kernel points.
+        ids: ids per call of the kernel points.
+        big_table_bytes: the table far outside the cache (the small one: ids / 4 rows, many
+            repeats, inside it); at most 8 times the cache is used.
+        world_sizes: ranks to time the collectives among (each spawned fresh on this host; 1:
+            what one rank's collectives, copies of its own bytes, take).
+        sizes: collective message sizes, bytes.
+        threads_per_rank: intra-op threads each rank trains with.
+        repeats: timed repeats per point (the fastest is kept).
+        copy_bytes: the tensor copied to measure memory bandwidth.
+        device: ``"cpu"`` or ``"cuda"``.
+    """
+
+    optimizers: tuple[str, ...] = ("exact_row_wise_adagrad", "exact_sgd", "exact_adagrad", "adam")
+    dims: tuple[int, ...] = (16, 64, 128)
+    ids: tuple[int, ...] = (16_384, 131_072)
+    big_table_bytes: int = 256 * _MIB
+    world_sizes: tuple[int, ...] = (1, 2, 4)
+    sizes: tuple[int, ...] = (16 << 10, 512 << 10, 4 << 20)
+    threads_per_rank: int = 1
+    repeats: int = 5
+    copy_bytes: int = 128 * _MIB
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("dims", "ids", "sizes", "optimizers"):
+            if not getattr(self, name):
+                raise ValueError(f"CalibrationConfig.{name} is empty; give at least one value")
+        for opt in self.optimizers:
+            EmbOptimType.parse(opt)
+        bad = [w for w in self.world_sizes if not (isinstance(w, int) and w >= 1)]
+        if bad:
+            raise ValueError(f"world_sizes must be ints >= 1, got {bad}")
+        if self.threads_per_rank < 1 or self.repeats < 1:
+            raise ValueError(
+                f"threads_per_rank and repeats must be >= 1, got {self.threads_per_rank} and "
+                f"{self.repeats}"
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+
+
+def fit_nonnegative(
+    rows: Sequence[Sequence[float]], times: Sequence[float], *, outliers: bool = False
+) -> list[float]:
+    """Coefficients ``c >= 0`` minimising the relative error of ``rows @ c`` against ``times``.
+
+    Least squares on rows scaled by ``1 / time`` (a 1 ms point counts as much as a 100 ms one),
+    then, while a coefficient is negative, that feature is dropped (set to 0) and the rest
+    refitted. Features that never vary are dropped the same way. With ``outliers``, points the
+    first fit misses by more than 3 times the median miss (and 30%) are left out and the rest
+    refitted once: on a shared machine one point can catch another process's time slice.
+    """
+    a = torch.tensor(rows, dtype=torch.float64)
+    t = torch.tensor(times, dtype=torch.float64)
+    if a.dim() != 2 or a.shape[0] != t.shape[0] or a.shape[0] == 0:
+        raise ValueError(f"fit_nonnegative needs one time per row, got {a.shape} and {t.shape}")
+    if not bool((t > 0).all()):
+        raise ValueError(f"fit_nonnegative needs times > 0, got {t.tolist()}")
+    coef = _nonnegative_lstsq(a, t)
+    if outliers and a.shape[0] > a.shape[1] + 2:
+        miss = ((a @ coef) / t - 1).abs()
+        keep = miss <= torch.clamp(3 * miss.median(), min=0.3)
+        if int((~keep).sum()) > 0 and int(keep.sum()) >= a.shape[1]:
+            coef = _nonnegative_lstsq(a[keep], t[keep])
+    return coef.tolist()
+
+
+def _nonnegative_lstsq(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    weighted = a / t[:, None]
+    scale = weighted.abs().amax(dim=0)  # columns to unit size: conditioning
+    active = [j for j in range(a.shape[1]) if float(scale[j]) > 0]
+    coef = torch.zeros(a.shape[1], dtype=torch.float64)
+    while active:
+        cols = weighted[:, active] / scale[active]
+        solution = torch.linalg.lstsq(cols, torch.ones_like(t)[:, None]).solution[:, 0]
+        solution = solution / scale[active]
+        worst = int(torch.argmin(solution))
+        if float(solution[worst]) >= 0:
+            coef[active] = solution
+            break
+        del active[worst]
+    return coef
+
+
+def machine_identity(device: str, backend: str) -> dict[str, str]:
+    """CPU model, family/model, ISA flags and huge-page mode (or the GPU's name), torch and the
+    backend's version, cores, host and date."""
+    info = {
+        "cpu_model": platform.processor() or platform.machine(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "backend": backend,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cores": str(_cores()),
+    }
+    info.update(_cpuinfo())
+    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp and "[" in thp:
+        info["transparent_huge_pages"] = thp.split("[")[1].split("]")[0]
+    if device == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = str(torch.version.cuda)
+        if backend == "nccl":
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    return info
+
+
+def _cpuinfo() -> dict[str, str]:
+    text = _read("/proc/cpuinfo") or ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if ":" not in line:
+            if fields:
+                break  # the first processor is enough
+            continue
+        key, value = (part.strip() for part in line.split(":", 1))
+        fields.setdefault(key, value)
+    out = {}
+    if "model name" in fields:
+        out["cpu_model"] = fields["model name"]
+    if "cpu family" in fields:
+        out["cpu_family_model"] = f"family {fields['cpu family']} model {fields.get('model', '?')}"
+    flags = set(fields.get("flags", "").split())
+    isa = [
+        f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile") if f in flags
+    ]
+    if flags:
+        out["isa"] = " ".join(isa)
+    return out
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """What times one rank's work: on a CPU running one intra-op thread, the calling thread's
+    CPU time (the time other processes hold the core does not count, while the memory
+    traffic they cause still does); else wall time."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def _best_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """The fastest of ``repeats`` timed calls after a warm-up: other processes on the machine
+    only ever add time, so the minimum is the machine's own speed."""
+    clock = _clock(device)
+    fn()  # warm up
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        start = clock()
+        fn()
+        _sync(device)
+        samples.append((clock() - start) * 1e3)
+    return min(samples)
+
+
+def _best_pair(
+    first: Callable[[], object], second: Callable[[], object], repeats: int, device: torch.device
+) -> tuple[float, float]:
+    """`_best_ms` of two calls timed in turns, so that a busy spell of the machine falls on both
+    alike rather than on one of the pair whose difference is wanted."""
+    clock = _clock(device)
+    first()
+    second()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((first, samples[0]), (second, samples[1])):
+            _sync(device)
+            start = clock()
+            fn()
+            _sync(device)
+            out.append((clock() - start) * 1e3)
+    return min(samples[0]), min(samples[1])
+
+
+def memory_bandwidth(config: CalibrationConfig, device: torch.device) -> float:
+    """Copy bandwidth, bytes/ms (bytes read plus bytes written)."""
+    n = config.copy_bytes // 4
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    ms = _best_ms(lambda: dst.copy_(src), config.repeats, device)
+    return 2 * n * 4 / ms
+
+
+def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
+    """A float32 linear layer's forward and backward (``[1024, 512] -> [1024, 256]``, an MLP
+    layer's shape: three matmuls, two of them on transposes), flop/ms."""
+    m, k, n = 1024, 512, 256
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    w = torch.randn(n, k, device=device, requires_grad=True)
+    grad = torch.randn(m, n, device=device)
+
+    def layer() -> None:
+        (x @ w.t()).backward(grad)
+
+    ms = _best_ms(layer, max(3, config.repeats), device)
+    return 3 * 2 * m * k * n / ms
+
+
+def kernel_points(
+    config: CalibrationConfig, optimizer: str, device: torch.device, cache_bytes: int
+) -> list[dict]:
+    """Forward and backward+update ms of the batched kernel at each (ids, table, dim) point:
+    bags of 20 or 2 ids, one table inside the cache and one far outside it, the compiled kernel
+    where it serves (as training runs)."""
+    points = []
+    rule = FusedOptimizerConfig(optimizer=EmbOptimType.parse(optimizer), learning_rate=0.01)
+    g = torch.Generator().manual_seed(0)
+    big_bytes = min(config.big_table_bytes, 8 * cache_bytes)
+    for d, dim in enumerate(config.dims):
+        for i, num_ids in enumerate(config.ids):
+            # 20 ids per bag, or 2: bags vary apart from ids, so the fit can tell them apart
+            pooling = 20 if (d + i) % 2 == 0 else 2
+            for rows in (max(16, num_ids // 4), max(16, big_bytes // (4 * dim))):
+                tables = stack_tables(
+                    [rows], dim, dtype=torch.float32, device=device, optimizer=rule
+                )
+                tables.weight.uniform_(-0.01, 0.01)
+                params = [torch.nn.Parameter(v) for v in tables.table_views()]
+                # fresh ids every call: rows a previous call touched would still be in cache
+                batches = [
+                    torch.randint(0, rows, (num_ids,), generator=g).to(device)
+                    for _ in range(2 * config.repeats + 2)
+                ]
+                fresh = iter(batches)
+                bags = max(1, num_ids // pooling)
+                offsets = torch.linspace(0, num_ids, bags + 1).long().to(device)
+                grad = torch.full((bags, dim), 1e-3, device=device)
+
+                def forward(tables=tables, fresh=fresh, offsets=offsets, params=params):
+                    with torch.no_grad():
+                        lookup(tables, next(fresh), offsets, None, params)
+
+                def step(tables=tables, fresh=fresh, offsets=offsets, params=params, grad=grad):
+                    lookup(tables, next(fresh), offsets, None, params).backward(grad)
+
+                fwd, total = _best_pair(forward, step, config.repeats, device)
+                points.append(
+                    {"ids": num_ids, "rows": rows, "unique": int(torch.unique(batches[0]).numel()),
+                     "bags": bags, "dim": dim, "touched": _touched(tables, bags),
+                     "forward_ms": fwd, "backward_ms": max(total - fwd, 1e-4)}
+                )  # fmt: skip
+                del tables, params
+    return points
+
+
+def _touched(tables: BatchedTables, bags: int) -> int:
+    """Bytes a kernel call touches: the table, its optimizer state and the pooled rows."""
+    state = tables.optimizer.state.values() if tables.optimizer is not None else ()
+    weights = tables.weight.numel() * tables.weight.element_size()
+    return weights + sum(t.numel() * t.element_size() for t in state) + bags * tables.dim * 4
+
+
+def fit_kernel(optimizer: str, points: Sequence[dict], cache: int) -> KernelFit:
+    """The `KernelFit` of ``points`` with a cache of ``cache`` bytes (see
+    [Note: calibrated kernel model]): forward over bags and the ids that miss, backward over
+    the touched rows and those that miss."""
+    miss = [miss_fraction(p["touched"], cache) for p in points]
+    fits = []
+    for written, missed, key in (
+        ("bags", "ids", "forward_ms"),
+        ("unique", "unique", "backward_ms"),
+    ):
+        rows = [
+            [1.0, p["ids"], p["ids"] * p["dim"], p[written] * p["dim"], m * p[missed],
+             m * p[missed] * p["dim"]]
+            for p, m in zip(points, miss)
+        ]  # fmt: skip
+        fits.append(tuple(fit_nonnegative(rows, [p[key] for p in points], outliers=True)))
+    return KernelFit(optimizer, fits[0], fits[1])
+
+
+def fit_kernels(points: dict[str, list[dict]], nominal_cache: int) -> tuple[int, list[KernelFit]]:
+    """(effective cache bytes, a fit per optimizer): the cache size among ``nominal_cache /
+    2**k`` (k = 0..4) whose fits miss the points least on average. A rank seldom has the whole last-level
+    cache: a VM's cores share it with other tenants' and other ranks' cores."""
+    best: tuple[float, int, list[KernelFit]] | None = None
+    for k in range(5):
+        cache = nominal_cache >> k
+        fits = [fit_kernel(name, measured, cache) for name, measured in points.items()]
+        error = sum(
+            statistics.mean(_misses(fit, measured, cache))
+            for fit, measured in zip(fits, points.values())
+        )
+        if best is None or error < best[0]:
+            best = (error, cache, fits)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _misses(fit: KernelFit, points: Sequence[dict], cache: int) -> list[float]:
+    """|predicted / measured - 1| of forward + backward at each point."""
+    errors = []
+    for p in points:
+        m = miss_fraction(p["touched"], cache)
+        predicted = fit.forward_ms(p["ids"], p["bags"], p["dim"], miss=m) + fit.backward_ms(
+            p["ids"], p["unique"], p["dim"], miss=m
+        )
+        errors.append(abs(predicted / (p["forward_ms"] + p["backward_ms"]) - 1))
+    return sorted(errors)
+
+
+def _collective(
+    kind: str, nbytes: int, world: int, device: torch.device, group: dist.ProcessGroup | None
+) -> Callable[[], object]:
+    count = max(world, nbytes // 4 // world * world)
+    x = torch.ones(count, device=device)
+    if kind == "all_to_all":
+        out = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(out, x, group=group)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(x, group=group)
+    if kind == "reduce_scatter":
+        part = x.new_empty(count // world)
+        return lambda: dist.reduce_scatter_single(part, x, group=group)
+    part = x[: count // world].clone()
+    return lambda: dist.all_gather_single(x, part, group=group)
+
+
+def measure_collectives(
+    sizes: Sequence[int], repeats: int, group: dist.ProcessGroup | None = None
+) -> list[dict]:
+    """Each collective at each size among ``group``'s ranks (default: the world; call on each
+    of them): the slowest rank's fastest loop, ms per call."""
+    world = dist.get_world_size(group)
+    device = current().device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    rows = []
+    for kind in COLLECTIVE_KINDS:
+        for nbytes in sizes:
+            call = _collective(kind, nbytes, world, device, group)
+            call()
+            samples = []
+            calls = 3 if nbytes >= (1 << 20) else 10
+            for _ in range(repeats):
+                dist.barrier(group)
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                _sync(device)
+                samples.append((time.perf_counter() - start) * 1e3 / calls)
+            ms = torch.tensor([min(samples)], dtype=torch.float64, device=device)
+            dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=group)
+            rows.append({"kind": kind, "bytes": nbytes, "world_size": world, "ms": float(ms)})
+    return rows
+
+
+def fit_links(rows: Sequence[dict], scope: str) -> list[LinkFit]:
+    """``latency + bytes / bandwidth`` per (kind, world size) of measured rows."""
+    fits = []
+    keys = sorted(
+        {(r["kind"], r["world_size"]) for r in rows},
+        key=lambda k: (COLLECTIVE_KINDS.index(k[0]), k[1]),
+    )
+    for kind, world in keys:
+        mine = [r for r in rows if r["kind"] == kind and r["world_size"] == world]
+        latency, per_byte = fit_nonnegative(
+            [[1.0, r["bytes"]] for r in mine], [r["ms"] for r in mine]
+        )
+        if per_byte <= 0:  # all sizes cost the same: no bandwidth limit seen; the largest size
+            biggest = max(mine, key=lambda r: r["bytes"])
+            per_byte = biggest["ms"] / biggest["bytes"]
+            latency = 0.0
+        fits.append(LinkFit(kind, world, latency, 1.0 / per_byte, scope))
+    return fits
+
+
+def _collective_rank(
+    rank: int, world_size: int, sizes: tuple[int, ...], repeats: int
+) -> list[dict]:
+    return measure_collectives(sizes, repeats)
+
+
+class _TinyModel(torch.nn.Module):
+    """Pooled embeddings [B, T * D] -> a scalar: the least dense work a sharded step can do."""
+
+    def __init__(self, ebc: torch.nn.Module, width: int) -> None:
+        super().__init__()
+        self.ebc = ebc
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return self.head(self.ebc(kjt).values()).sum()
+
+
+# (features, batch, dim) of the tiny models whose steps give the overhead
+_OVERHEAD_POINTS = (
+    (1, 128, 8),
+    (1, 1024, 8),
+    (16, 128, 8),
+    (16, 1024, 8),
+    (4, 1024, 64),
+    (16, 512, 64),
+)
+_TINY_ROWS = 64
+
+
+def _overhead_rank(rank: int, world_size: int, threads: int, repeats: int) -> list[dict]:
+    from shardkit.sharding import (
+        DistributedModelParallel,
+        EmbeddingBagCollectionSharder,
+        construct_module_sharding_plan,
+        table_wise,
+    )
+    from shardkit.types import ShardingPlan
+
+    torch.set_num_threads(threads)
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    rows = []
+    for features, batch, dim in _OVERHEAD_POINTS:
+        configs = [
+            EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=_TINY_ROWS,
+                               feature_names=[f"f{i}"])
+            for i in range(features)
+        ]  # fmt: skip
+        ebc = EmbeddingBagCollection(tables=configs, device="meta")
+        model = _TinyModel(ebc, features * dim)
+        plan = construct_module_sharding_plan(
+            ebc, {c.name: table_wise(rank=0) for c in configs}, world_size=1, local_size=1,
+            device_type="cpu",
+        )  # fmt: skip
+        sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
+        dmp = DistributedModelParallel(model, plan=ShardingPlan({"ebc": plan}), sharders=sharders)
+        kjt = KeyedJaggedTensor(
+            keys=[c.feature_names[0] for c in configs],
+            values=torch.randint(0, _TINY_ROWS, (features * batch,)),
+            lengths=torch.ones(features * batch, dtype=torch.long),
+        )
+
+        def step(dmp=dmp, kjt=kjt) -> None:
+            dmp(kjt).backward()
+
+        ms = _best_ms(step, max(5, 2 * repeats), torch.device("cpu"))
+        rows.append({"features": features, "batch": batch, "dim": dim, "ms": ms})
+    return rows
+
+
+def fit_overhead(
+    rows: Sequence[dict], kernel: KernelFit, links: Sequence[LinkFit]
+) -> tuple[float, float, float, float]:
+    """(per step, per feature, per bag, per bag x column) ms a sharded step takes beyond its
+    kernel and its one-rank collectives, from the tiny-model steps (bags: features x batch, one
+    id each, one kernel call)."""
+    alone = {link.kind: link for link in links if link.world_size == 1}
+    extra = []
+    for row in rows:
+        bags, dim = row["features"] * row["batch"], row["dim"]
+        known = kernel.forward_ms(bags, bags, dim) + kernel.backward_ms(
+            bags, min(bags, row["features"] * _TINY_ROWS), dim
+        )
+        for kind, nbytes in (("all_to_all", 24 * bags), ("all_to_all", 4 * bags * dim)):
+            if kind in alone:  # the ids' exchange, the pooled rows' there and back
+                known += alone[kind].ms(nbytes)
+        extra.append(max(row["ms"] - known, 1e-3))
+    coef = fit_nonnegative(
+        [[1.0, r["features"], r["features"] * r["batch"], r["features"] * r["batch"] * r["dim"]]
+         for r in rows],
+        extra,
+    )  # fmt: skip
+    return coef[0], coef[1], coef[2], coef[3]
+
+
+def calibrate(
+    config: CalibrationConfig, *, log: Callable[[str], None] = lambda _: None
+) -> MachineProfile | None:
+    """Measure this machine (see the module docstring) and return its profile. Under torchrun
+    (``WORLD_SIZE`` > 1 in the environment) every rank joins, the world's and each host's
+    collectives are measured, and rank 0 returns the profile (the others None)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _calibrate_world(config, log)
+    return _calibrate_host(config, log, _spawned_links(config, log))
+
+
+def _spawned_links(config: CalibrationConfig, log: Callable[[str], None]) -> list[dict]:
+    """The collectives among fresh ranks of each of ``config.world_sizes`` on this host."""
+    rows: list[dict] = []
+    for world in config.world_sizes:
+        rows += spawn(
+            _collective_rank, world_size=world, args=(tuple(config.sizes), config.repeats),
+            backend=_backend(config), threads_per_rank=config.threads_per_rank, timeout=300,
+        )[0]  # fmt: skip
+    for row in rows:
+        row["scope"] = "intra"
+    return rows
+
+
+def _backend(config: CalibrationConfig) -> str:
+    return "nccl" if config.device == "cuda" else "gloo"
+
+
+def _calibrate_world(
+    config: CalibrationConfig, log: Callable[[str], None]
+) -> MachineProfile | None:
+    """Under torchrun: the world's collectives (between hosts when there are several), each
+    host's among its ranks, then rank 0 measures its own host as `calibrate` does alone."""
+    from shardkit.launch import init_from_env, shutdown
+
+    info = init_from_env(backend=_backend(config), timeout=900)
+    try:
+        torch.set_num_threads(config.threads_per_rank)
+        world, local = info.world_size, info.local_world_size
+        hosts = world // local
+        rows = measure_collectives(config.sizes, config.repeats)
+        for row in rows:
+            row["scope"] = "inter" if hosts > 1 else "intra"
+        if hosts > 1 and local > 1:
+            mine, _ = dist.new_subgroups_by_enumeration(
+                [list(range(h * local, (h + 1) * local)) for h in range(hosts)]
+            )
+            for row in measure_collectives(config.sizes, config.repeats, mine):
+                rows.append({**row, "scope": "intra"})
+        profile = None
+        if info.rank == 0:
+            log(f"measured the collectives of {world} ranks in {hosts} host(s) of {local}")
+            if local < 2 or hosts == 1:
+                rows += _spawned_links(config, log)  # inside one host, in fresh ranks
+            profile = _calibrate_host(config, log, rows)
+        dist.barrier()  # the others wait while rank 0 measures its host
+        return profile
+    finally:
+        shutdown()
+
+
+def _calibrate_host(
+    config: CalibrationConfig, log: Callable[[str], None], rows: list[dict]
+) -> MachineProfile:
+    """This host's kernels, memory, matmul and step overhead, with the collectives ``rows``."""
+    torch.set_num_threads(config.threads_per_rank)
+    device = torch.device(config.device, 0) if config.device == "cuda" else torch.device("cpu")
+    backend = _backend(config)
+    started = time.perf_counter()
+    nominal = cache_bytes(config.device)
+    bandwidth = memory_bandwidth(config, device)
+    log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s")
+    flops = matmul_throughput(config, device)
+    log(f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s")
+    measured = {name: kernel_points(config, name, device, nominal) for name in config.optimizers}
+    cache, kernels = fit_kernels(measured, nominal)
+    log(f"last-level cache: {nominal >> 20} MiB, of which the kernel sees {cache >> 20} MiB")
+    points: dict[str, Any] = {f"kernel:{name}": rows for name, rows in measured.items()}
+    for fit in kernels:
+        log(f"kernel {fit.optimizer}: {_kernel_line(fit, measured[fit.optimizer], cache)}")
+    links = [
+        link
+        for scope in ("intra", "inter")
+        for link in fit_links([r for r in rows if r["scope"] == scope], scope)
+    ]
+    points["collectives"] = rows
+    steps = spawn(
+        _overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
+        backend=backend, threads_per_rank=config.threads_per_rank, timeout=300,
+    )[0]  # fmt: skip
+    overhead = fit_overhead(steps, kernels[0], links)
+    points["step_overhead"] = steps
+    log(
+        f"sharded step overhead: {overhead[0]:.2f} ms + {overhead[1] * 1e3:.0f} us per feature + "
+        f"{overhead[2] * 1e6:.0f} ns per bag + {overhead[3] * 1e9:.0f} ps per bag x column"
+    )
+    for link in links:
+        log(
+            f"{link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
+            f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
+        )
+    profile = MachineProfile(
+        identity=tuple(
+            {**machine_identity(config.device, backend), "llc_bytes": str(nominal)}.items()
+        ),
+        compute_device=config.device,
+        backend=backend,
+        threads_per_rank=config.threads_per_rank,
+        cores=_cores(),
+        memory_bytes=_memory_bytes(config.device),
+        cache_bytes=cache,
+        memory_bw=bandwidth,
+        matmul_flops=flops,
+        kernels=tuple(kernels),
+        links=tuple(links),
+        step_overhead=overhead,
+        points=points,
+    )
+    log(f"calibrated in {time.perf_counter() - started:.1f} s")
+    return profile
+
+
+def _kernel_line(fit: KernelFit, points: Sequence[dict], cache: int) -> str:
+    errors = _misses(fit, points, cache)
+    big = max(points, key=lambda p: (p["ids"] * p["dim"], p["rows"]))
+    return (
+        f"{big['ids']} ids x dim {big['dim']}, {big['rows']} rows: forward "
+        f"{big['forward_ms']:.2f} ms, backward+update {big['backward_ms']:.2f} ms; the fit "
+        f"misses its {len(points)} points by {100 * errors[len(errors) // 2]:.0f}% (median), "
+        f"{100 * errors[-1]:.0f}% (worst)"
+    )
+
+
+def cache_bytes(device: str) -> int:
+    """The last-level cache: the GPU's L2, or the CPU's largest cache in sysfs (else 32 MiB)."""
+    if device == "cuda" and torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 40 * _MIB))
+    largest = 0
+    for index in range(8):
+        text = _read(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size")
+        if not text:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20}
+        value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        largest = max(largest, value)
+    return largest or 32 * _MIB
+
+
+def _memory_bytes(device: str) -> int:
+    if device == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def format_profile(profile: MachineProfile) -> str:
+    """The profile in a few lines, for people."""
+    lines = [f"machine: {profile.name} ({profile.compute_device}, {profile.backend}, "
+             f"{profile.threads_per_rank} thread(s) per rank, {profile.cores} cores)"]  # fmt: skip
+    lines.append(
+        f"  memory bandwidth {profile.memory_bw / 1e6:.2f} GB/s, matmul {profile.matmul_flops / 1e6:.1f} GFLOP/s"
+    )
+    for k in profile.kernels:
+        lines.append(
+            f"  kernel {k.optimizer}: forward {k.forward[0] * 1e3:.0f} us/call + "
+            f"{k.forward[2] * 1e9:.0f} ps per id x col ({(k.forward[2] + k.forward[5]) * 1e9:.0f} "
+            f"missing the cache); backward {k.backward[0] * 1e3:.0f} us/call + "
+            f"{k.backward[1] * 1e6:.1f} ns per id + {k.backward[3] * 1e9:.0f} ps per row x col "
+            f"({(k.backward[3] + k.backward[5]) * 1e9:.0f} missing)"
+        )
+    for link in profile.links:
+        lines.append(
+            f"  {link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
+            f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
+        )
+    return "\n".join(lines)

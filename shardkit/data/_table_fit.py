@@ -1,0 +1,272 @@
+"""`Fitter`: learns a `FittedSchema` from the training rows of pieces, vectorized, in parts that
+merge to the same result however the pieces were shared out among processes.
+
+[Note: fitting in parts]
+A process fits the pieces it read; the parts merge (`Fitter.merge`) into exactly what one
+process reading every piece fits, for any world size:
+
+- value counts (vocabularies) are integers: summed in any order, then sorted by decreasing
+  count, ties by value (UTF-8 byte order, which is code point order);
+- dense statistics are exact: each process sums ``x`` and ``x * x`` exactly (`exact_sum`: a
+  float64 is an integer times a power of 2; the integers are summed per power, then as Python
+  integers; a square is split into two float64 without error, Dekker's product), so the sums
+  are the same in any order and any cut into pieces or files; the mean and the population
+  standard deviation are computed from them in exact rational arithmetic and rounded once;
+- a quantile sample (for fitted buckets) keeps the rows with the smallest 64-bit keys of
+  ``(file, record key)``: the smallest of the smallest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardkit.data._hash import mix_tensor
+from shardkit.data._table_columns import Columns
+from shardkit.data._table_fitted import DenseFit, FittedSchema, TableFit, table_order
+from shardkit.data._table_schema import ColumnSpec, TableSchema
+
+__all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exact_sums"]
+
+_SAMPLE = 65_536
+_COMPACT = 1 << 22  # counted values held before they are summed per value
+_SCALE = 1126  # exact sums are integers times 2**-_SCALE (the smallest float64 mantissa bit)
+_SPLIT = 134_217_729.0  # 2**27 + 1: Veltkamp's split of a float64 into two halves
+_CHUNK = 1 << 25  # values summed at once (bincount's float64 sums stay exact)
+
+
+def exact_sum(x: np.ndarray) -> Fraction:
+    """The exact sum of finite float64 values (see [Note: fitting in parts])."""
+    return exact_sums(x.reshape(-1, 1))[0]
+
+
+def exact_square_sum(x: np.ndarray) -> Fraction:
+    """The exact sum of the squares of finite float64 values."""
+    return exact_square_sums(x.reshape(-1, 1))[0]
+
+
+def exact_sums(x: np.ndarray) -> list[Fraction]:
+    """The exact sum of each column of ``x`` (float64 ``[n, D]``, finite)."""
+    return _exact(x, np.ones(x.shape, dtype=bool), squares=False)
+
+
+def exact_square_sums(x: np.ndarray) -> list[Fraction]:
+    """The exact sum of the squares of each column of ``x``."""
+    magnitude = np.abs(x)
+    normal = (magnitude == 0) | ((magnitude >= 2.0**-400) & (magnitude < 2.0**500))
+    return _exact(x, normal, squares=True)
+
+
+def _exact(x: np.ndarray, normal: np.ndarray, *, squares: bool) -> list[Fraction]:
+    """The vectorized exact sums of ``normal`` values per column (of their squares: Dekker's
+    ``x * x = p + e``, both float64, without error in that range) plus the others' in Python."""
+    power = 2 if squares else 1
+    totals = [Fraction()] * x.shape[1]
+    if not normal.all():
+        totals = [sum((Fraction(v) ** power for v in x[~normal[:, j], j].tolist()), Fraction())
+                  for j in range(x.shape[1])]  # fmt: skip
+        x = np.where(normal, x, 0.0)
+    parts = [x]
+    if squares:
+        p = x * x
+        c = _SPLIT * x
+        high = c - (c - x)
+        low = x - high
+        parts = [p, low * low - (((p - high * high) - low * high) - high * low)]
+    integers = [_integer_sums(part) for part in parts]
+    return [total + Fraction(sum(i[j] for i in integers), 1 << _SCALE)
+            for j, total in enumerate(totals)]  # fmt: skip
+
+
+_POWERS = 2200  # frexp's exponents of finite float64 lie in [-1073, 1024]: shifted by 1100
+
+
+def _integer_sums(x: np.ndarray) -> list[int]:
+    """Per column ``S`` with sum = ``S * 2**-1126`` exactly: each float64 is an integer
+    mantissa times a power of 2; the mantissas are summed per column and power (in two
+    halves, so float64 sums of them stay exact), then as Python integers."""
+    num_columns = x.shape[1]
+    totals = [0] * num_columns
+    for start in range(0, len(x), _CHUNK):
+        mantissa, exponent = np.frexp(x[start : start + _CHUNK])
+        whole = (mantissa * 2.0**53).astype(np.int64)  # x = whole * 2**(exponent - 53)
+        at = (exponent + 1100 + _POWERS * np.arange(num_columns)).reshape(-1)
+        size = _POWERS * num_columns
+        high = np.bincount(at, weights=(whole >> 26).reshape(-1).astype(np.float64), minlength=size)
+        low = np.bincount(at, weights=(whole & ((1 << 26) - 1)).reshape(-1).astype(np.float64),
+                          minlength=size)  # fmt: skip
+        for slot in np.flatnonzero((high != 0) | (low != 0)).tolist():
+            column, power = divmod(slot, _POWERS)
+            exact = (int(high[slot]) << 26) + int(low[slot])
+            totals[column] += exact << (power - 1100 - 53 + _SCALE)
+    return totals
+
+
+class Fitter:
+    """One process's part of the fit (see [Note: fitting in parts])."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.schema = schema
+        self.tables = table_order(schema)
+        self.keys = tuple(c.name for columns in self.tables.values() for c in columns)
+        self.counted = [name for name, cols in self.tables.items() if cols[0].ids != "hash"]
+        self.table_of = [c.table for columns in self.tables.values() for c in columns]
+        self.counts: dict[str, list[Any]] = {name: [] for name in self.counted}
+        self.held = dict.fromkeys(self.counted, 0)
+        self.summed = dict.fromkeys(self.counted, 0)
+        self.log1p = np.array(["log1p" in c.transform for c in schema.dense], dtype=bool)
+        self.sampled = [j for j, c in enumerate(schema.dense)
+                        if "bucketize" in c.transform and c.boundaries is None]  # fmt: skip
+        self.pieces: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.rows = self.positives = 0
+
+    def piece(self, file: int, keys: np.ndarray, columns: Columns, train: np.ndarray
+              ) -> dict[str, Any]:  # fmt: skip
+        """What a piece's training rows (``train``: bool ``[n]``; ``keys`` the rows' record
+        keys) add to the fit, for `accept` (this part runs in any thread)."""
+        rows = int(train.sum())
+        per_table: dict[str, list[tuple[Any, np.ndarray]]] = {}
+        for table, (values, lengths) in zip(self.table_of, columns.bags):
+            if table in self.counts:
+                per_table.setdefault(table, []).append((values, np.repeat(train, lengths)))
+        counts = {table: self._count(parts) for table, parts in per_table.items()}
+        dense = columns.dense[train]
+        dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))
+        standard = [j for j, c in enumerate(self.schema.dense) if "standardize" in c.transform]
+        sums = dict(zip(standard, zip(exact_sums(dense[:, standard]),
+                                      exact_square_sums(dense[:, standard]))))  # fmt: skip
+        part: dict[str, Any] = {"n": rows, "positives": int(columns.labels[train].sum()),
+                                "counts": counts, "sums": [
+            sums.get(j, (Fraction(), Fraction())) for j in range(len(self.schema.dense))]}  # fmt: skip
+        if self.sampled and rows:
+            mixed = mix_tensor(file, torch.from_numpy(np.ascontiguousarray(keys[train])))
+            key = mixed.numpy().view(np.uint64)
+            keep = np.argsort(key, kind="stable")[:_SAMPLE]
+            part["sample"] = (key[keep], dense[keep][:, self.sampled])
+        return part
+
+    def _count(self, parts: list[tuple[Any, np.ndarray]]) -> Any:
+        """The training values' counts (``values`` and ``counts``) of a table's features: a
+        hash pass (`dictionary_encode`) and a `bincount` of the training rows' codes."""
+        pa = self.pa
+        values = pa.concat_arrays([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
+        train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
+        encoded = _compute().dictionary_encode(values)
+        codes = np.asarray(encoded.indices)[train]
+        counts = np.bincount(codes, minlength=len(encoded.dictionary))
+        seen = counts > 0
+        return pa.StructArray.from_arrays(
+            [encoded.dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
+            names=["values", "counts"],
+        )
+
+    def accept(self, position: tuple[int, ...], part: dict[str, Any]) -> None:
+        """A piece's part (`piece`), in the calling thread."""
+        self.rows += part["n"]
+        self.positives += part.pop("positives")
+        for table, counted in part.pop("counts").items():
+            self.counts[table].append(counted)
+            self.held[table] += len(counted)
+            # summed when the held counts double since the last sum (amortized linear time)
+            if self.held[table] > 2 * self.summed[table] + _COMPACT:
+                self.counts[table] = [self._compact(self.counts[table])]
+                self.held[table] = self.summed[table] = len(self.counts[table][0])
+        self.pieces[position] = part
+
+    def _compact(self, counted: list[Any]) -> Any:
+        """Value counts summed per value: a struct array of ``values`` and ``counts``."""
+        pa = self.pa
+        if len(counted) == 1:
+            return counted[0]
+        values = pa.concat_arrays([c.field("values") for c in counted])
+        counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
+        encoded = _compute().dictionary_encode(values)
+        summed = np.bincount(np.asarray(encoded.indices), weights=counts,
+                             minlength=len(encoded.dictionary))  # fmt: skip
+        return pa.StructArray.from_arrays(
+            [encoded.dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
+        )
+
+    def part(self) -> dict[str, Any]:
+        """What this process learnt, to merge (picklable)."""
+        counts = {t: self._compact(c) if c else None for t, c in self.counts.items()}
+        return {"counts": counts, "pieces": self.pieces, "rows": self.rows,
+                "positives": self.positives}  # fmt: skip
+
+    def merge(self, parts: Sequence[dict[str, Any]]) -> FittedSchema:
+        """Every process's part -> the fitted schema (the same from any split of the pieces)."""
+        tables = []
+        for name, columns in self.tables.items():
+            counted = [p["counts"][name] for p in parts if p["counts"].get(name) is not None]
+            tables.append(self._table(name, columns, counted))
+        pieces = {k: v for p in parts for k, v in p["pieces"].items()}
+        ordered = [pieces[k] for k in sorted(pieces)]
+        dense = tuple(self._dense(j, c, ordered) for j, c in enumerate(self.schema.dense))
+        rows, positives = sum(p["rows"] for p in parts), sum(p["positives"] for p in parts)
+        stats = {"train_rows": rows, "train_positives": positives}
+        return FittedSchema(self.schema, tuple(tables), dense, stats)
+
+    def _table(self, name: str, columns: list[ColumnSpec], counted: list[Any]) -> TableFit:
+        first = columns[0]
+        features = tuple(c.name for c in columns)
+        if first.ids == "hash":
+            assert first.num_embeddings is not None
+            return TableFit(name, features, "hash", first.num_embeddings, first.pooling)
+        kept: list[str] = []
+        if counted:
+            summed = self._compact(counted)
+            table = self.pa.table({"values": summed.field("values"),
+                                   "counts": summed.field("counts")})  # fmt: skip
+            order = _compute().sort_indices(
+                table, sort_keys=[("counts", "descending"), ("values", "ascending")]
+            )
+            table = table.take(order)
+            counts = table.column("counts").to_numpy()
+            enough = int((counts >= first.min_count).sum())  # counts descend
+            if first.num_embeddings is not None:
+                enough = min(enough, first.num_embeddings - 1)
+            kept = table.column("values").slice(0, enough).to_pylist()
+        rows = first.num_embeddings or len(kept) + 1
+        return TableFit(name, features, "vocabulary", rows, first.pooling, tuple(kept))
+
+    def _dense(self, j: int, column: ColumnSpec, pieces: list[dict[str, Any]]) -> DenseFit:
+        log1p = bool(self.log1p[j])
+        if "standardize" in column.transform:
+            n = sum(part["n"] for part in pieces)
+            if not n:
+                return DenseFit(column.name, log1p, 0.0, 1.0)
+            mean = sum((part["sums"][j][0] for part in pieces), Fraction()) / n
+            variance = sum((part["sums"][j][1] for part in pieces), Fraction()) / n - mean * mean
+            std = math.sqrt(float(variance))
+            return DenseFit(column.name, log1p, float(mean), std if std > 0 else 1.0)
+        if "bucketize" in column.transform:
+            bounds = column.boundaries
+            if bounds is None:
+                bounds = self._quantiles(self.sampled.index(j), column.buckets, pieces)
+            return DenseFit(column.name, log1p, boundaries=tuple(bounds))
+        return DenseFit(column.name, log1p)
+
+    @staticmethod
+    def _quantiles(at: int, buckets: int, pieces: list[dict[str, Any]]) -> tuple[float, ...]:
+        samples = [p["sample"] for p in pieces if "sample" in p]
+        if not samples:
+            return ()
+        keys = np.concatenate([k for k, _ in samples])
+        values = np.concatenate([v[:, at] for _, v in samples])
+        values = np.sort(values[np.lexsort((values, keys))[:_SAMPLE]])
+        cuts = [float(values[len(values) * i // buckets]) for i in range(1, buckets)]
+        return tuple(sorted(set(cuts)))
+
+
+def _compute() -> Any:
+    import pyarrow.compute
+
+    return pyarrow.compute

@@ -1,0 +1,254 @@
+"""A table's files cut into pieces and read with pyarrow: the unit of the scan's and the
+readers' work.
+
+[Note: table pieces]
+A file is read in pieces, each read whole by one process, in C++ (pyarrow) as columns:
+
+- plain CSV: byte ranges: piece ``k`` starts at the first line start at or after
+  ``header_end + k * PIECE_BYTES`` and ends where piece ``k + 1`` starts (an empty piece, inside
+  a line longer than a piece, is left out). A process finds a piece by seeking, without reading
+  what comes before it;
+- gzip CSV: the same cut of the decompressed text (reaching piece ``k`` decompresses the file up
+  to it);
+- Parquet: slices of ``PARQUET_ROWS`` (131,072) rows of the row groups, numbered over the file
+  (a reader of several slices of a row group reads it once).
+
+The cut depends on the file alone, so a piece is the same in every process and world size. A
+record (a row; blank lines are not records) is known by its file and its key: for CSV
+``(k << 32) + r``, ``r`` the record's number in piece ``k`` (ragged rows count); for Parquet its
+row number in the file. A file of one piece (CSV under 8 MiB) keys its records 0, 1, 2, ...
+A quoted value holding a line break is read within a piece; one that spans a cut is refused
+with the byte where the file was cut (save such files as Parquet).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.data._table_files import TableFile, parquet
+
+__all__ = [
+    "PARQUET_ROWS",
+    "PIECE_BYTES",
+    "Piece",
+    "RaggedRow",
+    "arrow",
+    "cut_pieces",
+    "read_pieces",
+    "record_numbers",
+]
+
+PIECE_BYTES = 8 << 20
+PARQUET_ROWS = 1 << 17
+_PROBE = 1 << 16
+
+
+def arrow(path: Path | str = "") -> Any:
+    """pyarrow, or an error naming the extra that installs it."""
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.csv
+    except ImportError:
+        where = f"{path}: " if path else ""
+        raise ValueError(f"{where}reading a table needs pyarrow: pip install 'shardkit[data]' (make "
+                         "installs it)") from None  # fmt: skip
+    return pyarrow
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a file (see [Note: table pieces]): ``source`` 0 for the training files, 1
+    for validation files; ``file`` its index there; ``index`` k (the row group for Parquet);
+    ``begin``/``end`` its bytes (CSV) or rows (Parquet); ``row_group`` its Parquet row group."""
+
+    source: int
+    file: int
+    index: int
+    begin: int
+    end: int
+    row_group: int = -1  # Parquet: the row group holding the piece; CSV: -1
+
+    @property
+    def parquet(self) -> bool:
+        return self.row_group >= 0
+
+    @property
+    def first_key(self) -> int:
+        return self.begin if self.parquet else self.index << 32
+
+    @property
+    def position(self) -> tuple[int, int, int]:
+        return (self.source, self.file, self.index)
+
+
+@dataclass(frozen=True)
+class RaggedRow:
+    """A CSV record with another number of fields than the header (pyarrow leaves it out)."""
+
+    record: int
+    fields: int
+    expected: int
+
+
+def record_numbers(table: Any, ragged: list[RaggedRow]) -> np.ndarray:
+    """Each row's record number in its piece: ragged rows are records that pyarrow left out."""
+    records = np.arange(table.num_rows + len(ragged), dtype=np.int64)
+    return np.delete(records, [r.record for r in ragged]) if ragged else records
+
+
+def read_pieces(
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
+) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:
+    """The wanted pieces of a file, in order, each as ``(piece, Arrow table of the needed
+    columns, ragged rows)``; CSV columns are binary (UTF-8 is checked by the parser)."""
+    for piece, load in cut_pieces(file, source, index, wanted):
+        yield piece, *load()
+
+
+Loaded = tuple[Any, list[RaggedRow]]
+
+
+def cut_pieces(
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
+) -> Iterator[tuple[Piece, Callable[[], Loaded]]]:
+    """`read_pieces`, with each piece's parsing left to a function (for a worker thread):
+    ``(piece, load)``, ``load()`` giving the table and the ragged rows."""
+    if file.kind == "parquet":
+        for piece, table in _parquet_pieces(file, source, index, wanted):
+            yield piece, functools.partial(_loaded, table)
+        return
+    cut = _gzip_cut if file.kind == "csv.gz" else _plain_cut
+    for k, begin, end, data in cut(file, wanted):
+        if data is not None:
+            yield (
+                Piece(source, index, k, begin, end),
+                functools.partial(_parse_csv, file, data, begin),
+            )
+
+
+def _loaded(table: Any) -> Loaded:
+    return table, []
+
+
+def _plain_cut(
+    file: TableFile, wanted: Callable[[int], bool]
+) -> Iterator[tuple[int, int, int, bytes]]:
+    start = file.start[0]
+    with file.path.open("rb") as f:
+        size = f.seek(0, 2)
+        count = max(-(-(size - start) // PIECE_BYTES), 0)
+
+        def boundary(k: int) -> int:
+            if k == 0:
+                return start
+            target = start + k * PIECE_BYTES
+            if target >= size:
+                return size
+            f.seek(target - 1)
+            at = target - 1
+            while True:
+                chunk = f.read(_PROBE)
+                if not chunk:
+                    return size
+                found = chunk.find(b"\n")
+                if found >= 0:
+                    return at + found + 1
+                at += len(chunk)
+
+        for k in range(count):
+            if not wanted(k):
+                continue
+            begin, end = boundary(k), boundary(k + 1)
+            if end > begin:
+                f.seek(begin)
+                yield k, begin, end, f.read(end - begin)
+
+
+def _gzip_cut(
+    file: TableFile, wanted: Callable[[int], bool]
+) -> Iterator[tuple[int, int, int, bytes | None]]:
+    pa = arrow(file.path)
+    start = file.start[0]
+    with pa.input_stream(str(file.path), compression="gzip") as stream:
+        skipped = 0
+        while skipped < start:
+            skipped += len(stream.read(min(start - skipped, PIECE_BYTES)))
+        buffer, base, k, eof = bytearray(), start, 0, False
+        while buffer or not eof:
+            target = start + (k + 1) * PIECE_BYTES
+            if target <= base:  # piece k lies inside a long line: empty
+                k += 1
+                continue
+            found = -1
+            while True:
+                found = buffer.find(b"\n", max(target - 1 - base, 0))
+                if found >= 0 or eof:
+                    break
+                chunk = stream.read(PIECE_BYTES)
+                eof = not chunk
+                buffer += chunk
+            end = base + found + 1 if found >= 0 else base + len(buffer)
+            if end > base:
+                data = bytes(buffer[: end - base]) if wanted(k) else None
+                yield k, base, end, data
+                del buffer[: end - base]
+                base = end
+            k += 1
+
+
+def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[RaggedRow]]:
+    pa = arrow(file.path)
+    ragged: list[RaggedRow] = []
+
+    def invalid(row: Any) -> str:
+        ragged.append(RaggedRow(row.number - 1, row.actual_columns, row.expected_columns))
+        return "skip"
+
+    binary = {name: pa.binary() for name in file.needed}
+    try:
+        table = pa.csv.read_csv(
+            pa.py_buffer(data),
+            read_options=pa.csv.ReadOptions(column_names=list(file.columns), use_threads=False,
+                                            block_size=max(len(data) + 1, 1 << 20)),
+            parse_options=pa.csv.ParseOptions(delimiter=file.delimiter, newlines_in_values=True,
+                                              invalid_row_handler=invalid),
+            convert_options=pa.csv.ConvertOptions(column_types=binary,
+                                                  include_columns=list(file.needed),
+                                                  strings_can_be_null=False,
+                                                  quoted_strings_can_be_null=False),
+        )  # fmt: skip
+    except pa.ArrowInvalid as exc:
+        raise ValueError(
+            f"{file.path}: the piece from byte {begin} cannot be read ({exc}); a quoted value "
+            f"that holds a line break across byte {begin} or {begin + len(data)} (where the "
+            "file is cut into pieces of 8 MiB) is not read: remove the line breaks from values, "
+            "or save the table as Parquet"
+        ) from None
+    return table, ragged
+
+
+def _parquet_pieces(
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
+) -> Iterator[tuple[Piece, Any]]:
+    pq = parquet(file.path)
+    reader = pq.ParquetFile(file.path)
+    first, k = 0, 0
+    for group in range(reader.metadata.num_row_groups):
+        rows = reader.metadata.row_group(group).num_rows
+        slices = [(k + j, start) for j, start in enumerate(range(0, rows, PARQUET_ROWS))]
+        k += len(slices)
+        mine = [(piece, start) for piece, start in slices if wanted(piece)]
+        if mine:  # the row group is read once for all its wanted pieces
+            table = reader.read_row_group(group, columns=list(file.needed))
+            for piece, start in mine:
+                end = min(start + PARQUET_ROWS, rows)
+                part = table.slice(start, end - start)
+                yield Piece(source, index, piece, first + start, first + end, group), part
+        first += rows

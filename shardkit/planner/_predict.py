@@ -1,0 +1,406 @@
+"""Step time of a plan on a calibrated machine: per rank, split into what it waits on, and for
+the whole job (`predict_step`).
+
+[Note: step-time model]
+A training step of a sharded model is a sequence of phases, and every collective is a point
+where all ranks wait for the slowest (bulk-synchronous). In order:
+
+1. input distribution: the ids' all-to-all (a header, then lengths and ids; per-id weights when
+   a table is weighted); a rank sends its batch's ids to every column block of every table and
+   receives the ids of the shards it holds;
+2. embedding forward: per rank, one kernel call per shard group (same route, columns,
+   optimizer; see [Note: kernel groups and output classes] in the sharded modules), timed by
+   the profile's `KernelFit` (see [Note: calibrated kernel model]);
+3. output distribution forward, one collective per output class (route, columns) that exists
+   anywhere: all-to-all for table-, column- and table-column-wise, reduce-scatter for row-wise,
+   reduce-scatter in the host then all-to-all across hosts for table-row-wise and grid;
+4. the dense part, forward and backward: ``3 x flops`` (backward twice forward) at the
+   profile's matmul throughput, and its optimizer step (``28`` bytes per parameter: Adam reads
+   parameter, gradient and two moments and writes three) at its memory bandwidth;
+5. output distribution backward: each class's adjoint (all-to-all back; all-gather for
+   reduce-scatter); data-parallel tables with the FUSED kernel all-gather every rank's ids and
+   output gradients instead (see [Note: sparse data-parallel tables]);
+6. embedding backward with the fused update, per group; data-parallel FUSED replicas run it
+   over the global batch;
+7. the dense all-reduce (DDP; DENSE data-parallel tables add their whole gradient to it, and a
+   dense update of ``9.22`` passes over their bytes, TorchRec's factor).
+
+The job's step is the sum over phases of the slowest rank in each (phases 2 and 6 per rank,
+collectives at the slowest participant's size), plus the profile's ``step_overhead`` for the
+batch's features, bags and pooled values (the modules' own Python, autograd and copies,
+measured on one rank). One rank alone still calls its collectives (copies of its own bytes):
+they take what calibration measured at world size 1.
+A rank's own line adds its compute and the collectives it joins; the slowest rank is the one
+whose compute is largest. CPU ranks that share cores (ranks x threads per host > cores) compute
+``ranks x threads / cores`` times slower. With the train pipeline, the input distribution of
+the next batch runs during this one: hidden entirely on GPUs, and on CPUs only as far as cores
+are left over for the backend's threads.
+
+Not modelled: the overlap of DDP's all-reduce with backward, stragglers and noise, the memory
+bandwidth other ranks of the host take from a rank's kernels, skewed ids (see
+[Note: calibrated kernel model]), compressed (qcomm) collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardkit.planner._constants import DENSE_UPDATE_PERF_FACTOR, OPTIMIZER_STATE_DTYPE_SIZE
+from shardkit.planner._enumerate import Option
+from shardkit.planner._estimate import optimizer_state_bytes
+from shardkit.planner._inputs import Topology
+from shardkit.planner._profile import MachineProfile, collective_ms, expected_unique
+from shardkit.planner._tables import TableSpec
+from shardkit.types import EmbeddingComputeKernel, ShardingType
+
+__all__ = [
+    "DENSE_UPDATE_BYTES_PER_PARAMETER",
+    "PlacedTable",
+    "RankStep",
+    "StepPrediction",
+    "placed_tables",
+    "predict_step",
+]
+
+# Adam's step: reads parameter, gradient, exp_avg, exp_avg_sq; writes the three it updates.
+DENSE_UPDATE_BYTES_PER_PARAMETER = 7 * OPTIMIZER_STATE_DTYPE_SIZE
+_ROUTE = {
+    ShardingType.TABLE_WISE: "placed",
+    ShardingType.COLUMN_WISE: "placed",
+    ShardingType.TABLE_COLUMN_WISE: "placed",
+    ShardingType.ROW_WISE: "summed",
+    ShardingType.TABLE_ROW_WISE: "host_summed",
+    ShardingType.GRID_SHARD: "host_summed",
+    ShardingType.DATA_PARALLEL: "local",
+}
+_ROW_SPLIT = ("summed", "host_summed")
+COMPONENTS = ("embedding", "input_dist", "output_dist", "dense", "dense_all_reduce", "overhead")
+
+
+@dataclass(frozen=True)
+class PlacedTable:
+    """One table as placed: its type and kernel, its shards as runs of ``(count, rows, cols)``
+    in shard order, and each shard's rank (None: shard ``i`` on rank ``i``)."""
+
+    table: TableSpec
+    sharding_type: ShardingType
+    kernel: EmbeddingComputeKernel
+    runs: tuple[tuple[int, int, int], ...]
+    ranks: tuple[int, ...] | None = None
+
+    def arrays(self, world_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, cols, rank) of every shard, ``[num_shards]`` each."""
+        counts = np.array([c for c, _, _ in self.runs], dtype=np.int64)
+        rows = np.repeat(np.array([r for _, r, _ in self.runs], dtype=np.float64), counts)
+        cols = np.repeat(np.array([c for _, _, c in self.runs], dtype=np.float64), counts)
+        ranks = np.arange(rows.size) if self.ranks is None else np.array(self.ranks)
+        assert ranks.size == rows.size and (world_size > ranks).all()
+        return rows, cols, ranks
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's predicted ms per step: its kernels (forward and backward with the update),
+    the collectives it takes part in (input and output distributions, the dense all-reduce),
+    its dense layers and the fixed overhead. ``total`` is their sum; the job waits for more
+    (see [Note: step-time model])."""
+
+    rank: int
+    embedding: float
+    input_dist: float
+    output_dist: float
+    dense: float
+    dense_all_reduce: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, name) for name in COMPONENTS)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A plan's predicted step: per rank, and for the job (``step_ms``: the plain loop;
+    ``pipelined_ms``: with the train pipeline). ``phases`` are the job's components (each the
+    slowest rank's), which add up to ``step_ms``."""
+
+    ranks: tuple[RankStep, ...]
+    phases: tuple[tuple[str, float], ...]
+    step_ms: float
+    pipelined_ms: float
+    batch_size: int
+    profile: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def slowest_rank(self) -> int:
+        return max(self.ranks, key=lambda r: (r.embedding + r.dense, -r.rank)).rank
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch_size * self.world_size / self.step_ms * 1e3
+
+    @property
+    def dominant(self) -> str:
+        """The job's largest component."""
+        return max(self.phases, key=lambda p: p[1])[0]
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{name} {ms:.3g}" for name, ms in self.phases)
+        line = (
+            f"predicted step {self.step_ms:.4g} ms ({parts}); {self.samples_per_s:,.0f} "
+            f"samples/s; slowest rank {self.slowest_rank}"
+        )
+        if self.pipelined_ms < self.step_ms:
+            line += f"; with the train pipeline {self.pipelined_ms:.4g} ms"
+        return f"{line} [profile: {self.profile}]"
+
+
+def placed_tables(
+    tables: Sequence[TableSpec],
+    proposal: Sequence[Option],
+    ranks: Sequence[Sequence[int] | None],
+    world_size: int,
+) -> list[PlacedTable]:
+    """The planner's options where its partition put them (None: shard ``i`` on rank ``i``)."""
+    return [
+        PlacedTable(
+            table,
+            option.sharding_type,
+            option.kernel,
+            tuple((k.count, k.rows, k.cols) for k in option.kinds),
+            None if where is None else tuple(where),
+        )
+        for table, option, where in zip(tables, proposal, ranks)
+    ]
+
+
+class _Sums:
+    """Per-rank sums (``[W]`` arrays) while the tables are walked: kernel groups, the input
+    exchange and the output classes."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        # (route, cols, optimizer, kernel) -> [ids, bags, bytes, unique, backward ids] per rank
+        self.groups: dict[tuple, np.ndarray] = {}
+        self.in_send = 0.0  # every rank sends alike (ranks' batches have the same statistics)
+        self.in_recv = np.zeros(world)
+        # (route, cols) -> [bytes each rank sends, bytes each rank receives]
+        self.classes: dict[tuple[str, int], np.ndarray] = {}
+        self.dense_dp_bytes = 0.0
+        self.dense_dp_update = 0.0
+
+    def group(self, key: tuple) -> np.ndarray:
+        if key not in self.groups:
+            self.groups[key] = np.zeros((5, self.world))
+        return self.groups[key]
+
+    def output_class(self, key: tuple[str, int]) -> np.ndarray:
+        if key not in self.classes:
+            self.classes[key] = np.zeros((2, self.world))
+        return self.classes[key]
+
+
+def predict_step(
+    placed: Sequence[PlacedTable],
+    topology: Topology,
+    *,
+    batch_size: int,
+    dense_parameters: int = 0,
+    dense_flops_per_example: float | None = None,
+) -> StepPrediction:
+    """The step time of ``placed`` on ``topology`` (which must carry a profile). See
+    [Note: step-time model].
+
+    Args:
+        placed: every table with its shards' shapes and ranks.
+        topology: the ranks, and the `MachineProfile` they run on.
+        batch_size: examples per rank per step.
+        dense_parameters: parameters of the dense part of the model (float32).
+        dense_flops_per_example: its forward flops per example (default ``2 x`` parameters,
+            exact for MLPs).
+    """
+    profile = topology.profile
+    assert profile is not None, "predict_step needs Topology(profile=...)"
+    world, local = topology.world_size, topology.intra_group_size
+    slow = profile.compute_slowdown(local)
+    sums = _Sums(world)
+    for item in placed:
+        if item.sharding_type == ShardingType.DATA_PARALLEL:
+            _add_replicas(item, sums)
+        else:
+            _add_shards(item, sums)
+
+    def coll(kind: str, nbytes: float, size: int = world, group_local: int = local) -> float:
+        return collective_ms(
+            kind, nbytes, world_size=size, local_world_size=group_local, profile=profile
+        )
+
+    fwd = _kernels(sums, profile, forward=True) * slow
+    bwd = _kernels(sums, profile, forward=False) * slow
+    bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
+    in_dist = 0.0
+    if any(p.sharding_type != ShardingType.DATA_PARALLEL for p in placed):
+        exchange = max(sums.in_send, float(sums.in_recv.max()))
+        header = 8 * 8 * world  # a few int64 per destination: latency, mostly
+        in_dist = coll("all_to_all", header) + coll("all_to_all", exchange)
+        if any(p.table.is_weighted for p in placed):
+            in_dist += coll("all_to_all", exchange / 2)
+    out_fwd, out_bwd = _output_dists(sums.classes, topology, coll)
+    flops = 2.0 * dense_parameters if dense_flops_per_example is None else dense_flops_per_example
+    dense = (
+        3 * flops * batch_size / profile.matmul_flops
+        + DENSE_UPDATE_BYTES_PER_PARAMETER * dense_parameters / profile.memory_bw
+    ) * slow
+    reduce_bytes = 4 * dense_parameters + sums.dense_dp_bytes
+    all_reduce = coll("all_reduce", reduce_bytes) if reduce_bytes > 0 else 0.0
+    features = sum(len(p.table.inputs) for p in placed)
+    bags = sum(f.num_poolings * f.batch_size for p in placed for f in p.table.inputs)
+    values = sum(
+        f.num_poolings * f.batch_size * p.table.embedding_dim
+        for p in placed
+        for f in p.table.inputs
+    )
+    overhead = profile.overhead_ms(features, bags, values) * slow
+    phases = (
+        ("embedding", float(fwd.max() + bwd.max())),
+        ("input_dist", in_dist),
+        ("output_dist", out_fwd + out_bwd),
+        ("dense", dense),
+        ("dense_all_reduce", all_reduce),
+        ("overhead", overhead),
+    )
+    step = sum(ms for _, ms in phases)
+    embedding = fwd + bwd
+    per_rank = tuple(
+        RankStep(rank, float(embedding[rank]), in_dist, out_fwd + out_bwd, dense, all_reduce,
+                 overhead)
+        for rank in range(world)
+    )  # fmt: skip
+    return StepPrediction(
+        ranks=per_rank,
+        phases=phases,
+        step_ms=step,
+        pipelined_ms=step - min(in_dist, step - in_dist) * _overlap(profile, local),
+        batch_size=batch_size,
+        profile=profile.name,
+    )
+
+
+def _overlap(profile: MachineProfile, local: int) -> float:
+    """The share of the input distribution the train pipeline hides."""
+    if profile.compute_device == "cuda":
+        return 1.0
+    spare = profile.cores - local * profile.threads_per_rank
+    return min(1.0, max(0.0, spare / local))
+
+
+def _add_shards(item: PlacedTable, sums: _Sums) -> None:
+    """A sharded table: its shards join their ranks' kernel groups, its ids the input exchange
+    and its outputs their output class."""
+    table, world = item.table, sums.world
+    route = _ROUTE[item.sharding_type]
+    ids, outputs = table.ids_per_rank, table.outputs_per_rank
+    bags = sum(f.num_poolings * f.batch_size for f in table.inputs)
+    rows, cols, ranks = item.arrays(world)
+    blocks = float(rows.sum()) / table.num_embeddings  # column blocks: each gets every id
+    # every rank sends its ids to each column block, and its bags' lengths to every shard
+    sums.in_send += ids * blocks * table.id_bytes + rows.size * bags * 8
+    share = rows / table.num_embeddings if route in _ROW_SPLIT else np.ones_like(rows)
+    shard_ids = ids * world * share
+    shard_outputs = outputs * world if table.pooled else shard_ids
+    shard_outputs = np.broadcast_to(shard_outputs, rows.shape)
+    np.add.at(sums.in_recv, ranks, shard_ids * table.id_bytes + world * bags * 8)
+    unique = rows * -np.expm1(-shard_ids / rows)
+    for width in np.unique(cols).astype(int).tolist():
+        mask = cols == width
+        group = sums.group((route, width, table.optimizer.value, item.kernel))
+        on = ranks[mask]
+        np.add.at(group[0], on, shard_ids[mask])
+        np.add.at(group[1], on, shard_outputs[mask])
+        row_bytes = width * table.element_size + optimizer_state_bytes(table.optimizer, 1, width)
+        nbytes = rows[mask] * row_bytes
+        np.add.at(group[2], on, nbytes)
+        np.add.at(group[3], on, unique[mask])
+        np.add.at(group[4], on, shard_ids[mask])
+        out = sums.output_class((route, width))
+        np.add.at(out[0], on, shard_outputs[mask] * width * 4)
+        if route == "placed":  # every rank receives its own bags' rows of each shard
+            out[1] += outputs * width * 4 * int(mask.sum())
+
+
+def _add_replicas(item: PlacedTable, sums: _Sums) -> None:
+    """Data-parallel: each rank looks up its own batch in its replica. FUSED replicas all-gather
+    every rank's ids and output gradients and update over the global batch; DENSE ones
+    all-reduce the whole gradient and step it densely."""
+    table, world = item.table, sums.world
+    rows, cols = table.num_embeddings, table.embedding_dim
+    ids, outputs = table.ids_per_rank, table.outputs_per_rank
+    weights = rows * cols * table.element_size
+    fused = item.kernel == EmbeddingComputeKernel.FUSED
+    group = sums.group(("local", cols, table.optimizer.value, item.kernel))
+    global_ids = ids * world if fused else ids
+    group += np.array(
+        [ids, outputs, weights + optimizer_state_bytes(table.optimizer, rows, cols),
+         expected_unique(global_ids, rows), global_ids]
+    )[:, None]  # fmt: skip
+    if not fused:
+        sums.dense_dp_bytes += weights
+        sums.dense_dp_update += DENSE_UPDATE_PERF_FACTOR * weights
+    else:
+        words = outputs * (cols + 1) + ids * (2 if table.is_weighted else 1)
+        sums.output_class(("local", cols))[0] += words * 4 * world  # the all-gather's output
+
+
+def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarray:
+    """Per rank, ms of its kernel calls (one per group it holds a shard of)."""
+    total = np.zeros(sums.world)
+    cache = profile.cache_bytes
+    for (_, cols, optimizer, kernel), (ids, bags, nbytes, unique, bwd_ids) in sums.groups.items():
+        fit = profile.kernel(optimizer)
+        calls = (ids > 0) | (nbytes > 0)
+        touched = nbytes + bags * cols * 4  # see [Note: calibrated kernel model]
+        miss = np.where(touched > cache, 1 - cache / np.maximum(touched, 1.0), 0.0)
+        if forward:
+            f0, f1, f2, f3, f4, f5 = fit.forward
+            time = f1 * ids + f2 * ids * cols + f3 * bags * cols + miss * ids * (f4 + f5 * cols)
+            total += np.where(calls, f0 + time, 0.0)
+        else:
+            b0, b1, b2, b3, b4, b5 = fit.backward
+            touched = b3 * unique * cols + miss * unique * (b4 + b5 * cols)
+            time = b1 * bwd_ids + b2 * bwd_ids * cols + touched
+            if kernel == EmbeddingComputeKernel.DENSE:
+                time = time + 2 * ids * cols * 4 / profile.memory_bw  # the dense gradient
+            total += np.where(calls, b0 + time, 0.0)
+    return total
+
+
+def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float]:
+    """(forward, backward) ms of every output class's collectives, in the job."""
+    local, hosts = topology.intra_group_size, topology.num_hosts
+    forward = backward = 0.0
+    for (route, _), (send, recv) in sorted(classes.items()):
+        if route == "placed":
+            size = float(max(send.max(), recv.max()))
+            forward += coll("all_to_all", size)
+            backward += coll("all_to_all", size)
+        elif route == "summed":
+            size = float(send.max())
+            forward += coll("reduce_scatter", size)
+            backward += coll("all_gather", size)
+        elif route == "host_summed":
+            size = float(send.max())
+            forward += coll("reduce_scatter", size, local, local)
+            backward += coll("all_gather", size, local, local)
+            if hosts > 1:
+                forward += coll("all_to_all", size / local, hosts, 1)
+                backward += coll("all_to_all", size / local, hosts, 1)
+        else:  # FUSED data-parallel: one all-gather in backward
+            backward += coll("all_gather", float(send.max()))
+    return forward, backward

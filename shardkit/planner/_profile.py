@@ -1,0 +1,450 @@
+"""A machine's measured speeds (`MachineProfile`), written by ``shardkit bench calibrate`` and
+read by the planner through `Topology.from_profile`: plain data, so planning with a profile stays
+a pure function of its inputs (see [Note: the planner is a pure function]).
+
+[Note: calibrated kernel model]
+The batched embedding kernel's time on one rank, per call of one shard group (tables stacked
+with the same columns and optimizer), is linear in what it touches, with the rows that miss the
+last-level cache costing extra:
+
+- forward: ``f0 + f1 * ids + f2 * ids * cols + f3 * bags * cols + m * (f4 * ids + f5 * ids *
+  cols)`` ms (a call's fixed cost, the id handling, the rows read, the pooled rows written, and
+  what a row read from memory rather than cache adds);
+- backward and the fused update: ``b0 + b1 * ids + b2 * ids * cols + b3 * unique * cols + m *
+  (b4 * unique + b5 * unique * cols)`` ms (a call's fixed cost, sorting the ids, scattering the
+  output gradient, updating each touched row with its optimizer state, and the misses).
+
+``m = max(0, 1 - cache_bytes / working_set)`` is the chance that a row drawn uniformly from the
+group's tables is not in a cache of ``cache_bytes`` (the profile's last-level cache), the
+working set being the tables with their optimizer state and the pooled rows the call writes
+(forward) or reads (backward), which pass through the same cache: 0 for a call that fits, near
+1 for one many times larger. ``shardkit bench calibrate`` times the kernel
+at a few points per optimizer (tables inside and far outside the cache) and fits the
+coefficients (least squares on relative error, none negative). ``unique`` is the number of
+distinct rows a step touches; the planner knows only how many ids a shard gets and how many rows
+it holds, so it takes the ids as drawn uniformly: ``unique = rows * (1 - exp(-ids / rows))``
+(skewed ids touch fewer rows, mostly cached ones; then the prediction is high).
+
+[Note: calibrated collective model]
+A collective of ``n`` bytes (all-to-all: what a rank sends; all-reduce: the tensor;
+reduce-scatter: the input; all-gather: the output) over ``W`` ranks takes
+``steps(W) * step_latency + n * bus_factor(W) / bus_bw`` ms: the bytes at the bus bandwidth of
+nccl-tests (``bus_factor`` is ``2 (W - 1) / W`` for all-reduce and ``(W - 1) / W`` for the
+others: what each link carries in a ring, the least any algorithm moves), and a latency that
+grows as ``log2 W`` (``steps`` is ``2 ceil(log2 W)`` for all-reduce, ``ceil(log2 W)`` for the
+others): what NCCL's trees and recursive halving/doubling reach at scale; a ring's ``W - 1``
+steps would give 4,096 GPUs a latency no library has. Calibration fits ``latency + n /
+bandwidth`` at each world size it runs; a world size it measured uses its own fit, any other
+the fit of the nearest measured size turned into the model's two constants, which hold for any
+``W`` on the same links. Across hosts, the bytes that leave a host cross ``inter_host`` links:
+see `collective_ms`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "KernelFit",
+    "LinkFit",
+    "MachineProfile",
+    "collective_ms",
+    "expected_unique",
+    "load_profile",
+    "miss_fraction",
+]
+
+COLLECTIVE_KINDS = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
+_SCOPES = ("intra", "inter")
+PROFILE_VERSION = 1
+
+
+def expected_unique(ids: float, rows: int) -> float:
+    """Distinct rows ``ids`` uniform draws from ``rows`` rows touch. See
+    [Note: calibrated kernel model]."""
+    if ids <= 0 or rows <= 0:
+        return 0.0
+    return rows * -math.expm1(-ids / rows)
+
+
+def bus_factor(kind: str, world_size: int) -> float:
+    """The fraction of a collective's bytes each link carries in a ring (nccl-tests' busbw)."""
+    if world_size <= 1:
+        return 0.0
+    share = (world_size - 1) / world_size
+    return 2 * share if kind == "all_reduce" else share
+
+
+def latency_steps(kind: str, world_size: int) -> int:
+    """Latencies a collective over ``world_size`` ranks pays (see
+    [Note: calibrated collective model])."""
+    if world_size <= 1:
+        return 0
+    return (2 if kind == "all_reduce" else 1) * math.ceil(math.log2(world_size))
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """The embedding kernel's time for one optimizer (see [Note: calibrated kernel model]).
+
+    Args:
+        optimizer: the fused rule, as `EmbOptimType`'s value (``"exact_sgd"``...).
+        forward: ``(f0, .., f5)``: ms per call, per id, per id x column, per bag x column, per
+            missed id, per missed id x column.
+        backward: ``(b0, .., b5)``: ms per call, per id, per id x column, per touched row x
+            column, per missed row, per missed row x column (the backward and the fused update
+            together).
+    """
+
+    optimizer: str
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if len(values) != 6 or not all(math.isfinite(v) and v >= 0 for v in values):
+                raise ValueError(
+                    f"KernelFit({self.optimizer!r}).{name} must be 6 finite numbers >= 0 "
+                    f"(see [Note: calibrated kernel model]), got {values}"
+                )
+            object.__setattr__(self, name, values)
+
+    def forward_ms(
+        self, ids: float, bags: float, cols: int, *, miss: float = 0.0, calls: int = 1
+    ) -> float:
+        f0, f1, f2, f3, f4, f5 = self.forward
+        return (
+            calls * f0
+            + f1 * ids
+            + f2 * ids * cols
+            + f3 * bags * cols
+            + miss * ids * (f4 + f5 * cols)
+        )
+
+    def backward_ms(
+        self, ids: float, unique: float, cols: int, *, miss: float = 0.0, calls: int = 1
+    ) -> float:
+        b0, b1, b2, b3, b4, b5 = self.backward
+        touched = b3 * unique * cols + miss * unique * (b4 + b5 * cols)
+        return calls * b0 + b1 * ids + b2 * ids * cols + touched
+
+
+def miss_fraction(working_set: float, cache_bytes: int) -> float:
+    """Chance that a uniformly drawn row is not in the cache when a kernel call touches
+    ``working_set`` bytes (see [Note: calibrated kernel model])."""
+    if working_set <= cache_bytes or working_set <= 0:
+        return 0.0
+    return 1.0 - cache_bytes / working_set
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """One collective's measured time, ``latency_ms + bytes / bytes_per_ms``, among
+    ``world_size`` ranks of one host (``scope="intra"``) or spanning hosts (``"inter"``)."""
+
+    kind: str
+    world_size: int
+    latency_ms: float
+    bytes_per_ms: float
+    scope: str = "intra"
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise ValueError(
+                f"LinkFit.kind must be one of {list(COLLECTIVE_KINDS)}, got {self.kind!r}"
+            )
+        if self.scope not in _SCOPES:
+            raise ValueError(f"LinkFit.scope must be one of {list(_SCOPES)}, got {self.scope!r}")
+        if not (isinstance(self.world_size, int) and self.world_size >= 1):
+            raise ValueError(f"LinkFit.world_size must be an int >= 1, got {self.world_size!r}")
+        if not (self.latency_ms >= 0 and self.bytes_per_ms > 0):
+            raise ValueError(
+                f"LinkFit({self.kind}, {self.world_size}): latency_ms must be >= 0 and "
+                f"bytes_per_ms > 0, got {self.latency_ms} and {self.bytes_per_ms}"
+            )
+
+    def ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / self.bytes_per_ms
+
+    @property
+    def step_latency_ms(self) -> float:
+        return self.latency_ms / latency_steps(self.kind, self.world_size)
+
+    @property
+    def bus_bytes_per_ms(self) -> float:
+        return self.bytes_per_ms * bus_factor(self.kind, self.world_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineProfile:
+    """What ``shardkit bench calibrate`` measured on one machine (one rank's view).
+
+    Args:
+        identity: what the machine is (CPU model, family, ISA flags or GPU name; torch and
+            backend versions; date), as sorted (key, value) string pairs.
+        compute_device: ``"cpu"`` or ``"cuda"``.
+        backend: the collectives' backend (``"gloo"``, ``"nccl"``).
+        threads_per_rank: intra-op threads each rank ran with.
+        cores: CPU cores the machine gave the calibration (ranks x threads beyond this share
+            them: compute slows by the ratio).
+        memory_bytes: memory of one GPU, or of the host on CPU.
+        cache_bytes: the last-level cache tables are read through (L3 on CPUs, L2 on GPUs).
+        memory_bw: copy bandwidth of the memory tables live in, bytes/ms (read + write).
+        matmul_flops: dense float32 throughput of a linear layer's forward and backward, flop/ms.
+        kernels: the embedding kernel per optimizer.
+        links: the collectives, per kind, world size and scope.
+        step_overhead: what a sharded training step costs beyond its kernels, collectives and
+            dense layers (the modules' Python, KJT handling, autograd, the pooled rows'
+            copies): ms per step, per feature, per bag and per bag x column of one rank's
+            batch.
+        points: the raw measurements (kept in the file for the record; not compared).
+
+    Example::
+
+        profile = load_profile("profile.json")
+        topology = Topology.from_profile(profile, world_size=4)
+    """
+
+    identity: tuple[tuple[str, str], ...]
+    compute_device: str
+    backend: str
+    threads_per_rank: int
+    cores: int
+    memory_bytes: int
+    cache_bytes: int
+    memory_bw: float
+    matmul_flops: float
+    kernels: tuple[KernelFit, ...]
+    links: tuple[LinkFit, ...]
+    step_overhead: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "identity", tuple(sorted((str(k), str(v)) for k, v in self.identity))
+        )
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+        object.__setattr__(self, "links", tuple(self.links))
+        overhead = tuple(float(v) for v in self.step_overhead)
+        if len(overhead) != 4 or not all(v >= 0 for v in overhead):
+            raise ValueError(
+                "MachineProfile.step_overhead must be 4 numbers >= 0 (ms per step, per feature, "
+                f"per bag, per bag x column), got {self.step_overhead}"
+            )
+        object.__setattr__(self, "step_overhead", overhead)
+        if self.compute_device not in ("cpu", "cuda"):
+            raise ValueError(f"compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}")
+        for name in ("memory_bw", "matmul_flops"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"MachineProfile.{name} must be > 0, got {getattr(self, name)}")
+        if not self.kernels:
+            raise ValueError("MachineProfile.kernels is empty: calibrate at least one optimizer")
+        for name in ("threads_per_rank", "cores"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(
+                    f"MachineProfile.{name} must be an int >= 1, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def name(self) -> str:
+        """The machine in a few words (its CPU model or GPU name)."""
+        ident = dict(self.identity)
+        return ident.get("gpu") or ident.get("cpu_model") or "unknown machine"
+
+    def overhead_ms(self, features: float, bags: float, bag_columns: float) -> float:
+        """The sharded step's own cost for a rank's batch of ``features``, ``bags`` and
+        ``bag_columns`` (bags x their tables' columns: the pooled values)."""
+        per_step, per_feature, per_bag, per_value = self.step_overhead
+        return per_step + per_feature * features + per_bag * bags + per_value * bag_columns
+
+    def kernel(self, optimizer: str) -> KernelFit:
+        """The fit for ``optimizer``; an optimizer not calibrated takes the calibrated one with
+        the most state per row at or below its own (SGD < row-wise Adagrad < Adagrad < Adam)."""
+        by_name = {k.optimizer: k for k in self.kernels}
+        if optimizer in by_name:
+            return by_name[optimizer]
+        rank = _STATE_RANK.get(optimizer, 1)
+        known = sorted(by_name, key=lambda name: (_STATE_RANK.get(name, 1), name))
+        below = [name for name in known if _STATE_RANK.get(name, 1) <= rank]
+        return by_name[(below or known)[-1]]
+
+    def compute_slowdown(self, ranks_per_host: int) -> float:
+        """How much slower compute runs when the host's ranks x threads exceed its cores (CPU);
+        1 on GPUs, where each rank has its own device."""
+        if self.compute_device == "cuda":
+            return 1.0
+        return max(1.0, ranks_per_host * self.threads_per_rank / self.cores)
+
+    def link(self, kind: str, world_size: int, scope: str = "intra") -> LinkFit | None:
+        """The fit measured for (kind, world size, scope), else the nearest world size's of that
+        kind and scope, else None."""
+        fits = [f for f in self.links if f.kind == kind and f.scope == scope]
+        if world_size > 1:  # one rank's "collective" is a copy: no model for more ranks
+            fits = [f for f in fits if f.world_size > 1]
+        if not fits:
+            return None
+        return min(fits, key=lambda f: (abs(math.log(f.world_size / world_size)), f.world_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "identity": dict(self.identity),
+            "compute_device": self.compute_device,
+            "backend": self.backend,
+            "threads_per_rank": self.threads_per_rank,
+            "cores": self.cores,
+            "memory_bytes": self.memory_bytes,
+            "cache_bytes": self.cache_bytes,
+            "memory_bw": self.memory_bw,
+            "matmul_flops": self.matmul_flops,
+            "step_overhead": list(self.step_overhead),
+            "kernels": [
+                {"optimizer": k.optimizer, "forward": list(k.forward), "backward": list(k.backward)}
+                for k in self.kernels
+            ],
+            "links": [
+                {
+                    "kind": f.kind,
+                    "world_size": f.world_size,
+                    "scope": f.scope,
+                    "latency_ms": f.latency_ms,
+                    "bytes_per_ms": f.bytes_per_ms,
+                }
+                for f in self.links
+            ],
+            "points": dict(self.points),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MachineProfile:
+        version = data.get("version")
+        if version != PROFILE_VERSION:
+            raise ValueError(
+                f"profile version {version!r} is not {PROFILE_VERSION}, the one this shardkit "
+                "reads; run `shardkit bench calibrate` again"
+            )
+        try:
+            return cls(
+                identity=tuple(dict(data["identity"]).items()),
+                compute_device=data["compute_device"],
+                backend=data["backend"],
+                threads_per_rank=int(data["threads_per_rank"]),
+                cores=int(data["cores"]),
+                memory_bytes=int(data["memory_bytes"]),
+                cache_bytes=int(data["cache_bytes"]),
+                memory_bw=float(data["memory_bw"]),
+                matmul_flops=float(data["matmul_flops"]),
+                step_overhead=_four(data.get("step_overhead", (0.0, 0.0, 0.0, 0.0))),
+                kernels=tuple(
+                    KernelFit(k["optimizer"], tuple(k["forward"]), tuple(k["backward"]))
+                    for k in data["kernels"]
+                ),
+                links=tuple(
+                    LinkFit(
+                        f["kind"],
+                        int(f["world_size"]),
+                        float(f["latency_ms"]),
+                        float(f["bytes_per_ms"]),
+                        f.get("scope", "intra"),
+                    )
+                    for f in data.get("links", ())
+                ),
+                points=dict(data.get("points", {})),
+            )
+        except KeyError as exc:
+            raise ValueError(
+                f"profile has no {exc.args[0]!r}; write it with `shardkit bench calibrate`"
+            ) from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _four(values: Sequence[float]) -> tuple[float, float, float, float]:
+    per_step, per_feature, per_bag, per_value = (float(v) for v in values)
+    return per_step, per_feature, per_bag, per_value
+
+
+def load_profile(path: str | Path) -> MachineProfile:
+    """The profile ``shardkit bench calibrate`` wrote at ``path`` (JSON)."""
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a profile (invalid JSON: {exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a profile (expected a JSON object)")
+    return MachineProfile.from_dict(data)
+
+
+# Optimizer state per row, in order (for `MachineProfile.kernel`'s fallback).
+_STATE_RANK = {
+    "exact_sgd": 0,
+    "exact_row_wise_adagrad": 1,
+    "exact_adagrad": 2,
+    "lars_sgd": 2,
+    "partial_row_wise_adam": 2,
+    "partial_row_wise_lamb": 2,
+    "adam": 3,
+    "lamb": 3,
+}
+
+
+def collective_ms(
+    kind: str,
+    nbytes: float,
+    *,
+    world_size: int,
+    local_world_size: int,
+    profile: MachineProfile,
+) -> float:
+    """Milliseconds of one ``kind`` collective of ``nbytes`` among ``world_size`` ranks in hosts
+    of ``local_world_size`` (see [Note: calibrated collective model]). One rank's collectives
+    (copies of its own bytes) take what calibration measured at world size 1, or nothing.
+
+    Inside one host: the profile's fit for that world size, or the model from the nearest
+    measured size. Spanning hosts, the slowest link is a host's exit: the bytes cross the
+    profile's ``"inter"`` links (each rank's share of its host's link), at their latency per
+    step; an all-to-all sends only the share bound for other hosts over them. One rank alone
+    takes no time.
+    """
+    if world_size <= 1:  # what the backend takes to hand a rank its own bytes, if measured
+        alone = profile.link(kind, 1, "intra")
+        return alone.ms(nbytes) if alone is not None and alone.world_size == 1 else 0.0
+    if world_size <= local_world_size:
+        fit = profile.link(kind, world_size, "intra")
+        if fit is None:
+            raise ValueError(
+                f"the profile has no {kind} measurement; run `shardkit bench calibrate` with "
+                "--world-sizes 2 or more"
+            )
+        if fit.world_size == world_size:
+            return fit.ms(nbytes)
+        steps, factor = latency_steps(kind, world_size), bus_factor(kind, world_size)
+        return steps * fit.step_latency_ms + nbytes * factor / fit.bus_bytes_per_ms
+    link = profile.link(kind, world_size, "inter")
+    if link is None:
+        raise ValueError(
+            f"planning {world_size} ranks in hosts of {local_world_size} needs the link between "
+            "hosts: calibrate under torchrun on 2 or more hosts, or give a cluster shape "
+            "(shardkit plan --simulate --cluster)"
+        )
+    if link.world_size == world_size:
+        return link.ms(nbytes)
+    intra = profile.link(kind, max(2, local_world_size), "intra")
+    steps, factor = latency_steps(kind, world_size), bus_factor(kind, world_size)
+    latency = steps * link.step_latency_ms
+    wire = nbytes * factor / link.bus_bytes_per_ms
+    if kind == "all_to_all" and intra is not None:
+        # only the share bound for other hosts crosses their links; the rest stays inside
+        outside = (world_size - local_world_size) / (world_size - 1)
+        inside = 1 - outside
+        wire = max(wire * outside, nbytes * factor * inside / intra.bus_bytes_per_ms)
+    return latency + wire

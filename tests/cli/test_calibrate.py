@@ -1,0 +1,141 @@
+"""``shardkit bench calibrate`` at toy sizes writes a profile the planner loads, and the fit it
+uses recovers known coefficients; ``shardkit plan --profile`` and ``--simulate`` print
+predictions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shardkit.bench import fit_nonnegative
+from shardkit.cli import main
+from shardkit.planner import COLLECTIVE_KINDS, Topology, load_profile
+from tests.planner.test_predict import profile as hand_profile
+from tests.scripts import ROOT, free_port
+
+TOY = [
+    "--optimizers", "exact_sgd", "--dims", "8", "--ids", "256", "1024", "--sizes", "1K", "16K",
+    "--repeats", "1", "--copy-bytes", "1M", "--big-table-bytes", "1M",
+]  # fmt: skip
+
+
+def test_fit_recovers_coefficients_and_keeps_them_nonnegative():
+    rows = [[1.0, x, x * y] for x in (1, 2, 5, 10) for y in (1, 3)]
+    times = [0.5 + 0.2 * x + 0.01 * x * y for _, x, xy in rows for y in [xy / x]]
+    assert fit_nonnegative(rows, times) == pytest.approx([0.5, 0.2, 0.01], rel=1e-6)
+    # a feature that only makes things faster gets 0, not a negative coefficient
+    falling = [0.5 + 1.0 - 0.01 * x for _, x, _ in rows]
+    coef = fit_nonnegative(rows, falling)
+    assert min(coef) >= 0 and coef[2] == 0
+    with pytest.raises(ValueError, match="needs times > 0"):
+        fit_nonnegative(rows, [0.0] * len(rows))
+
+
+def test_fit_leaves_out_a_point_another_process_slowed():
+    rows = [[1.0, x] for x in range(1, 11)]
+    times = [1.0 + 0.5 * x for x in range(1, 11)]
+    times[4] *= 20  # one point caught another process's time slice
+    assert fit_nonnegative(rows, times, outliers=True) == pytest.approx([1.0, 0.5], rel=1e-6)
+    assert fit_nonnegative(rows, times) != pytest.approx([1.0, 0.5], rel=1e-4)
+
+
+def test_calibrate_at_toy_sizes(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    status = main(
+        [
+            "bench", "calibrate", "--out", str(out), "--optimizers", "exact_sgd",
+            "--dims", "8", "16", "--ids", "256", "1024", "--sizes", "1K", "16K",
+            "--world-sizes", "2", "--repeats", "1", "--copy-bytes", "1M",
+            "--big-table-bytes", "1M",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    for says in ("memory copy bandwidth", "linear layer", "kernel exact_sgd", "all_to_all x 2",
+                 "sharded step overhead", f"wrote {out}"):  # fmt: skip
+        assert says in printed
+    profile = load_profile(out)
+    assert profile.compute_device == "cpu" and profile.backend == "gloo"
+    assert {(f.kind, f.world_size) for f in profile.links} == {(k, 2) for k in COLLECTIVE_KINDS}
+    assert [k.optimizer for k in profile.kernels] == ["exact_sgd"]
+    assert len(profile.points["kernel:exact_sgd"]) == 2 * 2 * 2  # dims x ids x 2 tables
+    identity = dict(profile.identity)
+    assert identity["torch"] and identity["backend"] == "gloo" and identity["cpu_model"]
+    assert profile.memory_bw > 0 and profile.matmul_flops > 0 and profile.cache_bytes > 0
+    assert Topology.from_profile(profile, world_size=2).profile == profile
+
+
+@pytest.mark.slow
+def test_calibrate_under_torchrun_on_two_hosts_measures_the_links_between_them(tmp_path):
+    """What torchrun --nnodes 2 --nproc-per-node 1 gives each agent's rank (its environment):
+    the world's collectives are the links between hosts, and the host's own come from fresh
+    ranks that rank 0 spawns."""
+    out, port = tmp_path / "cluster.json", str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+        env.update(LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        command = [sys.executable, "-m", "shardkit", "bench", "calibrate", "--out", str(out)]
+        command += [*TOY, "--world-sizes", "2"]
+        procs.append(
+            subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        )
+    outputs = [p.communicate(timeout=280)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "2 ranks in 2 host(s) of 1" in outputs[0] and f"wrote {out}" in outputs[0]
+    assert f"wrote {out}" not in outputs[1]  # rank 0 alone writes
+    links = {(f.kind, f.world_size, f.scope) for f in load_profile(out).links}
+    assert links == {(k, 2, s) for k in COLLECTIVE_KINDS for s in ("intra", "inter")}
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "model.json"
+    tables = [{"name": f"t{i}", "rows": 10_000, "dim": 64, "pooling_factor": 5} for i in range(4)]
+    model.write_text(json.dumps({"batch_size": 256, "tables": tables}))
+    prof = tmp_path / "profile.json"
+    hand_profile().save(prof)
+    return model, prof
+
+
+def test_plan_with_profile(files, capsys):
+    model, prof = files
+    status = main(["plan", str(model), "--world-size", "2", "--profile", str(prof),
+                   "--dense-params", "1000", "--optimizer", "exact_sgd"])  # fmt: skip
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "predicted step" in out and "[profile: hand-written]" in out and "step ms" in out
+
+
+def test_simulate_prints_both_curves(files, tmp_path, capsys):
+    model, prof = files
+    curves = tmp_path / "sim.json"
+    status = main(
+        [
+            "plan", str(model), "--profile", str(prof), "--simulate", "--ranks-per-host", "4",
+            "--inter-bw", "10G", "--inter-latency-us", "50", "--sizes", "8", "16", "32",
+            "--optimizer", "exact_sgd", "--simulation-json", str(curves),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "strong scaling" in out and "weak scaling" in out and "[Note: simulated scaling]" in out
+    data = json.loads(curves.read_text())
+    assert [p["world_size"] for p in data["weak"]] == [8, 16, 32]
+    assert [p["batch_size"] for p in data["strong"]] == [256, 128, 64]  # 256 x 8 in all
+    assert all(p["step_ms"] > 0 and p["samples_per_s"] > 0 for p in data["weak"])
+    assert [p["num_hosts"] for p in data["weak"]] == [2, 4, 8]
+
+
+def test_simulate_needs_a_profile_and_the_links_between_hosts(files, capsys):
+    model, prof = files
+    assert main(["plan", str(model), "--simulate"]) == 1
+    assert "--simulate needs --profile" in capsys.readouterr().err
+    assert main(["plan", str(model), "--simulate", "--profile", str(prof)]) == 1
+    assert "--simulate needs the links between hosts" in capsys.readouterr().err
+    assert main(["plan", str(model), "--profile", str(prof)]) == 1
+    assert "--world-size is required" in capsys.readouterr().err

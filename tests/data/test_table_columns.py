@@ -1,0 +1,188 @@
+"""The vectorized path against the row-at-a-time spec: odd values (padded numbers, ``1_000``,
+fills, bags with spaces and empty parts, hashed ids, unknown values) are encoded by
+`TableReader` exactly as `FittedSchema.batch` (the row parser and encoder) encodes them; the
+encoded-split cache (written once, atomically, reused, invalidated by a changed file); a
+missing pyarrow named with the extra to install."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+
+import pytest
+import torch
+
+import shardkit.data._table_cache as table_cache
+from shardkit.data import TableReader, scan_table
+from shardkit.data._table_schema_load import schema_from_dict
+from tests.data.ratings import SCHEMA, write_ratings
+
+ODD = {
+    "label": "clicked >= 1",
+    "columns": {
+        "user": {"type": "categorical", "missing": ["", "?"]},
+        "tags": {"type": "multi_hot", "separator": ";"},
+        "zip": {"type": "categorical", "ids": "hash", "num_embeddings": 13},
+        "age": {"type": "dense", "transform": ["log1p", "standardize"], "fill": 30},
+        "score": {"type": "dense", "transform": "bucketize", "buckets": 3},
+    },
+    "split": {"validation_fraction": 0.5},
+}
+ROWS = [
+    # user, tags, zip, age, score, clicked
+    ["u1", "a;b", "123", "20", "1", "1"],
+    [" u2 ", " a ; ;c", "99", " 31 ", "1_000", "0"],
+    ["?", "", "", "", "2e3", "1.0"],
+    ["u1", "b", "123", "1e2", "-4", "0"],
+    ["u3", "c;c", "7", "40.", " 5", " 1"],
+    ["", ";", "x y", ".5", "+6", "0"],
+    ["u2", "a", "99", "-3", "7", "2"],
+    ["u9", "zz;a", "5", "8", "8", "0"],
+]
+
+
+def _write(path, rows):
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["user", "tags", "zip", "age", "score", "clicked"])
+    writer.writerows(rows)
+    path.write_text(text.getvalue())
+    return path
+
+
+def test_columns_encode_every_row_as_the_row_parser_does(tmp_path):
+    rows = ROWS * 5
+    data = scan_table([_write(tmp_path / "odd.csv", rows)], schema_from_dict(ODD), seed=2)
+    assert data.num_rows[0] > 5 and data.num_rows[1] > 5
+    for split in ("train", "validation"):
+        kinds = data.split.kinds(0, 0, torch.arange(len(rows)).numpy(), None, None, None)
+        mine = [r for r, kind in zip(rows, kinds) if kind == (split == "validation")]
+        reader = TableReader(data, split=split, batch_size=len(mine), rank=0, world_size=1,
+                             shuffle=False, last_batch=None)  # fmt: skip
+        (batch,) = list(reader)
+        names = ["user", "tags", "zip", "age", "score", "clicked"]
+        expected = data.fitted.batch([dict(zip(names, r)) for r in mine])
+        torch.testing.assert_close(batch.dense_features, expected.dense_features)
+        torch.testing.assert_close(batch.labels, expected.labels)
+        got, want = batch.sparse_features, expected.sparse_features
+        assert got.keys() == want.keys()
+        assert got.values().tolist() == want.values().tolist()
+        assert got.lengths().tolist() == want.lengths().tolist()
+    user = data.fitted.tables[0]
+    assert "?" not in user.vocabulary and "u2" in user.vocabulary  # trimmed, missing dropped
+
+
+def test_the_cache_is_written_once_and_reused_until_the_file_changes(tmp_path, monkeypatch):
+    path = write_ratings(tmp_path / "r.csv", 700)
+    schema = schema_from_dict(SCHEMA)
+    data = scan_table([path], schema)
+    cache = tmp_path / "cache"
+
+    def epoch(data, **kwargs):
+        reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
+                             cache=cache, **kwargs)  # fmt: skip
+        return reader, [b.sparse_features.values().tolist() for b in reader]
+
+    plain = [b.sparse_features.values().tolist() for b in
+             TableReader(data, split="train", batch_size=32, rank=1, world_size=2)]  # fmt: skip
+    first, batches = epoch(data)
+    assert first._cache.written == 1 and batches == plain
+    (folder,) = cache.iterdir()
+    assert [p.name for p in folder.iterdir()] == ["train-0-0-0.bin"]  # no temporary left
+    writes = []
+    monkeypatch.setattr(table_cache, "write_rows", lambda *a: writes.append(a))
+    again, batches = epoch(data)  # another run: read from the cache, nothing written
+    assert again._cache.written == 0 and not writes and batches == plain
+    other_rank = TableReader(data, split="train", batch_size=32, rank=0, world_size=3, cache=cache)
+    list(other_rank)  # another world size reads the same piece's file
+    assert other_rank._cache.written == 0
+    with path.open("a") as f:  # a changed file: another key, so the entry is written anew
+        f.write("1,2,5,978300000,Drama,40,M,3,12345\n")
+    os.utime(path, (1, 1))
+    changed = scan_table([path], schema)
+    monkeypatch.undo()
+    reader, _ = epoch(changed)
+    assert reader._cache.written == 1 and len(list(cache.iterdir())) == 2
+
+
+def test_a_cache_write_that_fails_leaves_no_file(tmp_path, monkeypatch):
+    path = write_ratings(tmp_path / "r.csv", 300)
+    data = scan_table([path], schema_from_dict(SCHEMA))
+
+    def broken(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(table_cache.os, "fsync", broken)
+    reader = TableReader(data, split="train", batch_size=16, rank=0, world_size=1,
+                         cache=tmp_path / "c", prefetch=0)  # fmt: skip
+    with pytest.raises(OSError, match="disk full"):
+        list(reader)
+    (folder,) = (tmp_path / "c").iterdir()
+    assert list(folder.iterdir()) == []  # the temporary file is gone, no entry written
+
+
+def test_a_table_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    path = write_ratings(tmp_path / "r.csv", 50)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(
+        ValueError, match=r"r.csv: reading a table needs pyarrow: pip install 'shardkit\[data\]'"
+    ):
+        scan_table([path], schema_from_dict(SCHEMA))
+
+
+def test_the_vocabulary_lookup_is_arrows_index_in():
+    """Strings of every length (and a vocabulary with strings over 64 bytes: index_in itself),
+    from sliced arrays, found as `index_in` finds them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from shardkit.data._table_encoded import Vocabulary
+
+    words = ["", "a", "ab", "ba", "abc", "é", "a" * 40, "b" * 63]
+    probes = pa.array(["zz", *words, "abcd", "a" * 41, "x"]).slice(1, len(words) + 2)
+    for vocabulary in (pa.array(words[1:]), pa.array([*words[1:], "c" * 70])):
+        found = Vocabulary(vocabulary).rows(probes)
+        expected = pc.index_in(probes, value_set=vocabulary).fill_null(-1).to_numpy() + 1
+        assert found.tolist() == expected.tolist()
+
+
+def test_exact_sums_are_exact_in_any_order():
+    """The fit's sums (see [Note: fitting in parts]) equal exact rational arithmetic, for
+    huge, tiny and subnormal values too, and do not depend on the rows' order."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from shardkit.data._table_fit import exact_square_sums, exact_sums
+
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.normal(size=500) * 1e9, np.log1p(rng.exponential(5, 500)),
+                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)]], axis=1)  # fmt: skip
+    for j in range(3):
+        column = x[:, j].tolist()
+        assert exact_sums(x)[j] == sum(map(Fraction, column))
+        assert exact_square_sums(x)[j] == sum(Fraction(v) ** 2 for v in column)
+    shuffled = x[rng.permutation(500)]
+    assert exact_sums(shuffled) == exact_sums(x)
+    assert exact_square_sums(shuffled) == exact_square_sums(x)
+
+
+@pytest.mark.parametrize("whole_seconds", [True, False])
+def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
+    """The time split's sort (packed integer keys for whole seconds, else stable sorts) is the
+    order of (user, time, position) tuples."""
+    import numpy as np
+
+    from shardkit.data._table_split import _by_user_time_position
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 50, 3000)
+    times = rng.integers(0, 40, 3000).astype(np.float64) + 978_300_000
+    if not whole_seconds:
+        times += rng.random(3000)
+    positions = np.arange(3000)
+    order = _by_user_time_position(codes, times, positions)
+    expected = sorted(range(3000), key=lambda i: (codes[i], times[i], positions[i]))
+    assert order.tolist() == expected

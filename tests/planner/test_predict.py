@@ -1,0 +1,309 @@
+"""Machine profiles and the predicted step: the profile's JSON round trip and checks, the
+collective and kernel models, `predict_step` against hand-computed milliseconds, and the
+planner's choice following the profile (slow collectives pick another layout than fast ones).
+
+The profiles here are written by hand, with round numbers, so every expected value below is
+arithmetic anyone can redo (see [Note: step-time model])."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from shardkit.modules import EmbeddingBagConfig
+from shardkit.planner import (
+    COLLECTIVE_KINDS,
+    KernelFit,
+    LinkFit,
+    MachineProfile,
+    ParameterConstraints,
+    ShardingType,
+    Topology,
+    load_profile,
+    miss_fraction,
+    plan_tables,
+)
+from shardkit.planner._profile import collective_ms, expected_unique
+from shardkit.sharding import construct_module_sharding_plan, row_wise, table_wise
+
+LAT, BW = 0.5, 1e6  # every collective at 2 ranks: 0.5 ms + bytes / 1e6 bytes/ms
+
+
+def profile(*, latency: float = LAT, bandwidth: float = BW, cores: int = 4) -> MachineProfile:
+    return MachineProfile(
+        identity=(("cpu_model", "hand-written"), ("torch", "x")),
+        compute_device="cpu",
+        backend="gloo",
+        threads_per_rank=1,
+        cores=cores,
+        memory_bytes=64 << 30,
+        cache_bytes=1 << 40,  # nothing misses: no miss terms in the arithmetic
+        memory_bw=1e7,
+        matmul_flops=1e9,
+        kernels=(KernelFit("exact_sgd", (0.1, 0, 1e-6, 0, 0, 0), (0.2, 1e-5, 0, 0, 0, 0)),),
+        links=tuple(LinkFit(kind, 2, latency, bandwidth) for kind in COLLECTIVE_KINDS),
+        step_overhead=(1.0, 0.0, 0.0, 0.0),
+    )
+
+
+def one_table(rows: int = 1000):
+    return [
+        EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=rows, feature_names=["f"])
+    ]
+
+
+def predicted(plan_module, *, world: int = 2, prof: MachineProfile | None = None):
+    from shardkit.planner import estimate_plan
+    from shardkit.types import ShardingPlan
+
+    stats = estimate_plan(
+        ShardingPlan({"": plan_module}),
+        one_table(),
+        Topology.from_profile(prof or profile(), world_size=world),
+        batch_size=100,
+        constraints={"t": ParameterConstraints(pooling_factors=[10.0])},
+        fused_params={"optimizer": "exact_sgd"},
+        dense_parameters=1000,
+    )
+    return stats.prediction
+
+
+def _module_plan(generator, world: int = 2):
+    from shardkit.modules import EmbeddingBagCollection
+
+    ebc = EmbeddingBagCollection(tables=one_table(), device="meta")
+    return construct_module_sharding_plan(
+        ebc, {"t": generator}, world_size=world, local_size=world, device_type="cpu"
+    )
+
+
+def test_table_wise_step_by_hand():
+    # I = 10 ids x 100 bags = 1,000 ids per rank, O = 100 bags; W = 2; the shard on rank 0
+    p = predicted(_module_plan(table_wise(rank=0)))
+    forward = 0.1 + 1e-6 * (1000 * 2) * 16  # per call + per id x col, the world's 2,000 ids
+    backward = 0.2 + 1e-5 * 2000
+    header = 8 * 8 * 2
+    sent = 1000 * 8 + 1 * 100 * 8  # each rank: its ids to the one block, lengths to the shard
+    received = 2000 * 8 + 2 * 100 * 8  # rank 0: every rank's ids and lengths
+    input_dist = (LAT + header / BW) + (LAT + max(sent, received) / BW)
+    outputs = 200 * 16 * 4  # rank 0 sends the world's 200 pooled rows
+    output_dist = 2 * (LAT + outputs / BW)  # all-to-all forward, and back
+    dense = 3 * 2 * 1000 * 100 / 1e9 + 28 * 1000 / 1e7  # 2 flops/param/example x3, Adam's bytes
+    all_reduce = LAT + 4 * 1000 / BW
+    phases = dict(p.phases)
+    assert phases["embedding"] == pytest.approx(forward + backward)
+    assert phases["input_dist"] == pytest.approx(input_dist)
+    assert phases["output_dist"] == pytest.approx(output_dist)
+    assert phases["dense"] == pytest.approx(dense)
+    assert phases["dense_all_reduce"] == pytest.approx(all_reduce)
+    assert phases["overhead"] == pytest.approx(1.0)
+    step = forward + backward + input_dist + output_dist + dense + all_reduce + 1.0
+    assert p.step_ms == pytest.approx(step)
+    assert p.samples_per_s == pytest.approx(200 / step * 1e3)
+    assert p.slowest_rank == 0 and p.ranks[1].embedding == 0.0
+    assert p.ranks[0].total == pytest.approx(step)
+
+
+def test_row_wise_step_by_hand():
+    p = predicted(_module_plan(row_wise()))
+    forward = 0.1 + 1e-6 * 1000 * 16  # each rank: half the rows, so half the world's ids
+    backward = 0.2 + 1e-5 * 1000
+    sent = 1000 * 8 + 2 * 100 * 8  # ids bucketed over both shards; lengths to each
+    received = 1000 * 8 + 2 * 100 * 8
+    input_dist = (LAT + 128 / BW) + (LAT + max(sent, received) / BW)
+    partial = 200 * 16 * 4  # partial sums for all 200 bags: reduce-scatter, then all-gather
+    phases = dict(p.phases)
+    assert phases["embedding"] == pytest.approx(forward + backward)
+    assert phases["input_dist"] == pytest.approx(input_dist)
+    assert phases["output_dist"] == pytest.approx(2 * (LAT + partial / BW))
+    assert [r.embedding for r in p.ranks] == pytest.approx([forward + backward] * 2)
+
+
+def test_ranks_beyond_the_cores_compute_slower():
+    one_core = predicted(_module_plan(table_wise(rank=0)), prof=profile(cores=1))
+    enough = predicted(_module_plan(table_wise(rank=0)))
+    for name in ("embedding", "dense", "overhead"):
+        assert dict(one_core.phases)[name] == pytest.approx(2 * dict(enough.phases)[name])
+    assert dict(one_core.phases)["input_dist"] == dict(enough.phases)["input_dist"]
+
+
+def test_one_rank_has_no_collectives():
+    p = predicted(_module_plan(table_wise(rank=0), world=1), world=1)
+    phases = dict(p.phases)
+    assert phases["input_dist"] == phases["output_dist"] == phases["dense_all_reduce"] == 0.0
+    assert phases["embedding"] == pytest.approx(0.1 + 1e-6 * 1000 * 16 + 0.2 + 1e-5 * 1000)
+
+
+def test_one_rank_collectives_take_what_calibration_measured_at_one_rank():
+    alone = tuple(LinkFit(kind, 1, 0.05, 1e7) for kind in COLLECTIVE_KINDS)
+    prof = replace(profile(), links=profile().links + alone)
+    p = predicted(_module_plan(table_wise(rank=0), world=1), world=1, prof=prof)
+    phases = dict(p.phases)
+    ids = 1000 * 8 + 1 * 100 * 8  # its own ids and lengths, to itself
+    assert phases["input_dist"] == pytest.approx((0.05 + 64 / 1e7) + (0.05 + ids / 1e7))
+    assert phases["output_dist"] == pytest.approx(2 * (0.05 + 100 * 16 * 4 / 1e7))
+    assert phases["dense_all_reduce"] == pytest.approx(0.05 + 4000 / 1e7)
+    # and two ranks still use the two-rank fits
+    two = predicted(_module_plan(table_wise(rank=0)), prof=prof)
+    assert dict(two.phases) == pytest.approx(
+        dict(predicted(_module_plan(table_wise(rank=0))).phases)
+    )
+
+
+def test_collective_model_extrapolates_to_other_sizes():
+    prof = replace(profile(), links=(LinkFit("all_reduce", 2, 1.0, 1e6),))
+    at = {"profile": prof, "local_world_size": 8}
+    assert collective_ms("all_reduce", 5e5, world_size=2, **at) == pytest.approx(1.5)
+    # at 2 ranks: 2 latencies of 0.5 ms; bus bandwidth 1e6 x 2 (2 - 1) / 2 = 1e6 bytes/ms;
+    # at 8: 2 log2(8) latencies, and each link carries 2 (8 - 1) / 8 of the bytes
+    expected = 2 * 3 * 0.5 + 5e5 * (2 * 7 / 8) / 1e6
+    assert collective_ms("all_reduce", 5e5, world_size=8, **at) == pytest.approx(expected)
+    assert collective_ms("all_reduce", 5e5, world_size=1, **at) == 0.0
+    with pytest.raises(ValueError, match="needs the link between hosts"):
+        collective_ms("all_reduce", 5e5, world_size=16, profile=prof, local_world_size=8)
+    with pytest.raises(ValueError, match="no all_to_all measurement"):
+        collective_ms("all_to_all", 5e5, world_size=2, **at)
+
+
+def test_unique_rows_and_cache_misses():
+    assert expected_unique(1000, 10) == pytest.approx(10 * (1 - math.exp(-100)))
+    assert expected_unique(10, 1_000_000) == pytest.approx(10, rel=1e-4)
+    assert miss_fraction(100, 1000) == 0.0
+    assert miss_fraction(4000, 1000) == pytest.approx(0.75)
+
+
+def test_profile_round_trip(tmp_path):
+    prof = replace(profile(), points={"kernel:exact_sgd": [{"ids": 1, "forward_ms": 0.5}]})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    loaded = load_profile(path)
+    assert loaded == prof and loaded.points == prof.points
+    assert loaded.name == "hand-written"
+    assert Topology.from_profile(loaded, world_size=2) == Topology.from_profile(prof, world_size=2)
+
+
+def test_profile_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="not a profile"):
+        load_profile(bad)
+    data = profile().to_dict()
+    bad.write_text(json.dumps({**data, "version": 99}))
+    with pytest.raises(ValueError, match="profile version 99 is not 1"):
+        load_profile(bad)
+    del data["memory_bw"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="profile has no 'memory_bw'"):
+        load_profile(bad)
+    with pytest.raises(ValueError, match=r"forward must be 6 finite numbers >= 0"):
+        KernelFit("exact_sgd", (0, 0, -1, 0, 0, 0), (0,) * 6)
+    with pytest.raises(ValueError, match=r"LinkFit\.kind must be one of"):
+        LinkFit("gossip", 2, 0.1, 1.0)
+    with pytest.raises(ValueError, match="bytes_per_ms > 0"):
+        LinkFit("all_reduce", 2, 0.1, 0.0)
+    with pytest.raises(ValueError, match="step_overhead must be 4 numbers >= 0"):
+        replace(profile(), step_overhead=(1.0, -1.0, 0.0, 0.0))
+    with pytest.raises(TypeError, match="profile must be a MachineProfile"):
+        Topology(world_size=2, compute_device="cpu", profile={"memory_bw": 1})
+
+
+def test_uncalibrated_optimizer_takes_the_nearest_below():
+    fits = (
+        KernelFit("exact_sgd", (1,) * 6, (1,) * 6),
+        KernelFit("exact_row_wise_adagrad", (2,) * 6, (2,) * 6),
+    )
+    prof = replace(profile(), kernels=fits)
+    assert prof.kernel("adam").optimizer == "exact_row_wise_adagrad"
+    assert prof.kernel("exact_sgd").optimizer == "exact_sgd"
+
+
+def _many_tables():
+    return [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=64, num_embeddings=1000, feature_names=[f"f{i}"]
+        )
+        for i in range(4)
+    ]
+
+
+def _plan_types(prof: MachineProfile) -> set[ShardingType]:
+    result = plan_tables(
+        _many_tables(),
+        Topology.from_profile(prof, world_size=2),
+        batch_size=64,
+        fused_params={"optimizer": "exact_sgd"},
+        dense_parameters=1000,
+    )
+    assert result.stats.prediction is not None
+    return {t.sharding_type for t in result.stats.tables}
+
+
+def test_the_choice_follows_the_profile():
+    # slow collectives (100 ms each): replicas need only the all-reduce the dense part pays
+    # anyway, every sharded layout adds its input and output distributions
+    assert _plan_types(profile(latency=100.0)) == {ShardingType.DATA_PARALLEL.value}
+    # fast collectives: replicas' dense update over every row costs more than sharding
+    assert ShardingType.DATA_PARALLEL.value not in _plan_types(profile(latency=0.0, bandwidth=1e9))
+
+
+def test_plan_with_a_profile_prints_the_prediction():
+    result = plan_tables(
+        _many_tables(), Topology.from_profile(profile(), world_size=2), batch_size=64,
+        fused_params={"optimizer": "exact_sgd"},
+    )  # fmt: skip
+    text = str(result.plan)
+    assert "predicted step" in text and "input dist" in text and "samples/s" in text
+    again = plan_tables(
+        _many_tables(), Topology.from_profile(profile(), world_size=2), batch_size=64,
+        fused_params={"optimizer": "exact_sgd"},
+    )  # fmt: skip
+    assert again.plan == result.plan and again.stats == result.stats  # pure
+
+
+def test_cluster_shape_sets_the_links():
+    from shardkit.planner import ClusterShape
+
+    cluster = ClusterShape(
+        ranks_per_host=8, inter_host_bw=1e6, inter_host_latency_ms=0.01,
+        intra_host_bw=1e8, intra_host_latency_ms=0.001,
+    )  # fmt: skip
+    prof = cluster.apply(profile())
+    n = 4e6
+    inside = collective_ms("all_reduce", n, world_size=8, local_world_size=8, profile=prof)
+    assert inside == pytest.approx(2 * 3 * 0.001 + n * (2 * 7 / 8) / 1e8)
+    across = collective_ms("all_reduce", n, world_size=16, local_world_size=8, profile=prof)
+    assert across == pytest.approx(2 * 4 * 0.01 + n * (2 * 15 / 16) / 1e6)
+    # an all-to-all sends 8 of its 15 shares to the other host: those cross the slow link
+    a2a = collective_ms("all_to_all", n, world_size=16, local_world_size=8, profile=prof)
+    assert a2a == pytest.approx(4 * 0.01 + n * (15 / 16) * (8 / 15) / 1e6)
+    assert prof.cores == 8  # each rank computes on a core of its own
+    with pytest.raises(ValueError, match="give intra_host_bw and intra_host_latency_ms together"):
+        ClusterShape(ranks_per_host=8, inter_host_bw=1e6, inter_host_latency_ms=0.01,
+                     intra_host_bw=1e8)  # fmt: skip
+    with pytest.raises(ValueError, match="inter_host_bw must be > 0"):
+        ClusterShape(ranks_per_host=8, inter_host_bw=0, inter_host_latency_ms=0.01)
+
+
+def test_dmp_planner_predicts_with_a_profiled_topology():
+    from shardkit.modules import EmbeddingBagCollection
+    from shardkit.planner import EmbeddingShardingPlanner
+    from shardkit.sharding import EmbeddingBagCollectionSharder
+
+    ebc = EmbeddingBagCollection(tables=_many_tables(), device="meta")
+    planner = EmbeddingShardingPlanner(
+        topology=Topology.from_profile(profile(), world_size=2), batch_size=64
+    )
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_sgd"})
+    planner.plan(ebc, [sharder])
+    assert planner.stats is not None and planner.stats.prediction is not None
+    assert planner.stats.prediction.world_size == 2 and planner.stats.prediction.step_ms > 0
+
+
+def test_dense_settings_are_checked():
+    from shardkit.planner._core import PlannerSettings
+
+    with pytest.raises(ValueError, match="dense_parameters must be a number >= 0, got -1"):
+        PlannerSettings(dense_parameters=-1)
