@@ -3,9 +3,10 @@ loop kind against the same loop kind), and a chart when matplotlib is importable
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
+
+from shardkit.bench import machine_line
 
 LOOPS = ("plain", "pipeline", "compiled")
 DEFAULT_LOOPS = ("plain", "pipeline")  # "compiled" on request: each turn compiles (seconds)
@@ -79,17 +80,21 @@ def render(report: dict[str, Any]) -> str:
         f"{args['tables']} tables x {args['rows']:,} x {args['dim']}, batch {args['batch']} per "
         f"rank, ~{args['ids_per_bag']} ids per bag, MLP {args['tables'] * args['dim']}-256-1, BCE, "
         "Adam for the MLP; tables: fused row-wise Adagrad, or fused SGD in the rows marked "
-        "(sgd). Data-parallel tables: TorchRec's DENSE kernel (dense gradients all-reduced, "
-        "stepped by torch's Adagrad or SGD) against shardkit's FUSED replicas (only the rows a "
-        "batch touched exchanged and updated, with exact Adagrad or SGD: the same trained "
-        "weights). Each "
+        "(sgd). Data-parallel tables (*data_parallel*): planned DENSE by each library's planner "
+        "(dense gradients, stepped by torch's Adagrad or SGD after the backward), shardkit's "
+        "DENSE path against TorchRec's; *data_parallel_fused*, a second row: shardkit's FUSED "
+        "replicas (only the rows a batch touched exchanged and updated, with exact Adagrad or "
+        "SGD: the same trained weights) against TorchRec's DENSE tables. *column_wise*: each "
+        "planner's own column blocks (shardkit: 2 x 32 columns per table, as the seed "
+        "tutorial; TorchRec 1.8: one 64-column shard, its blocks being 128 wide); "
+        "*column_wise_32*: min_partition=32 in both, 2 x 32 on both sides. Each "
         f"contender: median of {args['iters']} steps (the slower rank's) after {args['warmup']} "
         f"warm-up, in fresh processes; contenders take turns in {args['rounds']} round(s). "
         "*plain*: zero_grad, forward, backward, step; *pipeline*: each library's "
         "`TrainPipelineSparseDist.progress`. Each loop is compared with the same loop of the "
         "other library, never the better of the two. *compiled*: the plain loop with the DMP "
         "model under `torch.compile(dmp, dynamic=True)` (Inductor), compiled in the warm-up.",
-        f"Machine: {json.dumps(report['machine'])}",
+        f"Machine: {machine_line(report['machine'])} (the .json has the rest).",
         "",
     ]
     lines += _ratio_table("shardkit / TorchRec, wall time per step (< 1 is faster)", report)

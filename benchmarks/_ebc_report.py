@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from shardkit.bench import machine_line
 
 SHORT = {
     "shardkit compiled": "compiled",
@@ -37,7 +38,7 @@ def render(report: dict[str, Any]) -> str:
         f"{args['warmup']} warm-up, contenders taking turns within each round; ids range check "
         f"{'off' if args['no_validate'] else 'on'} for shardkit. {_copy_kind(args)} bandwidth "
         f"{report['copy_gb_per_s']:.1f} GB/s.",
-        f"Machine: {json.dumps(report['machine'])}",
+        f"Machine: {machine_line(report['machine'])} (the .json has the rest).",
         "",
         "ms: median step time (25th-75th percentile over all timed steps). x FBGEMM: median / "
         "FBGEMM's median (< 1 is faster). floor: the copy floor's share of the step (bytes a "

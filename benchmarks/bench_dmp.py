@@ -9,10 +9,17 @@ batch 1,024 per rank, ~20 ids per bag, a dense MLP (512 -> 256 -> 1) over the po
 BCE loss, Adam for the MLP, and for the tables each optimizer of ``--optimizers``:
 ``rowwise_adagrad`` (fused row-wise Adagrad; data-parallel tables: Adagrad) and ``sgd`` (fused
 SGD; data-parallel tables: SGD), which separates FBGEMM's CPU row-wise Adagrad from the DMP
-overhead. Data-parallel tables: TorchRec's have only the DENSE kernel (dense gradients
-all-reduced by DDP, stepped by torch's Adagrad/SGD); shardkit's are planned FUSED
-(``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated),
-which trains exactly as the dense Adagrad/SGD (see [Note: sparse data-parallel tables]). Every
+overhead. Data-parallel tables (``data_parallel``): planned by each library's planner, which
+plans them DENSE in both (dense gradients, stepped by torch's Adagrad/SGD after the backward);
+``data_parallel_fused`` is a second row: shardkit's tables planned FUSED by hand
+(``data_parallel(compute_kernel="fused")``: only the touched rows are exchanged and updated,
+which trains exactly as the dense Adagrad/SGD, see [Note: sparse data-parallel tables]) against
+TorchRec's DENSE ones (TorchRec has no other kernel for them). Column-wise (``column_wise``):
+each planner's own column blocks, which differ here: shardkit's are 32 columns wide at least
+(the seed tutorial's 64 -> 2 x 32), TorchRec 1.8's 128 (``MIN_CW_DIM``), so TorchRec keeps a
+64-column table whole on one rank (table-wise in all but name) while shardkit sends every id
+to both ranks and looks up two 32-column halves; ``column_wise_32`` is the same program with
+``ParameterConstraints(min_partition=32)`` in both, the same 2 x 32 shards on both sides. Every
 sharding type, each library with a plain loop and with its TrainPipelineSparseDist; each
 (library, loop, type, optimizer) runs in fresh processes, contenders taking turns round after
 round, and each loop kind is compared with the same loop kind of the other library. Writes the
@@ -43,8 +50,10 @@ TYPES = [
     "table_wise",
     "row_wise",
     "column_wise",
+    "column_wise_32",
     "table_row_wise",
     "data_parallel",
+    "data_parallel_fused",
     "table_column_wise",
     "grid_shard",
 ]
@@ -149,6 +158,15 @@ OPTIMIZERS = {
 REPLICA_RULES = {"rowwise_adagrad": ("EXACT_ADAGRAD", {"eps": 1e-10}), "sgd": ("EXACT_SGD", {})}
 
 
+def _constraints(constraint_type, kind: str, tables: int) -> dict:
+    """Every table constrained to ``kind``; ``column_wise_32``: column-wise with shards of 32
+    columns or more in either library's planner (see the module's docstring)."""
+    extra = {}
+    if kind == "column_wise_32":
+        kind, extra = "column_wise", {"min_partition": 32}
+    return {f"t{t}": constraint_type(sharding_types=[kind], **extra) for t in range(tables)}
+
+
 def _label(kind: str, optimizer: str) -> str:
     """The report's row: the sharding type, with the optimizer unless it is row-wise Adagrad."""
     return kind if optimizer == "rowwise_adagrad" else f"{kind} ({optimizer})"
@@ -208,14 +226,15 @@ def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> di
     ebc = EmbeddingBagCollection(tables=tables, device="meta", validate_ids=False)
     model = Model(ebc, args.tables * args.dim)
     rule, extra = OPTIMIZERS[optimizer][0], {}
-    if kind == "data_parallel":
+    if kind == "data_parallel_fused":
         rule, extra = REPLICA_RULES[optimizer]
     fused = {"optimizer": EmbOptimType[rule], "learning_rate": 0.01, **extra}
     sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
-    # By hand: the planner plans data-parallel tables DENSE (as TorchRec's), and grid only
-    # over 2 or more hosts; on one host grid is one column block row-wise over its ranks.
+    # By hand: FUSED replicas (the planner plans data-parallel tables DENSE, as TorchRec's), and
+    # grid (planned only over 2 or more hosts; on one host grid is one column block row-wise
+    # over its ranks).
     by_hand = {
-        "data_parallel": lambda: data_parallel(compute_kernel="fused"),
+        "data_parallel_fused": lambda: data_parallel(compute_kernel="fused"),
         "grid_shard": lambda: grid_shard(host_indexes=[0]),
     }
     if kind in by_hand:
@@ -225,9 +244,7 @@ def run_shardkit(rank: int, world_size: int, args, case: tuple, loop: str) -> di
         )
         plan = ShardingPlan({"ebc": module_plan})
     else:
-        constraints = {
-            f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)
-        }
+        constraints = _constraints(ParameterConstraints, kind, args.tables)
         planner = EmbeddingShardingPlanner(
             topology=Topology(
                 world_size=world_size, compute_device=args.device, local_world_size=world_size
@@ -257,6 +274,7 @@ def run_torchrec(rank: int, world_size: int, args, case: tuple, loop: str) -> di
         """TorchRec's pipeline checks for its interface by type."""
 
     kind, optimizer = case
+    kind = kind.removesuffix("_fused")  # TorchRec's data-parallel tables are DENSE only
     torch.set_num_threads(args.threads)
     tables = [
         torchrec.EmbeddingBagConfig(
@@ -276,7 +294,7 @@ def run_torchrec(rank: int, world_size: int, args, case: tuple, loop: str) -> di
             return super().sharding_types("cuda")
 
     sharders = [AllTypesSharder(fused_params=fused)]
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[kind]) for t in range(args.tables)}
+    constraints = _constraints(ParameterConstraints, kind, args.tables)
     planner = EmbeddingShardingPlanner(
         topology=Topology(
             world_size=world_size, compute_device=args.device, local_world_size=world_size
@@ -421,7 +439,11 @@ def main() -> None:
                     )
                     if "profile" in result:
                         print(f"profile of {label} {library} {loop} {result['profile']}")
-    report = {"args": vars(args), "machine": machine_info(), **summarize(times, failed, labels)}
+    report = {
+        "args": vars(args),
+        "machine": machine_info(threads=args.threads),
+        **summarize(times, failed, labels),
+    }
     report["cpu"] = summarize(cpu_times, failed, labels)
     report["cases"] = labels
     report["input_wait_ms"] = [

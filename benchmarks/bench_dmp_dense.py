@@ -27,6 +27,7 @@ from _command import argv
 from torch.distributed.tensor import DTensor
 
 from shardkit import KeyedJaggedTensor
+from shardkit.bench import machine_info, machine_line
 from shardkit.launch import spawn
 from shardkit.models import DLRM
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
@@ -134,6 +135,8 @@ def report(args, rows: dict[str, dict]) -> str:
         "",
         f"`python benchmarks/bench_dmp_dense.py {' '.join(argv(args))}`",
         "",
+        f"Machine: {machine_line(threads=1)}.",
+        "",
         f"DLRM, {params / 1e6:.1f} M dense parameters, {TABLES} tables of {args.rows} x "
         f"{args.dim} (planned, default sharders), Adam on the dense part, batch {args.batch}.",
         "",
@@ -170,7 +173,9 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "rows": rows}, indent=1)
+            json.dumps(
+                {"args": vars(args), "rows": rows, "machine": machine_info(threads=1)}, indent=1
+            )
         )
 
 

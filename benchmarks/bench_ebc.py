@@ -5,6 +5,13 @@
         --out benchmarks/results/ebc_sweep.md           # the issue-11 sweep, TorchRec side by side
     python benchmarks/bench_ebc.py --device cuda --sweep --out benchmarks/results/ebc_cuda.md
                                                         # on a GPU: FBGEMM's CUDA kernels
+    ~/.cache/shardkit-peers/venv/bin/python benchmarks/bench_ebc.py --quick
+                                                        # a new machine's ratios in ~1 minute
+
+``--quick``: four points of the sweep (the base point with uniform and power-law ids, dim 16,
+dim 256), both optimizers, shardkit compiled against TorchRec/FBGEMM, 3 rounds: run it on a new
+machine before quoting a ratio there (see [Note: a result names its machine] in
+shardkit/bench/_machine.py); the report's first lines name the machine.
 
 One training step = forward of all tables for a batch, loss = sum(pooled * fixed random weights),
 backward, optimizer step. Contenders, built with the same tables and fed the same batches, take
@@ -87,6 +94,13 @@ def sweep_points() -> list[Point]:
         for ids in ("uniform", "power-law")
         for optimizer in OPTIMIZERS
     ]
+
+
+def quick_points() -> list[Point]:
+    """``--quick``: the base point (uniform and power-law ids), dim 16 and dim 256, where the
+    ratios to FBGEMM differed most between machines (issue 25), with both optimizers."""
+    shapes = [Point(), Point(ids="power-law"), Point(dim=16), Point(dim=256)]
+    return [replace(shape, optimizer=optimizer) for shape in shapes for optimizer in OPTIMIZERS]
 
 
 def make_batches(point: Point, args: argparse.Namespace) -> list[KeyedJaggedTensor]:
@@ -299,6 +313,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     base = Point()
     parser.add_argument("--sweep", action="store_true", help="run every point of sweep_points()")
+    parser.add_argument("--quick", action="store_true",
+                        help="quick_points(), compiled and FBGEMM only, 3 rounds of 3 steps: a "
+                        "new machine's ratios in about a minute")  # fmt: skip
     parser.add_argument(
         "--match", nargs="+", default=[], help="keep sweep points whose repr contains all of these"
     )
@@ -335,14 +352,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-validate", action="store_true", help="skip shardkit's id range check")
     parser.add_argument("--out", help="write a markdown report here (.json and .png beside it)")
-    return parser.parse_args()  # fmt: skip
+    args = parser.parse_args()
+    if args.quick:
+        args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS]
+        args.rounds, args.iters, args.warmup = 3, 3, 2
+    return args
+
+
+QUICK_CONTENDERS = ("shardkit compiled", "torchrec (FBGEMM)")
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     kernel_path()  # build (or load) the compiled kernel before any timing
-    if args.sweep:
+    if args.quick:
+        points = quick_points()
+    elif args.sweep:
         points = sweep_points()
     else:
         one = Point(args.tables, args.rows, args.dim, args.batch, args.ids)

@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from shardkit.bench import machine_info, machine_line
 from shardkit.launch import current, spawn
 
 CONTENDERS = (
@@ -237,6 +238,7 @@ def environment(device: str = "cpu", threads: int = 1) -> dict:
         "cpu": _cpu_name(),
         "cores": os.cpu_count(),
         "threads_per_rank": threads,
+        "machine": machine_info(threads=threads),
     }
 
 
@@ -244,6 +246,14 @@ def _transport(env: dict) -> str:
     if env.get("device") == "cuda":
         return f"NCCL on one {env.get('gpu')} each"
     return "gloo"
+
+
+def _machine(env: dict) -> str:
+    """The report's machine line (reports written before it recorded `machine_info`: the CPU
+    name and cores it did record)."""
+    if "machine" in env:
+        return machine_line(env["machine"])
+    return f"{env['cpu']}, {env['cores']} cores, {env['threads_per_rank']} thread(s)"
 
 
 def _cpu_name() -> str:
@@ -378,8 +388,7 @@ def write_markdown(results: dict, path: Path) -> None:
         "Written by `benchmarks/bench_fsdp.py`; the raw numbers are in `fsdp.json` beside it.",
         "",
         f"- command: `{results['command']}`",
-        f"- machine: {env['cpu']}, {env['cores']} cores shared with other jobs, "
-        f"{env['threads_per_rank']} thread(s) per rank; {env['platform']}",
+        f"- machine: {_machine(env)} per rank, shared with other jobs; {env['platform']}",
         f"- versions: Python {env['python']}, torch {env['torch']}; 2 ranks, "
         f"{_transport(env)}, Adam (lr 1e-4), "
         "float32; every contender starts from the same full model built on the CPU",

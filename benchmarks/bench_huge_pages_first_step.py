@@ -30,6 +30,7 @@ import time
 import torch
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from shardkit.bench import machine_line
 from shardkit.kernels import huge_page_bytes, kernel_path, set_huge_pages, use_kernel
 from shardkit.optim import EmbOptimType
 
@@ -90,6 +91,7 @@ def main() -> None:
             runs[contender].append(one_run(contender, args, batch))
             gc.collect()
     mib = args.rows * args.dim * 4 / 2**20
+    print(f"Machine: {machine_line()}")
     print(f"1 x {args.rows} x {args.dim} fp32 ({mib:.0f} MiB), batch {args.batch}, "
           f"{args.ids_per_bag} ids per bag, row-wise Adagrad, compiled, 1 thread, "
           f"median of {args.rounds} rounds")  # fmt: skip

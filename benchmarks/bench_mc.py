@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardkit import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 from shardkit.metrics import auc_score
 from shardkit.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from shardkit.modules.mc_modules import (
@@ -283,7 +283,7 @@ def render(summary: list[dict], args: argparse.Namespace) -> str:
         f"on {args.eval:,} new examples. Tables: {args.rows:,} rows x dim {args.dim} per feature "
         f"(exact: {args.vocab:,}); eviction every {args.eviction_interval} steps. Seeds "
         f"{args.seeds}: mean (min to max). {args.threads} threads.",
-        f"Machine: {json.dumps(machine_info())}",
+        f"Machine: {machine_line()}; {json.dumps(machine_info())}",
         "",
         "| drift | contender | lookups that collide | ids with their own row | AUC | AUC - modulo "
         "| of the gap to exact | log loss | best AUC | train ms/step |",

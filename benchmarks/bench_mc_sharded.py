@@ -25,6 +25,7 @@ import torch.distributed as dist
 from _command import argv
 
 from shardkit import KeyedJaggedTensor
+from shardkit.bench import machine_info, machine_line
 from shardkit.launch import spawn
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from shardkit.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
@@ -128,6 +129,8 @@ def main() -> None:
         "",
         f"`python benchmarks/bench_mc_sharded.py {' '.join(argv(args))}`",
         "",
+        f"Machine: {machine_line(threads=1)}.",
+        "",
         "| contender | ms/step (median) | range over rounds | vs id % rows |",
         "|---|---|---|---|",
     ]
@@ -141,7 +144,9 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(report)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "rows": rows}, indent=1)
+            json.dumps(
+                {"args": vars(args), "rows": rows, "machine": machine_info(threads=1)}, indent=1
+            )
         )
 
 

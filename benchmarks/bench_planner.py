@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.planner import (
     EmbeddingComputeKernel,
@@ -317,7 +317,7 @@ def markdown(report: dict) -> str:
         "# Planner speed and plan quality",
         "",
         f"Command: `{report['command']}`  ",
-        f"Machine: {m['host']}, {m['cpu_count']} CPU cores ({m['cpu']}), shared; Python "
+        f"Machine: {machine_line(m)}, shared; Python "
         f"{m['python']}, torch {m['torch']}, torchrec {m['torchrec']}; {m['date']}.  ",
         f"Batch size {report['batch_size']} per rank, hosts of {report['local_world_size']} "
         "ranks, compute device cuda (32 GiB HBM, TorchRec's default bandwidths), fused kernel.",

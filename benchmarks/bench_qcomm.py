@@ -30,6 +30,7 @@ from _command import argv
 from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
+from shardkit.bench import machine_info, machine_line
 from shardkit.distributed.fbgemm_qcomm_codec import (
     CommType,
     QCommsConfig,
@@ -171,6 +172,8 @@ def report(args, results: dict[int, dict], codec_times: dict[str, float]) -> str
         "",
         f"`python benchmarks/bench_qcomm.py {' '.join(argv(args))}`",
         "",
+        f"Machine: {machine_line(threads=1)}.",
+        "",
         f"DLRM, {args.tables} tables of {args.rows} x {args.dim} (half table-wise, half "
         f"row-wise), batch {args.batch} per rank, {args.rounds * args.steps} steps per contender.",
         "",
@@ -214,7 +217,15 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "results": results, "codec_ms": codec_times}, indent=1)
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "results": results,
+                    "codec_ms": codec_times,
+                    "machine": machine_info(threads=1),
+                },
+                indent=1,
+            )
         )
 
 

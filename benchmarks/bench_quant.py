@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from shardkit import KeyedJaggedTensor
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 from shardkit.checkpoint import export_checkpoint
 from shardkit.data import (
     GlobalBatchIterator,
@@ -209,7 +209,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         f"rows, dim {args.criteo_dim}, {args.criteo_examples:,} training examples. Lookup: one "
         f"EmbeddingBagCollection call, median of {args.repeat} per batch size x {args.rounds} "
         f"interleaved rounds, {args.threads} thread(s).",
-        f"Machine: {json.dumps(machine_info())}",
+        f"Machine: {machine_line()}; {json.dumps(machine_info())}",
         "",
         "| model | tables | file MB | tables MB | tables / float | AUC | AUC change | log loss | "
         + " | ".join(f"lookup µs, batch {b}" for b in sizes)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from bench_dmp import Batch, Model, _optimizers, make_batches
 
 from shardkit import comm
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 from shardkit.launch import RankPool, Watchdog
 
 # The model, data and step of one pool's rank, built in its first round and kept for the others.
@@ -250,7 +250,7 @@ def render(results: dict[str, list[dict]], args) -> str:
         f"{args.rows:,} x {args.dim}, {args.type}, batch {args.batch} per rank, median of "
         f"{args.iters} steps. Times are the slowest rank's; overhead is the median of the rounds' "
         "ratios, with their range.",
-        f"Machine: {json.dumps(machine_info())}",
+        f"Machine: {machine_line()}; {json.dumps(machine_info())}",
         "",
         "| what | unit | recorded | not recorded | overhead | rounds' overhead |",
         "|---|---|---:|---:|---:|---:|",

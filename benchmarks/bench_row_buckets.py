@@ -18,6 +18,7 @@ import time
 import torch
 
 from shardkit import kernels
+from shardkit.bench import machine_line
 from shardkit.sharding import bucket_rows
 
 PATHS = ("compiled", "partition", "sort")
@@ -68,6 +69,7 @@ def main() -> None:
         args.ids_per_bag - spread, args.ids_per_bag + spread + 1, (args.bags,), generator=g
     )
     values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
+    print(f"Machine: {machine_line()}")
     print(f"{values.numel()} ids in {args.bags} bags, {args.threads} thread(s)")
     paths = PATHS if _compiled_builds() else PATHS[1:]
     print("shards  compiled ms  partition ms  sort ms  compiled/sort  partition/sort")

@@ -30,6 +30,7 @@ from _command import argv
 from _wire_bytes import WireBytes
 
 from shardkit import KeyedJaggedTensor
+from shardkit.bench import machine_info, machine_line
 from shardkit.launch import spawn
 from shardkit.modules import EmbeddingBagCollection, EmbeddingBagConfig, expand_variable_batch
 from shardkit.optim import EmbOptimType
@@ -153,6 +154,8 @@ def report(args, results: dict) -> str:
         "",
         f"`python benchmarks/bench_vbe.py {' '.join(argv(args))}`",
         "",
+        f"Machine: {machine_line(threads=1)}.",
+        "",
         f"2 ranks x 1 thread; per rank a batch of {args.batch} examples: {args.user_features} "
         f"user features with one bag (about {args.user_ids} ids) per {args.repeat} examples, "
         f"{args.item_features} item features with one bag (about {args.item_ids} ids) per "
@@ -200,7 +203,10 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"args": vars(args), "results": results}, indent=1)
+            json.dumps(
+                {"args": vars(args), "results": results, "machine": machine_info(threads=1)},
+                indent=1,
+            )
         )
 
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shardkit.bench import machine_info
+from shardkit.bench import machine_info, machine_line
 
 PROGRAM = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_titan.py"
 REWRITE = ("torch.distributed.fsdp", "shardkit.fsdp")
@@ -87,7 +87,7 @@ def markdown(report: dict) -> str:
         "after the rewrite `torch.distributed.fsdp` -> `shardkit.fsdp`.",
         "",
         f"Command: `{report['command']}`; torch {report['machine']['torch']}, "
-        f"{report['machine']['date']}.",
+        f"{report['machine']['date']}; {machine_line(report['machine'])}.",
         "",
         "| step | loss (torch) | loss (shardkit) | grad norm (torch) | grad norm (shardkit) |",
         "|---:|---:|---:|---:|---:|",

@@ -29,6 +29,9 @@ def _positive(*values: float) -> bool:
 def _machine(machine: dict) -> None:
     assert machine["torch"] == torch.__version__ and machine["cpu_count"] >= 1
     assert machine["torchrec"] is None  # these runs are shardkit's side only
+    # the CPU's name, ISA flags and huge page mode: a ratio holds for one machine (issue 25)
+    assert set(machine) >= {"cpu_model", "cpu_family", "cpu_model_id", "isa", "thp", "threads"}
+    assert isinstance(machine["isa"], list) and machine["thp"]
 
 
 def test_bench_ebc_runs_at_toy_size(tmp_path):
@@ -68,6 +71,29 @@ def test_bench_ebc_runs_at_toy_size(tmp_path):
     report_text = out.read_text()
     assert "| 2 x 1,000 x 64, batch 32, uniform, rowwise_adagrad | " in report_text
     assert "1 thread(s)" in report_text
+
+
+def test_bench_ebc_quick_names_the_machine(tmp_path):
+    """--quick (at a toy scale): four points with both optimizers, compiled shardkit against
+    FBGEMM only, and the machine's line at the top of the report."""
+    from shardkit.bench import machine_info, machine_line
+
+    out = tmp_path / "quick.md"
+    _run("bench_ebc.py", "--quick", "--scale", "0.001", "--out", str(out))
+    report = json.loads(out.with_suffix(".json").read_text())
+    _machine(report["machine"])
+    points = [p["point"] for p in report["points"]]
+    assert [(p["dim"], p["ids"], p["optimizer"]) for p in points] == [
+        (dim, ids, optimizer)
+        for dim, ids in ((64, "uniform"), (64, "power-law"), (16, "uniform"), (256, "uniform"))
+        for optimizer in ("rowwise_adagrad", "sgd")
+    ]
+    assert [list(p["results"]) for p in report["points"]] == [
+        ["shardkit compiled", "torchrec (FBGEMM)"]
+    ] * 8
+    assert report["args"]["rounds"] == 3
+    line = machine_line(machine_info()).split("; ")[0]  # the CPU and its flags
+    assert f"Machine: {line}" in out.read_text()
 
 
 def test_bench_ebc_sweep_covers_the_issue_grid(tmp_path):
@@ -340,7 +366,8 @@ def test_bench_qcomm_runs_at_toy_size(tmp_path):
 
 def test_bench_row_buckets_runs_at_toy_size():
     text = _run("bench_row_buckets.py", "--bags", "8", "--shards", "2", "9", "--reps", "1")
-    assert "partition/sort" in text and len(text.strip().splitlines()) == 4
+    assert text.startswith("Machine: ") and "partition/sort" in text
+    assert len(text.strip().splitlines()) == 5
 
 
 def test_bench_vbe_runs_at_toy_size(tmp_path):

@@ -7,7 +7,7 @@ from shardkit.bench._calibrate import (
     format_profile,
     machine_identity,
 )
-from shardkit.bench._machine import machine_info
+from shardkit.bench._machine import machine_info, machine_line
 from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "format_table",
     "machine_identity",
     "machine_info",
+    "machine_line",
     "run_comm_bench",
 ]

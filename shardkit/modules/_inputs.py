@@ -143,12 +143,19 @@ def kernel_input(
         counts = ids_per_segment.to(ids.device)
         ids = ids.long() + torch.repeat_interleave(bases, counts, output_size=ids.numel())
     else:
-        ids = ids.to(torch.int64, copy=True)  # shifted in place, segment by segment: no index
+        # one pass, segment by segment: each segment's ids are copied or shifted straight into
+        # the new tensor (no index, and no copy of the whole then a second pass to shift it)
+        source, ids = ids, torch.empty(ids.shape, dtype=torch.int64, device=ids.device)
         start = 0
         for base, count in zip(row_bases, ids_per_segment):
+            piece, out = source[start : start + count], ids[start : start + count]
             if base:
-                ids[start : start + count] += base
+                torch.add(piece, base, out=out)
+            else:
+                out.copy_(piece)
             start += count
+        if start < source.numel():  # ids past the segments (none when they add up to N)
+            ids[start:].copy_(source[start:])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return ids, offsets

@@ -130,21 +130,21 @@ class BatchedTables:
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None,
         grad_out: torch.Tensor,
-    ) -> None:
-        """The fused optimizer's step for bags whose output gradient is known, without their
-        forward: what `lookup`'s backward does (compiled kernel where it serves, else eager).
+    ) -> list[torch.Tensor | None]:
+        """What `lookup`'s backward does for bags whose output gradient is known, without their
+        forward (compiled kernel where it serves, else eager): the fused optimizer's step
+        (returns None per table), or with no optimizer each table's dense gradient.
 
         Args:
             ids: ``[N]`` rows of the buffer; offsets: ``[num_bags + 1]`` bag boundaries;
             per_sample_weights: ``[N]`` or None; grad_out: ``[num_bags, D]`` fp32, bags in
             ``offsets`` order.
         """
-        assert self.optimizer is not None, "apply_gradient needs a fused optimizer"
         if _compiled(self, ids):
-            self.compiled_backward(ids, offsets, per_sample_weights, grad_out, False)
-            return
+            grads, _ = self.compiled_backward(ids, offsets, per_sample_weights, grad_out, False)
+            return grads
         ids = ids.long()
-        self.backward(ids, _bag_of(offsets, ids.numel()), per_sample_weights, grad_out)
+        return self.backward(ids, _bag_of(offsets, ids.numel()), per_sample_weights, grad_out)
 
     def _split(self, grad: torch.Tensor) -> list[torch.Tensor | None]:
         bounds = zip(self.row_starts[:-1], self.row_starts[1:])

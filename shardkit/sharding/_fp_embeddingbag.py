@@ -101,7 +101,8 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
         weights = features.weights_or_none()
         if factor == 1.0 or weights is None or not weights.requires_grad:
             return features
-        local = {f for c in collection._configs if c.name in collection._local_tables
+        replicated = set(collection._local_or_replicated())
+        local = {f for c in collection._configs if c.name in replicated
                  for f in c.feature_names}  # fmt: skip
         keys: list[str] = features.keys()
         per_key = [1.0 if key in local else factor for key in keys]

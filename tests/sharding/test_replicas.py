@@ -1,7 +1,9 @@
 """Data-parallel tables with the FUSED kernel (see [Note: sparse data-parallel tables]): trained
 on 1-3 ranks they equal the unsharded module trained on the global batch (outputs, weights,
 optimizer state and step counters), replicas stay bitwise equal across ranks, they equal DENSE
-replicas stepped by torch's SGD/Adagrad after DDP, and a checkpoint round trip resumes exactly."""
+replicas stepped by torch's SGD/Adagrad, and a checkpoint round trip resumes exactly. DENSE
+replicas of bag collections (see [Note: dense data-parallel tables by exchange]) get the global
+batch's gradient from the exchange, without DDP."""
 
 from __future__ import annotations
 
@@ -165,6 +167,38 @@ def test_fused_replicas_equal_dense_replicas_with_torch_optimizers(run_ranks, ru
     assert_pairs_close(results, atol=1e-5)
 
 
+def _dense_gradients(rank: int, world_size: int, weighted: bool):
+    """DENSE replicas (as the planner plans data-parallel tables): after backward each table's
+    .grad is the unsharded module's gradient of the global batch's mean loss (what DDP's
+    average gives), computed from the exchanged ids; DDP is told to leave them alone."""
+    torch.manual_seed(0)
+    reference = EmbeddingBagCollection(tables=configs(), is_weighted=weighted)
+    ebc = EmbeddingBagCollection(tables=configs(), is_weighted=weighted)
+    ebc.load_state_dict(reference.state_dict())
+    gens = {f"t{i}": data_parallel() for i in range(4)}
+    plan = construct_module_sharding_plan(ebc, gens, world_size=world_size, device_type="cpu")
+    dmp = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}))
+    kjt = global_batch(0, LOCAL_BATCH * world_size, weighted)
+    _loss(dmp(local_part(kjt, rank, world_size)).values(), 0).backward()
+    _loss(reference(kjt).values(), 0).backward()
+    pairs = []
+    for name, table in _replicas(dmp.module).items():
+        want = reference.embedding_bags[name].weight.grad
+        pairs.append((f"grad {name}", table.weight.grad, want))
+    ignored = set(dmp.sharded_parameter_names())
+    return pairs, sorted(n for n in ignored if n.startswith("embedding_bags."))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_dense_replicas_give_the_global_batch_gradient_without_ddp(run_ranks, world_size, weighted):
+    results = run_ranks(_dense_gradients, world_size, weighted)
+    assert_pairs_close([pairs for pairs, _ in results], atol=1e-6)
+    assert all(len(pairs) == 4 for pairs, _ in results), "every table a replica by exchange"
+    for _, ignored in results:
+        assert ignored == [f"embedding_bags.t{i}.weight" for i in range(4)], ignored
+
+
 def _round_trip(rank: int, world_size: int):
     """Train 2 steps, save model and fused optimizer state, load them into a DMP made from
     other weights, then train both 2 more steps: everything equal, step counters included."""
@@ -282,7 +316,7 @@ def _logged(rank: int, world_size: int) -> list[str]:
 def test_the_log_says_which_replicas_are_fused_and_where_that_differs_from_dense(run_ranks):
     records = run_ranks(_logged, 1)[0]
     assert "data-parallel tables: ['t0', 't1'] FUSED" in records[0]
-    assert "['t2', 't3'] DENSE" in records[0]
+    assert "['t2', 't3'] DENSE with dense gradients from exchanged ids" in records[0]
     lazy = [r for r in records if "updates only the rows a batch touched" in r]
     assert lazy and "fused adam" in lazy[0], records
 

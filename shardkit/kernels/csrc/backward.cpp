@@ -13,6 +13,10 @@ namespace {
 
 // ---- backward: sum each row's gradient, apply the rule in place ------------------------------
 
+// Rows whose row-wise Adagrad scales are computed together: see [Note: row-wise Adagrad by
+// blocks of rows].
+constexpr int kBlockRows = 16;
+
 struct Context {
   const Table& table;
   const Update& update;
@@ -45,13 +49,7 @@ __attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t 
       acc[d] = sum;
       add_step(w[d], (g[d] / (std::sqrt(sum) + u.eps)) * -u.lr);
     }
-  } else if (kRule == Rule::kRowwiseAdagrad) {
-    const float norm = std::sqrt(dot(g, g, dim));
-    const float sum = u.state1[row] + (1.0f / static_cast<float>(dim)) * norm * norm;
-    u.state1[row] = sum;
-    const float scale = (1.0f / (std::sqrt(sum) + u.eps)) * -u.lr;
-    for (int64_t d = 0; d < dim; ++d) add_step(w[d], g[d] * scale);
-  } else if (kRule == Rule::kAdam) {
+  } else if (kRule == Rule::kAdam) {  // (row-wise Adagrad: rowwise_adagrad_block)
     float* __restrict avg = u.state1 + row * dim;
     float* __restrict avg_sq = u.state2 + row * dim;
     // As the eager rule: each constant computed in double, then rounded to fp32.
@@ -87,37 +85,90 @@ void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
   }
 }
 
-// Rows of sorted occurrences [lo, hi); lo and hi fall on row boundaries.
+// w += g * scale for one row, rounded as the eager rule rounds. Not inlined, for the reason
+// `dot` is not: the compiler vectorizes it alone, with the rows known not to overlap.
+template <typename W, int kDim>
+__attribute__((noinline)) void add_scaled(W* __restrict w, const float* __restrict g, float scale,
+                                          int64_t dim) {
+  if (kDim > 0) dim = kDim;
+  for (int64_t d = 0; d < dim; ++d) add_step(w[d], g[d] * scale);
+}
+
+// [Note: row-wise Adagrad by blocks of rows]
+// Row-wise Adagrad's scale of a row is a chain of dependent operations: the squared norm (a
+// reduction), a square root, the state's add, a square root, a division; about 80 cycles, and
+// row by row nothing else can run beside it (the next row's loads wait behind it once the
+// reorder buffer is full). So the update sums up to kBlockRows rows' gradients first, then
+// computes their scales one after the other (independent chains that overlap), then steps the
+// rows. Measured with benchmarks/ebc_phases.cpp on a Zen 3 EPYC (AVX2), 4 x 100k rows, batch
+// 2048, thread CPU time: the update 0.6x its row-by-row time at dim 16, 0.75x at dim 64, 0.85x
+// at dim 256 (blocks of 8 rows: 0.7x, 0.8x, 0.9x).
+template <typename W, int kDim>
+void rowwise_adagrad_block(const Context& c, const int64_t* rows, float* grads, int count) {
+  const int64_t dim = kDim > 0 ? kDim : c.table.dim;
+  const Update& u = c.update;
+  W* weight = static_cast<W*>(c.table.data);
+  float scale[kBlockRows];
+  if (u.weight_decay != 0.0f)
+    for (int k = 0; k < count; ++k) {
+      const W* __restrict w = weight + rows[k] * dim;
+      float* __restrict g = grads + k * dim;
+      for (int64_t d = 0; d < dim; ++d) g[d] = g[d] + u.weight_decay * to_float(w[d]);
+    }
+  for (int k = 0; k < count; ++k) scale[k] = dot(grads + k * dim, grads + k * dim, dim);
+  for (int k = 0; k < count; ++k) {
+    const float norm = std::sqrt(scale[k]);
+    const float sum = u.state1[rows[k]] + (1.0f / static_cast<float>(dim)) * norm * norm;
+    u.state1[rows[k]] = sum;
+    scale[k] = (1.0f / (std::sqrt(sum) + u.eps)) * -u.lr;
+  }
+  for (int k = 0; k < count; ++k)
+    add_scaled<W, kDim>(weight + rows[k] * dim, grads + k * dim, scale[k], dim);
+}
+
+// Rows of sorted occurrences [lo, hi); lo and hi fall on row boundaries. The gradients of up to
+// kBlockRows rows are summed into `block`, then the rule runs on them (see [Note: row-wise
+// Adagrad by blocks of rows]; the other rules run row by row).
 template <typename W, Rule kRule, bool kWeighted, int kDim>
 void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi) {
   const int64_t dim = kDim > 0 ? kDim : c.table.dim;
   const W* weight = static_cast<const W*>(c.table.data);
-  alignas(64) float local[kDim > 0 ? kDim : 1];
-  float* __restrict g = kDim > 0 ? local : scratch_row(dim);
+  alignas(64) float local[kDim > 0 ? kBlockRows * kDim : 1];
+  float* __restrict block = kDim > 0 ? local : scratch_row(kBlockRows * dim);
+  int64_t rows[kBlockRows];
   const int64_t ahead_by = rows_ahead(dim * int64_t(sizeof(W)));
   int64_t i = lo;
   while (i < hi) {
-    const uint64_t row = sorted[i] >> 32;
-    const W* __restrict w = weight + row * dim;
-    for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
-    do {
-      if (i + ahead_by < hi) {
-        const uint64_t ahead = sorted[i + ahead_by];
-        prefetch_occurrence<W>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
-      }
-      const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
-      const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
-      const float* __restrict go = c.grad_out + grad_row * dim;
-      if (kWeighted) {
-        const float scale = c.weights[source];
-        for (int64_t d = 0; d < dim; ++d) g[d] += scale * go[d];
-      } else {
-        for (int64_t d = 0; d < dim; ++d) g[d] += go[d];
-      }
-      if (c.grad_weights) c.grad_weights[source] = dot(go, w, dim);
-      ++i;
-    } while (i < hi && (sorted[i] >> 32) == row);
-    apply_rule<W, kRule, kDim>(c, static_cast<int64_t>(row), g);
+    int count = 0;
+    for (; count < kBlockRows && i < hi; ++count) {
+      const uint64_t row = sorted[i] >> 32;
+      const W* __restrict w = weight + row * dim;
+      float* __restrict g = block + count * dim;
+      rows[count] = static_cast<int64_t>(row);
+      for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
+      do {
+        if (i + ahead_by < hi) {
+          const uint64_t ahead = sorted[i + ahead_by];
+          prefetch_occurrence<W>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
+        }
+        const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
+        const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
+        const float* __restrict go = c.grad_out + grad_row * dim;
+        if (kWeighted) {
+          const float scale = c.weights[source];
+          for (int64_t d = 0; d < dim; ++d) g[d] += scale * go[d];
+        } else {
+          for (int64_t d = 0; d < dim; ++d) g[d] += go[d];
+        }
+        if (c.grad_weights) c.grad_weights[source] = dot(go, w, dim);
+        ++i;
+      } while (i < hi && (sorted[i] >> 32) == row);
+    }
+    if (kRule == Rule::kRowwiseAdagrad) {
+      rowwise_adagrad_block<W, kDim>(c, rows, block, count);
+    } else {  // elementwise rules: no chain across a row, each row as it comes
+      for (int k = 0; k < count; ++k) apply_rule<W, kRule, kDim>(c, rows[k], block + k * dim);
+    }
   }
 }
 

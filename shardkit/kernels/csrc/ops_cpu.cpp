@@ -90,6 +90,23 @@ void advise_huge_pages(const at::Tensor& weight) {
 #endif
 }
 
+// A buffer just allocated, not yet written (a dense gradient): its first writes fault in 2 MiB
+// pages. A dense gradient of a table is made anew every step (the optimizer's zero_grad drops
+// the last), so without this each step faults in and zeroes every 4 KiB page of it: 114 ms of
+// CPU for 205 MB here, 25 ms on 2 MiB pages (8 tables x 100k x 64, a Zen 3 EPYC, loaded).
+void advise_fresh(const at::Tensor& buffer) {
+#ifdef MADV_HUGEPAGE
+  if (!huge_pages().enabled.load(std::memory_order_relaxed)) return;
+  const size_t huge = size_t{2} << 20, bytes = buffer.nbytes();
+  if (bytes < 2 * huge) return;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(buffer.data_ptr());
+  const uintptr_t lo = (start + huge - 1) & ~(huge - 1), hi = (start + bytes) & ~(huge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)buffer;
+#endif
+}
+
 // Python's switch: returns whether the advice was on before.
 bool set_huge_pages(bool enabled) { return huge_pages().enabled.exchange(enabled); }
 
@@ -206,7 +223,9 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> dense_backward_cpu(
                   grad_out.dim() == 2 && grad_out.size(0) == grad_rows &&
                   grad_out.size(1) == table.dim,
               "grad_out must be contiguous fp32 [", grad_rows, ", ", table.dim, "]");
-  at::Tensor grad = at::zeros(weight.sizes(), weight.options());
+  at::Tensor grad = at::empty(weight.sizes(), weight.options());
+  advise_fresh(grad);
+  grad.zero_();
   Update update{Rule::kDense, 0, 0, 0, 0, 0, 0, 0, nullptr, nullptr, grad.data_ptr()};
   std::optional<at::Tensor> grad_weights;
   if (grad_per_sample_weights) grad_weights = at::empty({batch.num_ids}, grad_out.options());

@@ -104,7 +104,9 @@ class ShardedCollection(nn.Module):
     """
 
     _TABLES = ""
-    _FUSED_REPLICAS = True  # supports data-parallel tables with the FUSED kernel
+    # data-parallel tables kept equal by exchange: FUSED ones, and DENSE ones (their dense
+    # gradient computed from the exchanged ids; see [Note: dense data-parallel tables by exchange])
+    _FUSED_REPLICAS = True
     _ACCEPTS_VARIABLE_BATCH = False  # a batch size per key (VBE); bags only
 
     def __init__(
@@ -211,7 +213,9 @@ class ShardedCollection(nn.Module):
         ]
 
     def _build_replica_groups(self, tables: CollectionTables, keys) -> list[ReplicaGroup]:
-        """Data-parallel tables with the FUSED kernel (see [Note: sparse data-parallel tables])."""
+        """Data-parallel tables with the FUSED kernel (see [Note: sparse data-parallel tables]),
+        and with the DENSE kernel where they are kept equal by exchange (see [Note: dense
+        data-parallel tables by exchange])."""
         replicated = self._replicated(fused=True)
         if replicated and not self._FUSED_REPLICAS:
             raise ValueError(
@@ -220,10 +224,15 @@ class ShardedCollection(nn.Module):
                 "plan them with the DENSE kernel (data_parallel())"
             )
         weights = dict(zip((c.name for c in self._configs), tables.weights))
-        dense = self._replicated(fused=False)
+        exchanged = self._exchanged_dense()
+        dense = [name for name in self._replicated(fused=False) if name not in exchanged]
         return build_replica_groups(
-            self._configs, keys, replicated, dense, self._device, weights, self._env.pg
+            self._configs, keys, replicated + exchanged, dense, self._device, weights, self._env.pg
         )
+
+    def _exchanged_dense(self) -> list[str]:
+        """The DENSE data-parallel tables kept equal by exchange (bag collections' only)."""
+        return self._replicated(fused=False) if self._FUSED_REPLICAS else []
 
     def _local_or_replicated(self) -> list[str]:
         return self._replicated(fused=True) + self._replicated(fused=False)
@@ -234,7 +243,7 @@ class ShardedCollection(nn.Module):
     def _build_local(self, module: Any, tables: CollectionTables) -> nn.Module | None:
         """Data-parallel tables with the DENSE kernel: a replica, looked up like the unsharded
         module."""
-        dense = set(self._replicated(fused=False))
+        dense = set(self._replicated(fused=False)) - set(self._exchanged_dense())
         self._local_tables = [c.name for c in self._configs if c.name in dense]  # table order
         return local_replica(
             module, self._configs, tables.weights, names=self._local_tables,

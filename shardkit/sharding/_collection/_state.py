@@ -184,6 +184,8 @@ def _fused_shards(collection: Any):
             yield configs[slice_.table], shard_group.tables, position, slice_
     rank = collection._env.rank
     for group in getattr(collection, "_replica_groups", []):
+        if group.tables.optimizer is None:  # DENSE: the user's optimizer holds the state
+            continue
         for position, name in enumerate(group.names):
             config = configs[name]
             whole = ShardSlice(name, rank, 0, config.num_embeddings, 0, config.embedding_dim)

@@ -161,8 +161,14 @@ def exchange_start(
     bags = [[per_rank[s.unit.feature_index] for s in slots] for per_rank in strides]  # [W][S]
     ints_out = [sum(per_slot) + n for per_slot, n in zip(bags, received_ids)]
     assert payload is not None
-    ints = torch.cat([torch.cat([p.lengths, p.ids]) for p in payload])
-    ints_in = [p.lengths.numel() + p.ids.numel() for p in payload]
+    # one copy of every id into the int64 send buffer: per destination its slots' lengths,
+    # then their ids
+    pieces = [[*p.lengths, *p.ids] for p in payload]
+    ints_in = [sum(t.numel() for t in per_rank) for per_rank in pieces]
+    ints = torch.empty(sum(ints_in), dtype=torch.int64, device=device)
+    flat = [t for per_rank in pieces for t in per_rank]
+    if flat:
+        torch.cat(flat, out=ints)
     ints_handle = comm.all_to_all_single(
         ints, input_split_sizes=ints_in, output_split_sizes=ints_out, group=group, async_op=True
     )
@@ -214,8 +220,10 @@ def exchange_status(
 
 @dataclass(frozen=True)
 class _Payload:
-    lengths: torch.Tensor  # [S_d * B]
-    ids: torch.Tensor  # [n_d]
+    """What goes to one destination, slot by slot, not yet copied into the send buffer."""
+
+    lengths: list[torch.Tensor]  # per slot [B]: S_d * B in all
+    ids: list[torch.Tensor]  # per slot: n_d in all
     weights: torch.Tensor | None  # [n_d]
 
 
@@ -249,14 +257,13 @@ def _payload(
             unit.shards, part.shard_lengths, ids, ws, counts
         ):
             per_rank[shard.rank].append((lengths, shard_ids, w, n))
-    empty_ids = torch.empty(0, dtype=torch.int64, device=device)
     empty_w = torch.empty(0, dtype=torch.float32, device=device)
     out = []
     for parts in per_rank:
         out.append(
             _Payload(
-                lengths=torch.cat([p[0] for p in parts]) if parts else empty_ids,
-                ids=torch.cat([p[1] for p in parts]) if parts else empty_ids,
+                lengths=[p[0] for p in parts],
+                ids=[p[1] for p in parts],
                 weights=(torch.cat([p[2] for p in parts]) if parts else empty_w)
                 if with_weights
                 else None,
