@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardkit import comm
+from shardkit.sharding._collection._base import dense_replicas_by_ddp
 from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
 from shardkit.sharding._model_parallel import DistributedModelParallel
 from shardkit.types import (
@@ -106,17 +107,18 @@ class DMPCollection(DistributedModelParallel):
         mesh = _mesh(world_size, sharding_group_size, use_inter_host_allreduce, device)
         sharding_pg, replica_pg = mesh.get_group("shard"), mesh.get_group("replicate")
         env = ShardingEnv.from_process_group(sharding_pg)
-        super().__init__(
-            module,
-            env,
-            torch.device(device) if device is not None else None,
-            plan,
-            sharders,
-            init_data_parallel=False,  # below, over every rank
-            init_parameters=init_parameters,
-            data_parallel_wrapper=data_parallel_wrapper,
-            local_world_size=node_group_size or sharding_group_size,
-        )
+        with dense_replicas_by_ddp():  # DENSE data-parallel tables: DDP over every rank
+            super().__init__(
+                module,
+                env,
+                torch.device(device) if device is not None else None,
+                plan,
+                sharders,
+                init_data_parallel=False,  # below, over every rank
+                init_parameters=init_parameters,
+                data_parallel_wrapper=data_parallel_wrapper,
+                local_world_size=node_group_size or sharding_group_size,
+            )
         self._global_env = ShardingEnv.from_process_group(global_pg)
         self._device_mesh = mesh
         self._replica_pg = replica_pg

@@ -14,7 +14,7 @@ import pytest
 from shardkit.bench import fit_nonnegative
 from shardkit.cli import main
 from shardkit.planner import COLLECTIVE_KINDS, Topology, load_profile
-from tests.planner.test_predict import profile as hand_profile
+from tests.planner._profiles import profile as hand_profile
 from tests.scripts import ROOT, free_port
 
 TOY = [
@@ -43,6 +43,7 @@ def test_fit_leaves_out_a_point_another_process_slowed():
     assert fit_nonnegative(rows, times) != pytest.approx([1.0, 0.5], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_calibrate_at_toy_sizes(tmp_path, capsys):
     out = tmp_path / "profile.json"
     status = main(

@@ -102,7 +102,7 @@ def test_refused_input_is_one_line_not_a_traceback(shardkit_here, tmp_path):
         (["train", "--embedding-dim", "8", "--plan-only"], "must end with the embedding dim 8"),
         (
             ["export", str(tmp_path / "missing"), str(tmp_path / "m.pt")],
-            "not a shardkit checkpoint",
+            f"no checkpoint at {tmp_path / 'missing'}",
         ),
         (  # raised inside a spawned rank
             ["train", "--nproc", "1", "--resume", "--checkpoint-dir", str(broken)],

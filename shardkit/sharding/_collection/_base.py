@@ -16,8 +16,10 @@ One INFO line says so, the first time a compiled model calls it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +72,22 @@ from shardkit.types import ParameterSharding, ShardingEnv
 __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTable"]
 
 logger = logging.getLogger(__name__)
+
+
+# False while a `DMPCollection` builds its groups' collections: its DENSE data-parallel tables are
+# replicas over every rank (DDP on the global group, TorchRec's 2-D semantics), which the
+# exchange inside one sharding group would not give (see [Note: 2-D parallelism]).
+_DENSE_BY_EXCHANGE = contextvars.ContextVar("shardkit_dense_by_exchange", default=True)
+
+
+@contextlib.contextmanager
+def dense_replicas_by_ddp() -> Iterator[None]:
+    """Collections built inside keep DENSE data-parallel tables as local replicas for DDP."""
+    token = _DENSE_BY_EXCHANGE.set(False)
+    try:
+        yield
+    finally:
+        _DENSE_BY_EXCHANGE.reset(token)
 
 
 @dataclass
@@ -232,7 +250,9 @@ class ShardedCollection(nn.Module):
 
     def _exchanged_dense(self) -> list[str]:
         """The DENSE data-parallel tables kept equal by exchange (bag collections' only)."""
-        return self._replicated(fused=False) if self._FUSED_REPLICAS else []
+        if not (self._FUSED_REPLICAS and _DENSE_BY_EXCHANGE.get()):
+            return []
+        return self._replicated(fused=False)
 
     def _local_or_replicated(self) -> list[str]:
         return self._replicated(fused=True) + self._replicated(fused=False)
