@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 STAMP := $(VENV)/.shardkit-installed
 
-.PHONY: demo test test-programs test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
+.PHONY: demo test test-slow test-programs test-gpu bench-gpu check-cuda-build lint typecheck bench-comm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ test: $(STAMP) lint typecheck
 # The programs tier: user programs written from TorchRec's and torch's docs, run on TorchRec
 # (the peers venv, ../shared/peers/setup.sh) and on shardkit, figures compared (~15 min).
 test-programs: $(STAMP)
-	SHARDKIT_PROGRAMS=1 $(PY) -m pytest tests/programs
+	$(PY) -m pytest -m programs tests/programs
+
+# The slow tier: end-to-end examples, the benchmarks' smoke runs and CLI pipelines (~7 min);
+# `make test` skips it to stay within its 15 minutes on 2 cores.
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
 
 # The GPU tier (tests marked gpu: the sharded-vs-unsharded, FSDP and checkpoint bodies on CUDA
 # with NCCL). Without CUDA every one of them skips, with one summary line.

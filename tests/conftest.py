@@ -19,6 +19,10 @@ OPT_IN = {
     "pt2_grid": "the full PT2 grid (every module x kernel x optimizer compiled against eager, "
     "~3 min): pytest -m pt2_grid",
     "aoti": "AOTInductor packages (each compiles C++, 20-60 s): pytest -m aoti",
+    "slow": "end-to-end examples, benchmark smoke runs and CLI pipelines (~7 min on 2 cores, "
+    "over the default run's 15-minute budget): make test-slow",
+    "programs": "user programs on TorchRec and on shardkit side by side (~15 min; needs the "
+    "peers venv): make test-programs",
 }
 
 # Collective timeout inside test ranks: far above what any test needs, far below pytest's timeout.

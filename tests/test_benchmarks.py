@@ -15,6 +15,8 @@ import torch
 
 from tests.scripts import run_script
 
+pytestmark = pytest.mark.slow  # make test-slow (see tests/conftest.py OPT_IN)
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

@@ -9,7 +9,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.scripts import run_script, run_scripts
+
+pytestmark = pytest.mark.slow  # make test-slow (see tests/conftest.py OPT_IN)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp_charlm.py"
 TINY = [

@@ -23,6 +23,8 @@ from tests.examples.torchrec_programs import (
 )
 from tests.scripts import ROOT, run_scripts
 
+pytestmark = pytest.mark.slow  # make test-slow (see tests/conftest.py OPT_IN)
+
 PROGRAMS = ROOT / "examples" / "torchrec"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.scripts import free_port, run_script, run_scripts
@@ -44,6 +45,7 @@ def _epochs(out: str) -> list[tuple[float, float]]:
     return [(float(loss), float(accuracy)) for loss, accuracy in found]
 
 
+@pytest.mark.slow
 def test_fsdp_mnist_learns_and_matches_ddp(tmp_path):
     # both runs at once (each mostly start-up; shardkit's spawn meets in a file store, no port)
     fsdp, ddp = run_scripts(
@@ -68,6 +70,7 @@ def test_fsdp_mnist_learns_and_matches_ddp(tmp_path):
     assert state[0] < 0.55 * state[-1]  # FSDP keeps about half of DDP's model state per rank
 
 
+@pytest.mark.slow
 def test_fsdp2_program_trains_the_same_on_torch_and_on_shardkit():
     """examples/fsdp2_titan.py, written for torch's FSDP2, run as written and after the import
     rewrite: the same losses and gradient norms, across a DCP save and reload."""

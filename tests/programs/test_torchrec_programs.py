@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.programs.harness import assert_figures_close, run_on_shardkit, run_on_torchrec
+
+pytestmark = pytest.mark.programs
 
 
 def _both(name: str, tmp_path, *, rewrite_fsdp: bool = False) -> tuple[dict, dict]:
