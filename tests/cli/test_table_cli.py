@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from shardkit.data import FittedSchema
@@ -59,6 +60,7 @@ def test_train_export_and_serve_a_csv_log(shardkit_here, tmp_path):
     assert logits.shape == (1,) and bool(torch.isfinite(logits).all())
 
 
+@pytest.mark.slow
 def test_parquet_with_a_validation_file_and_skipped_rows(tmp_path):
     train = write_ratings_parquet(tmp_path / "train.parquet", 1200, row_group_size=200)
     validation = write_ratings(tmp_path / "val.csv", 300, seed=1)

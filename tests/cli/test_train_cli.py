@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from shardkit.cli import build_parser
@@ -37,6 +38,7 @@ def test_help_lists_every_train_option(tmp_path):
     assert "(default: None)" not in out
 
 
+@pytest.mark.slow
 def test_plan_only_prints_the_plan_and_stops(tmp_path):
     out = _shardkit(
         "train", "--plan-only", "--nproc", "2", "--sharding-type", "row_wise",
@@ -84,6 +86,7 @@ def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
     assert abs(float(re.search(r"AUC (\d\.\d+)", resumed).group(1)) - auc) <= 2e-4
 
 
+@pytest.mark.slow
 def test_criteo_sample_in_its_own_layout(tmp_path):
     out = _shardkit(
         "train", "--data", "criteo", "--criteo-format", "paddlerec", "--id-mapping", "hash",
@@ -119,6 +122,7 @@ def test_refused_input_is_one_line_not_a_traceback(shardkit_here, tmp_path):
         assert words in error and "Traceback" not in error
 
 
+@pytest.mark.slow
 def test_the_demo_defaults(tmp_path):
     """What `make demo` runs (`shardkit train`, every default), minus the progress bar."""
     out = _shardkit("train", "--no-progress", cwd=tmp_path)
@@ -196,6 +200,7 @@ def test_import_of_a_file_that_is_not_a_state_dict(shardkit_here, tmp_path):
         assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 def test_a_corrupted_latest_checkpoint_names_the_intact_one_and_resume_from_takes_it(
     adult_run, tmp_path
 ):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.scripts import run_script
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "collectives.py"
 
 
+@pytest.mark.slow
 def test_collectives_example_prints_the_seed_outputs():
     out = run_script(EXAMPLE, "--tick", "0.05", timeout=180)
     # reduce and all-reduce of ones * rank over 4 ranks: 0 + 1 + 2 + 3

@@ -6,6 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.scripts import free_port, run_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -37,6 +39,7 @@ def _seed_001_on_two_hosts(rank: int, world_size: int) -> str:
     return example.table_row_wise_on_two_hosts(rank, world_size)
 
 
+@pytest.mark.slow
 def test_seed_001_plans_have_the_seeds_shard_sizes(run_ranks):
     # the seed's four simulations as its script runs them; table-row-wise on ranks already up
     out = _run("seed_001_sharding.py")

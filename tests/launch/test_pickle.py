@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from shardkit.launch._pickle import dumps
 
 
@@ -68,6 +70,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_spawn_from_notebook_style_main():
     """Code fed on stdin has no file for the ranks to re-import, like a notebook cell."""
     result = subprocess.run(

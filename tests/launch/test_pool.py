@@ -21,6 +21,7 @@ def _fail(rank: int, world_size: int):
     raise RuntimeError(f"planned failure on rank {rank}")
 
 
+@pytest.mark.slow
 def test_pool_reuses_ranks_and_restarts_after_failure():
     with RankPool(2, timeout=30) as pool:
         first = pool.run(_pid_and_sum, 1.0)

@@ -46,12 +46,14 @@ def test_returns_values_by_rank():
     assert [r["env"] for r in results] == [("0", "0", "3"), ("1", "1", "3"), ("2", "2", "3")]
 
 
+@pytest.mark.slow
 def test_simulated_hosts():
     results = spawn(_identity, world_size=4, args=("h",), local_world_size=2, timeout=30)
     assert [r["host"] for r in results] == [0, 0, 1, 1]
     assert [r["env"][1] for r in results] == ["0", "1", "0", "1"]
 
 
+@pytest.mark.slow
 def test_lambda_and_closure_run_by_value():
     offset = 10
     assert spawn(lambda rank, ws: rank + offset, world_size=2, timeout=30) == [10, 11]

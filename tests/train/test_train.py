@@ -62,6 +62,7 @@ def test_resume_continues_bit_identically(run_ranks, tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
 def test_dense_sharding_fsdp_trains_as_ddp_and_resumes(run_ranks, tmp_path):
     """``--dense-sharding fsdp``: the dense MLPs fully sharded give DDP's losses and metrics,
     and a run resumed from its checkpoint goes on as the straight run."""
