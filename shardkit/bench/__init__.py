@@ -5,9 +5,8 @@ from shardkit.bench._calibrate import (
     calibrate,
     fit_nonnegative,
     format_profile,
-    machine_identity,
 )
-from shardkit.bench._machine import machine_info, machine_line
+from shardkit.bench._machine import machine_identity, machine_info, machine_line
 from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
 
 __all__ = [

@@ -26,17 +26,16 @@ Everything runs with the threads per rank training will use (``threads_per_rank`
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
 from shardkit.launch import current, spawn
 from shardkit.modules import (
     BatchedTables,
@@ -55,7 +54,6 @@ __all__ = [
     "fit_kernels",
     "fit_nonnegative",
     "format_profile",
-    "machine_identity",
     "measure_collectives",
 ]
 
@@ -151,68 +149,6 @@ def _nonnegative_lstsq(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             break
         del active[worst]
     return coef
-
-
-def machine_identity(device: str, backend: str) -> dict[str, str]:
-    """CPU model, family/model, ISA flags and huge-page mode (or the GPU's name), torch and the
-    backend's version, cores, host and date."""
-    info = {
-        "cpu_model": platform.processor() or platform.machine(),
-        "host": platform.node(),
-        "torch": torch.__version__,
-        "backend": backend,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cores": str(_cores()),
-    }
-    info.update(_cpuinfo())
-    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
-    if thp and "[" in thp:
-        info["transparent_huge_pages"] = thp.split("[")[1].split("]")[0]
-    if device == "cuda" and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = str(torch.version.cuda)
-        if backend == "nccl":
-            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
-    return info
-
-
-def _cpuinfo() -> dict[str, str]:
-    text = _read("/proc/cpuinfo") or ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if ":" not in line:
-            if fields:
-                break  # the first processor is enough
-            continue
-        key, value = (part.strip() for part in line.split(":", 1))
-        fields.setdefault(key, value)
-    out = {}
-    if "model name" in fields:
-        out["cpu_model"] = fields["model name"]
-    if "cpu family" in fields:
-        out["cpu_family_model"] = f"family {fields['cpu family']} model {fields.get('model', '?')}"
-    flags = set(fields.get("flags", "").split())
-    isa = [
-        f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile") if f in flags
-    ]
-    if flags:
-        out["isa"] = " ".join(isa)
-    return out
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _sync(device: torch.device) -> None:
@@ -657,8 +593,8 @@ def _calibrate_host(
         compute_device=config.device,
         backend=backend,
         threads_per_rank=config.threads_per_rank,
-        cores=_cores(),
-        memory_bytes=_memory_bytes(config.device),
+        cores=cores(),
+        memory_bytes=memory_bytes(config.device),
         cache_bytes=cache,
         memory_bw=bandwidth,
         matmul_flops=flops,
@@ -680,30 +616,6 @@ def _kernel_line(fit: KernelFit, points: Sequence[dict], cache: int) -> str:
         f"misses its {len(points)} points by {100 * errors[len(errors) // 2]:.0f}% (median), "
         f"{100 * errors[-1]:.0f}% (worst)"
     )
-
-
-def cache_bytes(device: str) -> int:
-    """The last-level cache: the GPU's L2, or the CPU's largest cache in sysfs (else 32 MiB)."""
-    if device == "cuda" and torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 40 * _MIB))
-    largest = 0
-    for index in range(8):
-        text = _read(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size")
-        if not text:
-            continue
-        units = {"K": 1 << 10, "M": 1 << 20}
-        value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-        largest = max(largest, value)
-    return largest or 32 * _MIB
-
-
-def _memory_bytes(device: str) -> int:
-    if device == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return 0
 
 
 def format_profile(profile: MachineProfile) -> str:

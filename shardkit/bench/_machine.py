@@ -20,7 +20,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["machine_info", "machine_line"]
+__all__ = [
+    "cache_bytes",
+    "cores",
+    "machine_identity",
+    "machine_info",
+    "machine_line",
+    "memory_bytes",
+]
+
+_MIB = 1 << 20
+# The flags a calibration profile records (its identity: kernels fitted on one ISA, used there).
+_PROFILE_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile")
 
 # The ISA flags (as /proc/cpuinfo spells them) that decide which kernels run: AVX2 and FMA,
 # AVX-512 and its extensions, AMX.
@@ -101,6 +112,66 @@ def machine_line(info: dict[str, Any] | None = None, *, threads: int | None = No
     if info.get("fbgemm_isa"):
         parts.append(f"FBGEMM {info['fbgemm_isa']}")
     return "; ".join(parts)
+
+
+def machine_identity(device: str, backend: str) -> dict[str, str]:
+    """A calibration profile's identity: CPU model, family/model, ISA flags and huge-page mode
+    (or the GPU's name), torch and the backend's version, cores, host and date."""
+    cpu = _cpuinfo()
+    info = {
+        "cpu_model": cpu.get("model name") or platform.processor() or platform.machine(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "backend": backend,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cores": str(cores()),
+    }
+    if "cpu family" in cpu:
+        info["cpu_family_model"] = f"family {cpu['cpu family']} model {cpu.get('model', '?')}"
+    flags = set(cpu.get("flags", "").split())
+    if flags:
+        info["isa"] = " ".join(f for f in _PROFILE_ISA if f in flags)
+    if (thp := _thp_mode()) != "unknown":
+        info["transparent_huge_pages"] = thp
+    if device == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = str(torch.version.cuda)
+        if backend == "nccl":
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    return info
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cache_bytes(device: str) -> int:
+    """The last-level cache: the GPU's L2, or the CPU's largest cache in sysfs (else 32 MiB)."""
+    if device == "cuda" and torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 40 * _MIB))
+    largest = 0
+    for index in range(8):
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+                text = f.read().strip()
+            units = {"K": 1 << 10, "M": 1 << 20}
+            value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+            largest = max(largest, value)
+    return largest or 32 * _MIB
+
+
+def memory_bytes(device: str) -> int:
+    """The device's memory (the GPU's, or the machine's RAM; 0 where unknown)."""
+    if device == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def _cpuinfo() -> dict[str, str]:
