@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -84,3 +85,31 @@ def test_cuda_build_check_refuses_a_cpu_torch(capsys):
         r"check-cuda-build: FAILED: torch 2\.\d+\.\d+\+cpu is a CPU build: install a CUDA build",
         err,
     ), err
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs binutils' objdump")
+def test_the_grouped_update_loops_prefetch():
+    """GCC deleted every call to a prefetch helper it did not inline (a function whose only
+    effect is a prefetch has none, to GCC), and the grouped update ran with no prefetch at all:
+    see [Note: prefetches are inlined] in csrc/common.h. Each update loop in the built library
+    must hold prefetch instructions."""
+    with use_kernel("compiled"):
+        pass  # loaded now, if it was not yet
+    assert _build._loaded_from is not None
+    listing = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-C", str(_build._loaded_from / _build.LIBRARY)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    loops = {}  # function name -> its disassembly
+    for body in listing.split("\n\n"):
+        name = re.match(r"[0-9a-f]+ <(.*)>:", body)
+        if name and "update_rows<" in name.group(1):
+            loops[name.group(1)] = body
+    assert loops, "no update_rows function in the library: was it renamed? update this test"
+    without = sorted(name for name, body in loops.items() if "prefetch" not in body)
+    assert not without, (
+        f"{len(without)} of {len(loops)} update loops have no prefetch: {without[:3]}"
+    )

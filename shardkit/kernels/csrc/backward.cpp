@@ -66,9 +66,10 @@ __attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t 
 }
 
 // The gradient row of the occurrence `key`; and, when it starts a run (`first`), its table row
-// and state: once per unique row, not once per occurrence (a hot row has thousands).
+// and state: once per unique row, not once per occurrence (a hot row has thousands). Always
+// inlined: see [Note: prefetches are inlined] in common.h.
 template <typename W>
-void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
+__attribute__((always_inline)) inline void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
   const Table& t = c.table;
   const int64_t dim = t.dim, row = static_cast<int64_t>(key >> 32);
   const int64_t source = static_cast<int64_t>(key & 0xffffffffu);

@@ -122,7 +122,17 @@ __attribute__((noinline)) float dot(const float* __restrict x, const W* __restri
   return lanes[0] + lanes[1];
 }
 
-inline void prefetch_row(const void* row, int64_t bytes, bool for_write) {
+// [Note: prefetches are inlined]
+// A function whose only effect is __builtin_prefetch is, to GCC, a function with no effect:
+// GCC 12 -O3 marks it const and deletes every call to it that it has not inlined. The grouped
+// update called `prefetch_occurrence` (a plain template) and so ran with no prefetch at all
+// (no prefetch instruction in any update_rows); with both helpers always inlined the
+// prefetches stay. Measured with benchmarks/ebc_phases.cpp on a Zen 3 EPYC (AVX2), 4 x 100k
+// rows, batch 2048, dim 16, thread CPU time: the row-wise update 4.3 -> 3.6 ms in sorted row
+// order, 11.6 -> 4.0 ms in a shuffled row order. tests/kernels/test_build.py checks the built
+// library's update loops for prefetch instructions.
+__attribute__((always_inline)) inline void prefetch_row(const void* row, int64_t bytes,
+                                                        bool for_write) {
   const char* p = static_cast<const char*>(row);
   for (int64_t off = 0; off < bytes; off += kLine) {
     if (for_write)
