@@ -88,3 +88,10 @@ def test_managed_collision_row_wise_with_one_bucket_and_a_reload(tmp_path):
     assert theirs["resumed_losses"] != theirs["continued_losses"]
     assert json.loads(theirs["resident_raw_ids"])["user_table"]  # ids far beyond 16 rows
     assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_detach_evaluate_checkpoint_attach_and_a_second_epoch(tmp_path):
+    ours, theirs = _both("pipeline_control.py", tmp_path)
+    assert len(theirs["epoch_1_losses"]) == 8 and len(theirs["epoch_2_losses"]) == 6
+    assert len(ours["epoch_2_losses"]) == 6  # a new iterator after StopIteration: a new epoch
+    assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
