@@ -143,8 +143,8 @@ dense = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0
 losses, remapped = train(model, dense, 0, 5)
 
 # checkpoint: each rank saves its state_dict, a fresh model loads it and trains on
-folder = Path(sys.argv[1]).parent
-torch.save(model.state_dict(), folder / f"mc_rank{rank}.pt")
+checkpoint = Path(sys.argv[1]).with_suffix(f".rank{rank}.pt")
+torch.save(model.state_dict(), checkpoint)
 dist.barrier()
 state = model.state_dict()
 state_figures = {}
@@ -160,7 +160,7 @@ for name in ROWS:
 continued, continued_remapped = train(model, dense, 5, 3)
 
 fresh = build()
-fresh.load_state_dict(torch.load(folder / f"mc_rank{rank}.pt", weights_only=False))
+fresh.load_state_dict(torch.load(checkpoint, weights_only=False))
 fresh_dense = torch.optim.SGD([p for p in fresh.parameters() if p.requires_grad], lr=0.1)
 resumed, resumed_remapped = train(fresh, fresh_dense, 5, 3)
 
