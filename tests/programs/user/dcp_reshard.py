@@ -10,12 +10,12 @@ Run: torchrun --nproc-per-node 2 dcp_reshard.py OUT [--model-only]
 
 import json
 import sys
-import zlib
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from program_support import initialise  # the folder's helper module
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -59,24 +59,6 @@ def build(per_table):
         model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
         plan=ShardingPlan({"ebc": plan}), sharders=[EmbeddingBagCollectionSharder()],
     )  # fmt: skip
-
-
-@torch.no_grad()
-def initialise(model):
-    """Every tensor of the state dict from a generator seeded by its name."""
-    for key, value in sorted(model.state_dict().items()):
-        g = torch.Generator().manual_seed(zlib.crc32(key.removeprefix("module.").encode()))
-        size = value.size() if isinstance(value, ShardedTensor) else value.shape
-        full = torch.randn(tuple(size), generator=g) * 0.1
-        if isinstance(value, ShardedTensor):
-            for shard in value.local_shards():
-                block = full
-                for dim, (o, n) in enumerate(zip(shard.metadata.shard_offsets,
-                                                 shard.metadata.shard_sizes)):  # fmt: skip
-                    block = block.narrow(dim, o, n)
-                shard.tensor.copy_(block)
-        else:
-            value.copy_(full)
 
 
 def batch(step):
@@ -133,7 +115,7 @@ first_plan = {"t0": table_wise(rank=0), "t1": table_wise(rank=1), "t2": row_wise
 second_plan = {"t0": row_wise(), "t1": row_wise(), "t2": table_wise(rank=1)}
 
 model = build(first_plan)
-initialise(model)
+initialise(model, scale=0.1)
 losses = train(model, 0, 4)
 saved_sums = checksums(model)
 folder = Path(sys.argv[1]).with_suffix(".checkpoint")
