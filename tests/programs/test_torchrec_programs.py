@@ -11,7 +11,9 @@ import pytest
 
 from tests.programs.harness import assert_figures_close, run_on_shardkit, run_on_torchrec
 
-pytestmark = pytest.mark.programs
+# each test runs two 2-rank programs of up to _TIMEOUT (420 s) each: more than the default
+# 300 s pytest timeout on a loaded machine
+pytestmark = [pytest.mark.programs, pytest.mark.timeout(900)]
 
 
 def _both(name: str, tmp_path, *, rewrite_fsdp: bool = False) -> tuple[dict, dict]:
