@@ -8,9 +8,12 @@ names; what shardkit adds is buckets:
 
 - the rows are split into ``buckets`` contiguous ranges, bucket ``b`` owning rows
   ``[b * N // buckets, (b + 1) * N // buckets)`` (``_output_segments_tensor`` holds the bounds);
-- raw id ``x`` belongs to bucket `bucket_of` ``(x)``, a hash of all its bits modulo ``buckets``
-  (not ``x mod buckets``: structured ids, e.g. multiples or squares, would leave buckets
-  empty), and can only ever take a row of its bucket;
+- raw id ``x`` (after the module's ``input_hash_func``) belongs to bucket `bucket_of` ``(x)``,
+  TorchRec's rule (its sharded input dist, FBGEMM's block bucketization): the input range
+  ``[0, input_hash_size)`` in ``buckets`` blocks of ``ceil(input_hash_size / buckets)`` ids, so
+  ``x // block`` for ``x`` in range and ``x mod buckets`` beyond it; the id can only ever take
+  a row of its bucket. (Spreading the ids over the buckets is the ``input_hash_func``'s job,
+  as in TorchRec: without one, ids far below ``input_hash_size`` all fall in bucket 0.)
 - slots are laid out like rows: the slots of positions ``[start_b, end_b)`` are bucket ``b``'s and
   map to rows in ``[start_b, end_b)``, sorted by raw id within the bucket; empty slots hold
   ``int64 max`` and sort last;
@@ -37,20 +40,23 @@ from shardkit.modules._mc_policies import COUNTS, LAST_ACCESS, MCHEvictionPolicy
 __all__ = ["SENTINEL", "Slots", "Window", "bucket_bounds", "bucket_of", "evict"]
 
 SENTINEL = torch.iinfo(torch.int64).max  # an empty slot's raw id
-_MIX = (0x5BD1E995, 0x1B873593, 0x2545F491, 0x4CF5AD43)  # odd constants < 2**31
-_PRIME = 2**31 - 1
 
 
-def bucket_of(ids: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """``[N]`` bucket of each raw id: its four 16-bit pieces times odd constants, summed
-    (< 2**49: no int64 overflow on any device), modulo the prime ``2**31 - 1``, modulo
-    ``num_buckets``."""
+def bucket_of(ids: torch.Tensor, num_buckets: int, input_size: int) -> torch.Tensor:
+    """``[N]`` bucket of each raw id ``x`` (``>= 0``): ``x // block`` with ``block =
+    ceil(input_size / num_buckets)`` where ``x < block * num_buckets``, else ``x mod
+    num_buckets`` (TorchRec's row-wise routing of managed-collision ids, FBGEMM's block
+    bucketization)."""
     if num_buckets == 1:
         return torch.zeros_like(ids)
-    mixed = torch.zeros_like(ids)
-    for piece, constant in enumerate(_MIX):
-        mixed += torch.bitwise_and(ids >> (16 * piece), 0xFFFF) * constant
-    return torch.remainder(mixed, _PRIME) % num_buckets
+    block = max(1, -(-input_size // num_buckets))
+    if block * num_buckets > SENTINEL:  # every int64 id is in range
+        return torch.div(ids, block, rounding_mode="floor")
+    return torch.where(
+        ids < block * num_buckets,
+        torch.div(ids, block, rounding_mode="floor"),
+        torch.remainder(ids, num_buckets),
+    )
 
 
 def bucket_bounds(zch_size: int, buckets: int, offset: int = 0) -> list[int]:
@@ -68,7 +74,8 @@ class Slots:
         metadata: ``{name: [S]}`` the policy's int64 metadata per slot.
         bounds: global row bounds of this module's buckets (``len = local buckets + 1``).
         first_bucket: global index of this module's first bucket.
-        num_buckets: buckets of the whole table (raw id ``x`` is in bucket ``x mod num_buckets``).
+        num_buckets: buckets of the whole table.
+        input_size: the module's ``input_hash_size`` (the range `bucket_of` splits).
     """
 
     raw_ids: torch.Tensor
@@ -77,6 +84,7 @@ class Slots:
     bounds: list[int]
     first_bucket: int
     num_buckets: int
+    input_size: int
 
     def __post_init__(self) -> None:
         device = self.raw_ids.device
@@ -99,7 +107,7 @@ class Slots:
 
     def local_bucket(self, ids: torch.Tensor) -> torch.Tensor:
         """``[N]`` local bucket of each raw id (it must be one of this module's)."""
-        return bucket_of(ids, self.num_buckets) - self.first_bucket
+        return bucket_of(ids, self.num_buckets, self.input_size) - self.first_bucket
 
     def check_buckets(self, ids: torch.Tensor) -> None:
         """Raise if some id belongs to a bucket this module does not own."""

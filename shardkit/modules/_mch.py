@@ -101,6 +101,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         for name in self._eviction_policy.metadata_names:
             self.register_buffer(f"_mch_{name}", slots())
         self._current_iter = -1  # _current_iter_tensor, cached (-1: read it first)
+        self._last_eviction_iter = -1  # set with _current_iter
         self._window: list[torch.Tensor] = []  # ids seen since the last eviction ...
         self._window_iters: list[int] = []  # ... and the iteration of each batch of them
         self._evicted_rows: list[torch.Tensor] = []
@@ -116,6 +117,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
             bounds=self._local_bounds,
             first_bucket=self._segments.index(self._output_global_offset),
             num_buckets=len(self._segments) - 1,
+            input_size=self._input_hash_size,
         )
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
@@ -134,18 +136,23 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         }
 
     def profile(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
-        """In training, record the ids and, every ``eviction_interval`` iterations, evict."""
+        """In training, record the ids and, every ``eviction_interval`` iterations, evict. The
+        count starts at the iteration the module starts (or resumes) at, as TorchRec's: a
+        module loaded at iteration 5 with interval 2 evicts at 7, 9, ... (the ids recorded
+        since the last eviction before the save are not in the checkpoint)."""
         if not self.training:
             return features
         if self._current_iter < 0:
             self._current_iter = int(self._current_iter_tensor.item())
+            self._last_eviction_iter = self._current_iter
         self._current_iter += 1
         self._current_iter_tensor.fill_(self._current_iter)
         for jt in features.values():
             self._window.append(jt.values().detach().to(torch.int64))
             self._window_iters.append(self._current_iter)
-        if self._current_iter % self._eviction_interval == 0:
+        if self._current_iter - self._last_eviction_iter == self._eviction_interval:
             self._evict_window()
+            self._last_eviction_iter = self._current_iter
         return features
 
     def _evict_window(self) -> None:
@@ -211,7 +218,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
     def bucket_of(self, ids: torch.Tensor) -> torch.Tensor:
         """``[N]`` the bucket (of all ``buckets()``) of each id, after `preprocess`: a sharded
         table sends each id to the rank that owns its bucket."""
-        return bucket_of(ids.to(torch.int64), self._slots.num_buckets)
+        return bucket_of(ids.to(torch.int64), self._slots.num_buckets, self._input_hash_size)
 
     def open_slots(self) -> torch.Tensor:
         empty = (self._mch_sorted_raw_ids == SENTINEL).sum() - (len(self._local_bounds) - 1)

@@ -9,7 +9,8 @@ those buckets (slots ``[start, end)`` of every ``_mch_*`` buffer, see [Note: man
 slots]). A table-wise table keeps its whole remapper on the table's rank. Each forward:
 
 1. every rank sends each raw id of each table to the rank of its bucket (row-wise; the id's
-   bucket is a hash of the id after the module's ``input_hash_func``) or of the table
+   bucket is its block of the input range after the module's ``input_hash_func``, as
+   TorchRec routes it) or of the table
    (table-wise): one all-to-all of counts (with a status flag, so a bad input on one rank
    raises on all), one of ids;
 2. each rank remaps the ids it received from every rank as ONE training iteration of its

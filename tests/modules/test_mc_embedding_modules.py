@@ -29,6 +29,15 @@ from shardkit.optim import EmbOptimType
 from tests.modules.reference import ReferenceEBC, reference_optimizer
 
 BIG = 2**40
+SPACE = 10_007  # the ids' range after `spread`
+
+
+def spread(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """The remappers' input_hash_func: spreads the raw ids over ``[0, size)``, whose blocks are
+    the buckets (TorchRec's routing)."""
+    return ids % size
+
+
 FRESH = 0.25  # what init_fn writes: an evicted row is recognisable
 
 
@@ -50,7 +59,7 @@ def _mcc(tables, buckets=2) -> ManagedCollisionCollection:
         {
             c.name: MCHManagedCollisionModule(
                 c.num_embeddings, "cpu", DistanceLFU_EvictionPolicy(), 2, buckets=buckets,
-                name=c.name,
+                name=c.name, input_hash_size=SPACE, input_hash_func=spread,
             )
             for c in tables
         },

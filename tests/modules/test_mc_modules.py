@@ -23,6 +23,13 @@ from shardkit.modules.mc_modules import (
 from shardkit.sparse import JaggedTensor
 
 BIG = 2**40  # raw ids far beyond any table
+SPACE = 10_007  # the ids' range after `spread`, the input_hash_func of the multi-bucket modules
+
+
+def spread(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """An input_hash_func (TorchRec's job for it: spread the ids over their range, whose blocks
+    are the buckets)."""
+    return ids % size
 
 
 def _policy(kind: str, ttl: int | None = None):
@@ -34,6 +41,8 @@ def _policy(kind: str, ttl: int | None = None):
 
 
 def _module(zch=12, kind="lfu", interval=2, buckets=1, **kwargs) -> MCHManagedCollisionModule:
+    if buckets > 1:
+        kwargs = {"input_hash_size": SPACE, "input_hash_func": spread, **kwargs}
     return MCHManagedCollisionModule(
         zch, "cpu", _policy(kind), interval, buckets=buckets, name="t", **kwargs
     )
@@ -73,7 +82,7 @@ def test_kept_ids_get_distinct_rows_and_the_rest_the_reserved_row(kind, buckets)
     reserved = torch.tensor(module._slots.miss_rows.tolist())
     assert not bool(torch.isin(rows, reserved).any())
     unseen = torch.tensor([5, 6, 7]) + 3 * BIG  # never seen: each in its bucket's reserved row
-    expected = reserved[bucket_of(unseen, buckets)]
+    expected = reserved[bucket_of(spread(unseen, SPACE), buckets, SPACE)]
     torch.testing.assert_close(_rows(module, unseen), expected)
 
 
@@ -137,12 +146,12 @@ def test_buckets_decide_alone_as_row_wise_shards_will(kind):
     for batch in _stream(1, 9, size=24):
         expected = _rows(whole, batch)
         for half, owned in zip(halves, ([0, 1], [2, 3])):
-            mine = torch.isin(bucket_of(batch, 4), torch.tensor(owned))
+            mine = torch.isin(bucket_of(spread(batch, SPACE), 4, SPACE), torch.tensor(owned))
             torch.testing.assert_close(_rows(half, batch[mine]), expected[mine])
     for key, value in whole.state_dict().items():
         if key.startswith("_mch_"):
             torch.testing.assert_close(torch.cat([h.state_dict()[key] for h in halves]), value)
-    foreign = batch[bucket_of(batch, 4) == 3][:1]
+    foreign = batch[bucket_of(spread(batch, SPACE), 4, SPACE) == 3][:1]
     with pytest.raises(ValueError, match=r"raw id \d+ is in bucket 3 of 4; this module owns buckets \[0, 2\)"):  # fmt: skip
         _rows(halves[0], foreign)
 
@@ -156,7 +165,7 @@ def test_a_shard_loads_its_slice_of_the_whole_state():
     half.load_state_dict(state)
     whole.eval(), half.eval()
     batch = torch.cat(_stream(3, 2, size=24))
-    mine = bucket_of(batch, 4) >= 2
+    mine = bucket_of(spread(batch, SPACE), 4, SPACE) >= 2
     torch.testing.assert_close(_rows(half, batch[mine]), _rows(whole, batch)[mine])
 
 
@@ -178,6 +187,31 @@ def test_state_dict_round_trip_resumes_exactly(kind):
         torch.testing.assert_close(_rows(resumed, batch), _rows(run, batch))
     for key, value in run.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[key], value)
+
+
+def test_resumed_between_evictions_the_count_restarts_as_torchrecs():
+    """Saved at iteration 5 (interval 2, one iteration past an eviction), a loaded module evicts
+    at iterations 7, 9, ... as TorchRec's (its ``_last_eviction_iter`` starts at the loaded
+    iteration), not at 6: the ids seen at 6 get no row until 7."""
+    run = _module(zch=12, interval=2)
+    for _ in range(5):
+        _rows(run, torch.tensor([BIG, BIG + 1]))  # 2 of the 11 slots taken: room for more
+    resumed = _module(zch=12, interval=2)
+    resumed.load_state_dict(_state(run))
+    assert int(resumed._current_iter_tensor) == 5
+    new = torch.tensor([BIG + 2])
+    assert int(_rows(resumed, new)) == 11  # iteration 6: no eviction, the reserved row
+    assert int(_rows(resumed, new)) != 11  # iteration 7 evicts first: a row of its own
+
+
+def test_buckets_are_torchrecs_blocks_of_the_input_range():
+    """An id's bucket is FBGEMM's block bucketization of ``[0, input_hash_size)`` (what TorchRec's
+    row-wise input dist sends to each rank): ``x // ceil(size / buckets)`` in range, ``x mod
+    buckets`` beyond; figures from TorchRec 1.8's ``bucketize_kjt_before_all2all``."""
+    ids = torch.tensor([0, 4999, 5000, 9999, 10000, 12345, 15001, 2**40, 2**40 + 1, 7])
+    assert bucket_of(ids, 2, 10_000).tolist() == [0, 0, 1, 1, 0, 1, 1, 0, 1, 0]
+    assert bucket_of(ids, 4, 20_000).tolist() == [0, 0, 1, 1, 2, 2, 3, 0, 1, 0]
+    assert bucket_of(ids, 2, 2**63 - 1).tolist() == [0] * 10  # the default range: all in 0
 
 
 def test_loading_a_state_of_other_buckets_or_a_damaged_one_is_refused():
@@ -289,5 +323,5 @@ def test_int32_ids_remap_as_int64_ones():
         torch.testing.assert_close(out["t"].values().long(), _rows(wide, ids))
     half = wide.rebuild_with_output_id_range((6, 12))
     ids = torch.arange(40, dtype=torch.int32)
-    mine = ids[bucket_of(ids.long(), 2) == 1]
+    mine = ids[bucket_of(spread(ids.long(), SPACE), 2, SPACE) == 1]
     half({"t": JaggedTensor(values=mine, lengths=torch.ones(mine.numel(), dtype=torch.long))})

@@ -34,6 +34,15 @@ from shardkit.types import ShardingEnv
 from tests.sharding.common import local_part
 
 BIG = 2**40
+SPACE = 10_007  # the ids' range after `spread`
+
+
+def spread(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """The remappers' input_hash_func: spreads the raw ids over ``[0, size)``, whose blocks are
+    the buckets (TorchRec's routing)."""
+    return ids % size
+
+
 FRESH = 0.25  # what init_fn writes into a row whose id changed
 FEATURES = ["u", "v", "i"]
 BUCKETS = 6  # divisible by 1, 2 and 3 ranks
@@ -70,7 +79,7 @@ def mc_module(
         {
             c.name: MCHManagedCollisionModule(
                 c.num_embeddings, "cpu", DistanceLFU_EvictionPolicy(), 2, buckets=buckets,
-                name=c.name,
+                name=c.name, input_hash_size=SPACE, input_hash_func=spread,
             )
             for c in configs
         },

@@ -199,6 +199,7 @@ def _detach_evaluate_attach(rank: int, world_size: int, overlap: bool):
         saved = _weights(evaluated)
         if mode == "plain":
             losses += [_plain_step(model, optimizer, batch) for batch in train]
+            losses += [_plain_step(model, optimizer, batch) for batch in evaluation]  # epoch 2
         else:
             with pytest.raises(ValueError, match=r"attach\(model\): a DLRMTrain other than the model this pipeline was built with"):  # fmt: skip
                 pipeline.attach(base)
@@ -207,6 +208,12 @@ def _detach_evaluate_attach(rank: int, world_size: int, overlap: bool):
             with pytest.raises(StopIteration):
                 while True:
                     losses.append(pipeline.progress(train)[0].item())
+            with pytest.raises(StopIteration):  # the spent iterator stays spent ...
+                pipeline.progress(train)
+            second = iter(evaluation)  # ... and a new one is a new epoch, as in TorchRec
+            with pytest.raises(StopIteration):
+                while True:
+                    losses.append(pipeline.progress(second)[0].item())
         runs[mode] = losses, logits, saved, _weights(model), len(dists), own_forward
     return runs
 
@@ -226,14 +233,15 @@ def _weights(model) -> dict[str, torch.Tensor]:
 def test_detach_evaluate_attach_trains_like_a_plain_loop(run_ranks, overlap):
     """TorchRec 1.8's ``detach()``/``attach()``: the detached model runs its collections' own
     forwards (its evaluation, state dict and later training match the plain loop's), and the
-    batch in flight at ``detach`` resumes: one input dist per batch, trained or evaluated."""
+    batch in flight at ``detach`` resumes: one input dist per batch, trained or evaluated; after
+    StopIteration a new iterator trains a second epoch."""
     for runs in run_ranks(_detach_evaluate_attach, 2, overlap):
         plain, pipelined = runs["plain"], runs["pipelined"]
-        assert pipelined[0] == pytest.approx(plain[0], abs=1e-6) and len(plain[0]) == 6
+        assert pipelined[0] == pytest.approx(plain[0], abs=1e-6) and len(plain[0]) == 8
         torch.testing.assert_close(pipelined[1], plain[1])
         torch.testing.assert_close(pipelined[2], plain[2])
         torch.testing.assert_close(pipelined[3], plain[3])
-        assert pipelined[4:] == (8, True) and plain[4] == 8
+        assert pipelined[4:] == (10, True) and plain[4] == 10
 
 
 def test_overlap_is_chosen_where_a_core_is_free_for_the_transfer():

@@ -425,12 +425,15 @@ class TrainPipelineSparseDist(_Pipeline):
         self.contexts.append(self._context_type(index=self._batch_count - 1, version=1))
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
-        """One training step on the next batch; raises StopIteration when every rank is done."""
+        """One training step on the next batch; raises StopIteration when every rank is done.
+        After that, as TorchRec's, the next call starts on the iterator it is given (a new
+        epoch over a new iterator; the spent one raises StopIteration again)."""
         self._resume()
         if not self._connected:
             self._next, self._connected = self._fetch(dataloader_iter), True
         batch = self._next.take() if self._next is not None else None
         if batch is None:
+            self.reset()
             raise StopIteration
         self._next = self._fetch(dataloader_iter)  # the next batch's ids start travelling
         output = self._step(batch, lambda: None)

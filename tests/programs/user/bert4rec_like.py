@@ -8,12 +8,11 @@ Run: torchrun --nproc-per-node 2 bert4rec_like.py OUT
 
 import json
 import sys
-import zlib
 
 import torch
 import torch.distributed as dist
+from program_support import initialise  # the folder's helper module
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
@@ -64,21 +63,7 @@ model = DistributedModelParallel(
 )  # fmt: skip
 
 
-@torch.no_grad()
-def initialise(model):
-    for key, value in sorted(model.state_dict().items()):
-        g = torch.Generator().manual_seed(zlib.crc32(key.removeprefix("module.").encode()))
-        size = value.size() if isinstance(value, ShardedTensor) else value.shape
-        full = torch.randn(tuple(size), generator=g) * 0.1
-        if isinstance(value, ShardedTensor):
-            for shard in value.local_shards():
-                (r, c), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                shard.tensor.copy_(full[r : r + n, c : c + m])
-        elif value.is_floating_point():
-            value.copy_(full)
-
-
-initialise(model)
+initialise(model, scale=0.1)
 dense = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
 
 

@@ -5,11 +5,11 @@ TrainPipelineSparseDist.progress over a dataloader of Batch objects (the DLRM ex
 
 import json
 import sys
-import zlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import ShardedTensor
+from program_support import initialise  # the folder's helper module
+from program_support import mean_over_ranks as mean
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
@@ -54,24 +54,6 @@ def build(kind):
     )  # fmt: skip
 
 
-@torch.no_grad()
-def initialise(model):
-    """Every tensor of the state dict from a generator seeded by its name."""
-    for key, value in sorted(model.state_dict().items()):
-        g = torch.Generator().manual_seed(zlib.crc32(key.removeprefix("module.").encode()))
-        size = value.size() if isinstance(value, ShardedTensor) else value.shape
-        full = torch.randn(tuple(size), generator=g) * 0.2
-        if isinstance(value, ShardedTensor):
-            for shard in value.local_shards():
-                block = full
-                for dim, (o, n) in enumerate(zip(shard.metadata.shard_offsets,
-                                                 shard.metadata.shard_sizes)):  # fmt: skip
-                    block = block.narrow(dim, o, n)
-                shard.tensor.copy_(block)
-        elif value.is_floating_point():
-            value.copy_(full)
-
-
 def batches(first, count):
     for step in range(first, first + count):
         g = torch.Generator().manual_seed(step)
@@ -86,16 +68,10 @@ def batches(first, count):
                     labels=labels)  # fmt: skip
 
 
-def mean(value):
-    every = [torch.zeros(()) for _ in range(world)]
-    dist.all_gather(every, value.detach().reshape(()))
-    return float(sum(every) / world)
-
-
 figures = {}
 for kind in ("dlrm", "dcn", "projection"):
     model = build(kind)
-    initialise(model)
+    initialise(model, scale=0.2)
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                   lambda params: torch.optim.SGD(params, lr=0.1))  # fmt: skip
     optimizer = CombinedOptimizer([model.fused_optimizer, dense])

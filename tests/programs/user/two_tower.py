@@ -7,12 +7,11 @@ Run: torchrun --nproc-per-node 2 two_tower.py OUT
 
 import json
 import sys
-import zlib
 
 import torch
 import torch.distributed as dist
+from program_support import initialise  # the folder's helper module
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -60,27 +59,7 @@ model = DistributedModelParallel(
 )  # fmt: skip
 
 
-@torch.no_grad()
-def initialise(model):
-    """Every tensor of the state dict from a generator seeded by its name (shards: their block
-    of the full tensor), so both runs start from the same model."""
-    for key, value in sorted(model.state_dict().items()):
-        key = key.removeprefix("module.")
-        g = torch.Generator().manual_seed(zlib.crc32(key.encode()))
-        size = value.size() if isinstance(value, ShardedTensor) else value.shape
-        full = torch.randn(tuple(size), generator=g) * 0.1
-        if isinstance(value, ShardedTensor):
-            for shard in value.local_shards():
-                block = full
-                for dim, (o, n) in enumerate(zip(shard.metadata.shard_offsets,
-                                                 shard.metadata.shard_sizes)):  # fmt: skip
-                    block = block.narrow(dim, o, n)
-                shard.tensor.copy_(block)
-        else:
-            value.copy_(full)
-
-
-initialise(model)
+initialise(model, scale=0.1)
 dense = KeyedOptimizerWrapper(
     dict(in_backward_optimizer_filter(model.named_parameters())),
     lambda params: torch.optim.Adam(params, lr=0.01),
