@@ -159,8 +159,10 @@ def test_exact_sums_are_exact_in_any_order():
 
     rng = np.random.default_rng(0)
     x = np.stack([rng.normal(size=500) * 1e9, np.log1p(rng.exponential(5, 500)),
-                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)]], axis=1)  # fmt: skip
-    for j in range(3):
+                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)],
+                  np.ldexp(rng.normal(size=500), rng.integers(-1074, 1000, 500)),  # every scale
+                  np.full(500, 1 - 2.0**-53) * 2.0**450], axis=1)  # fmt: skip
+    for j in range(x.shape[1]):
         column = x[:, j].tolist()
         assert exact_sums(x)[j] == sum(map(Fraction, column))
         assert exact_square_sums(x)[j] == sum(Fraction(v) ** 2 for v in column)
