@@ -210,7 +210,7 @@ class ColumnParser:
     def _dense(self, column: Any, spec: Any, flagged: np.ndarray) -> np.ndarray:
         pa, pc = self.pa, self.pc
         if pa.types.is_string(column.type):
-            text = pc.utf8_trim_whitespace(column)
+            text = pc.utf8_trim_whitespace(column) if _may_have_spaces(column) else column
             missing = self._missing(text, spec.name)
             if missing.any():
                 column = pc.if_else(pa.array(missing), "0", text)
