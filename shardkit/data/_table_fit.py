@@ -186,14 +186,12 @@ class Fitter:
         """The training values' counts (``values`` and ``counts``) of a table's features: a
         hash pass (`dictionary_encode`) and a `bincount` of the training rows' codes."""
         pa = self.pa
-        values = pa.concat_arrays([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
         train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
-        encoded = _compute().dictionary_encode(values)
-        codes = np.asarray(encoded.indices)[train]
-        counts = np.bincount(codes, minlength=len(encoded.dictionary))
+        dictionary, codes = _encode([v for v, _ in parts])
+        counts = np.bincount(codes[train], minlength=len(dictionary))
         seen = counts > 0
         return pa.StructArray.from_arrays(
-            [encoded.dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
+            [dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
             names=["values", "counts"],
         )
 
@@ -215,13 +213,11 @@ class Fitter:
         pa = self.pa
         if len(counted) == 1:
             return counted[0]
-        values = pa.concat_arrays([c.field("values") for c in counted])
         counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
-        encoded = _compute().dictionary_encode(values)
-        summed = np.bincount(np.asarray(encoded.indices), weights=counts,
-                             minlength=len(encoded.dictionary))  # fmt: skip
+        dictionary, codes = _encode([c.field("values") for c in counted])
+        summed = np.bincount(codes, weights=counts, minlength=len(dictionary))
         return pa.StructArray.from_arrays(
-            [encoded.dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
+            [dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
         )
 
     def part(self) -> dict[str, Any]:
@@ -293,6 +289,18 @@ class Fitter:
         values = np.sort(values[np.lexsort((values, keys))[:_SAMPLE]])
         cuts = [float(values[len(values) * i // buckets]) for i in range(1, buckets)]
         return tuple(sorted(set(cuts)))
+
+
+def _encode(arrays: list[Any]) -> tuple[Any, np.ndarray]:
+    """One hash pass over Arrow string arrays without concatenating them (a chunked array's
+    chunks share one dictionary): the distinct values and each value's code, in order."""
+    import pyarrow as pa
+
+    encoded = _compute().dictionary_encode(pa.chunked_array(arrays, type=arrays[0].type))
+    if not encoded.num_chunks:
+        return pa.array([], arrays[0].type), np.zeros(0, dtype=np.int64)
+    codes = [np.asarray(chunk.indices) for chunk in encoded.chunks]
+    return encoded.chunk(encoded.num_chunks - 1).dictionary, np.concatenate(codes)
 
 
 def _compute() -> Any:
