@@ -210,7 +210,7 @@ class ColumnParser:
     def _dense(self, column: Any, spec: Any, flagged: np.ndarray) -> np.ndarray:
         pa, pc = self.pa, self.pc
         if pa.types.is_string(column.type):
-            text = pc.utf8_trim_whitespace(column)
+            text = pc.utf8_trim_whitespace(column) if _may_have_spaces(column) else column
             missing = self._missing(text, spec.name)
             if missing.any():
                 column = pc.if_else(pa.array(missing), "0", text)
@@ -286,15 +286,19 @@ def _lengths(values: Any) -> np.ndarray:
 
 def _may_have_spaces(values: Any) -> bool:
     """Whether a string may start or end with whitespace (a byte <= 32, or >= 128: a
-    non-ASCII character may be Unicode whitespace), so trimming may change it."""
+    non-ASCII character may be Unicode whitespace), so trimming may change it. Each string's
+    first and last byte are read without a mask: an empty string reads its neighbours' edge
+    bytes, which are checked anyway (at worst a needless trim)."""
     if not len(values):
         return False
     offsets, text = _offsets(values)
-    filled = offsets[1:] > offsets[:-1]
-    if not filled.any():
+    if not len(text):
         return False
-    edges = np.concatenate([text[offsets[:-1][filled]], text[offsets[1:][filled] - 1]])
-    return bool(((edges <= 32) | (edges >= 128)).any())
+    first = text[np.minimum(offsets[:-1], len(text) - 1)]
+    last = text[np.maximum(offsets[1:] - 1, 0)]
+    first -= np.uint8(33)  # bytes 33..126 (printable ASCII but the space) become 0..93
+    last -= np.uint8(33)
+    return bool(first.max() > 93 or last.max() > 93)
 
 
 def _array(column: Any) -> Any:

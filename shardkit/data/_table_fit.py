@@ -7,11 +7,12 @@ process reading every piece fits, for any world size:
 
 - value counts (vocabularies) are integers: summed in any order, then sorted by decreasing
   count, ties by value (UTF-8 byte order, which is code point order);
-- dense statistics are exact: each process sums ``x`` and ``x * x`` exactly (`exact_sum`: a
-  float64 is an integer times a power of 2; the integers are summed per power, then as Python
-  integers; a square is split into two float64 without error, Dekker's product), so the sums
-  are the same in any order and any cut into pieces or files; the mean and the population
-  standard deviation are computed from them in exact rational arithmetic and rounded once;
+- dense statistics are exact: each process sums ``x`` and ``x * x`` exactly (`exact_sum`: the
+  values are cut into slices on a grid of powers of 2 coarse enough that float64 adds any number
+  of a piece's slices without rounding, so each slice's float64 sum is exact; a square is split
+  into two float64 without error, Dekker's product), so the sums are the same in any order and
+  any cut into pieces or files; the mean and the population standard deviation are computed
+  from them in exact rational arithmetic and rounded once;
 - a quantile sample (for fitted buckets) keeps the rows with the smallest 64-bit keys of
   ``(file, record key)``: the smallest of the smallest.
 """
@@ -35,9 +36,8 @@ __all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exac
 
 _SAMPLE = 65_536
 _COMPACT = 1 << 22  # counted values held before they are summed per value
-_SCALE = 1126  # exact sums are integers times 2**-_SCALE (the smallest float64 mantissa bit)
+_HUGE = 2.0**900  # larger values are summed in Python (the vectorized sums' grid needs room)
 _SPLIT = 134_217_729.0  # 2**27 + 1: Veltkamp's split of a float64 into two halves
-_CHUNK = 1 << 25  # values summed at once (bincount's float64 sums stay exact)
 
 
 def exact_sum(x: np.ndarray) -> Fraction:
@@ -52,59 +52,88 @@ def exact_square_sum(x: np.ndarray) -> Fraction:
 
 def exact_sums(x: np.ndarray) -> list[Fraction]:
     """The exact sum of each column of ``x`` (float64 ``[n, D]``, finite)."""
-    return _exact(x, np.ones(x.shape, dtype=bool), squares=False)
+    return _exact(x, None if not x.size or np.abs(x).max() < _HUGE else np.abs(x) < _HUGE,
+                  squares=False)  # fmt: skip
 
 
 def exact_square_sums(x: np.ndarray) -> list[Fraction]:
     """The exact sum of the squares of each column of ``x``."""
     magnitude = np.abs(x)
-    normal = (magnitude == 0) | ((magnitude >= 2.0**-400) & (magnitude < 2.0**500))
-    return _exact(x, normal, squares=True)
+    tiny = magnitude < 2.0**-400
+    if not x.size or (magnitude.max() < 2.0**440 and np.count_nonzero(tiny) == np.count_nonzero(
+            magnitude == 0)):  # fmt: skip
+        return _exact(x, None, squares=True)
+    return _exact(x, (magnitude == 0) | (~tiny & (magnitude < 2.0**440)), squares=True)
 
 
-def _exact(x: np.ndarray, normal: np.ndarray, *, squares: bool) -> list[Fraction]:
-    """The vectorized exact sums of ``normal`` values per column (of their squares: Dekker's
-    ``x * x = p + e``, both float64, without error in that range) plus the others' in Python."""
+def _exact(x: np.ndarray, normal: np.ndarray | None, *, squares: bool) -> list[Fraction]:
+    """The vectorized exact sums of ``normal`` values per column (None: all; of their squares:
+    Dekker's ``x * x = p + e``, both float64, without error in that range) plus the others' in
+    Python."""
     power = 2 if squares else 1
     totals = [Fraction()] * x.shape[1]
-    if not normal.all():
+    if normal is not None:
         totals = [sum((Fraction(v) ** power for v in x[~normal[:, j], j].tolist()), Fraction())
                   for j in range(x.shape[1])]  # fmt: skip
         x = np.where(normal, x, 0.0)
-    parts = [x]
-    if squares:
-        p = x * x
-        c = _SPLIT * x
-        high = c - (c - x)
-        low = x - high
-        parts = [p, low * low - (((p - high * high) - low * high) - high * low)]
-    integers = [_integer_sums(part) for part in parts]
-    return [total + Fraction(sum(i[j] for i in integers), 1 << _SCALE)
-            for j, total in enumerate(totals)]  # fmt: skip
-
-
-_POWERS = 2200  # frexp's exponents of finite float64 lie in [-1073, 1024]: shifted by 1100
-
-
-def _integer_sums(x: np.ndarray) -> list[int]:
-    """Per column ``S`` with sum = ``S * 2**-1126`` exactly: each float64 is an integer
-    mantissa times a power of 2; the mantissas are summed per column and power (in two
-    halves, so float64 sums of them stay exact), then as Python integers."""
-    num_columns = x.shape[1]
-    totals = [0] * num_columns
-    for start in range(0, len(x), _CHUNK):
-        mantissa, exponent = np.frexp(x[start : start + _CHUNK])
-        whole = (mantissa * 2.0**53).astype(np.int64)  # x = whole * 2**(exponent - 53)
-        at = (exponent + 1100 + _POWERS * np.arange(num_columns)).reshape(-1)
-        size = _POWERS * num_columns
-        high = np.bincount(at, weights=(whole >> 26).reshape(-1).astype(np.float64), minlength=size)
-        low = np.bincount(at, weights=(whole & ((1 << 26) - 1)).reshape(-1).astype(np.float64),
-                          minlength=size)  # fmt: skip
-        for slot in np.flatnonzero((high != 0) | (low != 0)).tolist():
-            column, power = divmod(slot, _POWERS)
-            exact = (int(high[slot]) << 26) + int(low[slot])
-            totals[column] += exact << (power - 1100 - 53 + _SCALE)
+    rest = np.array(x.T, order="C")  # [D, n]: each column's rounds run on contiguous memory
+    parts = [rest]
+    if squares:  # in place where it can: fresh temporaries cost page faults
+        p = rest * rest
+        high = _SPLIT * rest
+        low = high - rest
+        high -= low  # Veltkamp: high = c - (c - x)
+        np.subtract(rest, high, out=low)
+        error = high * high
+        np.subtract(p, error, out=error)
+        np.multiply(low, high, out=rest)
+        error -= rest  # - low * high
+        error -= rest  # - high * low (the same product)
+        np.multiply(low, low, out=rest)
+        rest -= error
+        parts = [p, rest]
+    for part in parts:
+        totals = [t + s for t, s in zip(totals, _sliced_sums(part))]
     return totals
+
+
+def _sliced_sums(rest: np.ndarray) -> list[Fraction]:
+    """Per row the exact sum of ``rest`` (float64 ``[D, n]``, every ``|x| < 2**900``; used up).
+
+    Each round cuts the rest ``r`` of a column (``|r| < 2**E``) into the part ``h`` on the grid
+    of ``G = 2**g``, ``g = E + bits(n) - 51``: ``h = (r + C) - C`` with ``C = 1.5 * 2**(g + 52)``
+    rounds ``r`` to a multiple of ``G`` exactly (``C + r`` lies in one binade, spaced ``G``), and
+    ``r - h`` is exact too. Any sum of ``n`` such ``h`` is a multiple of ``G`` below
+    ``2**(g + 53)``, so float64 adds them without rounding, in any order. Each round takes about
+    ``51 - bits(n)`` bits off ``r``; a rest below 1 is scaled up by a power of 2 (exact) so the
+    grid never reaches the subnormals. Rounds end when every rest is 0 (2-3 rounds for data of
+    one scale, at most ~70 for a column spanning the whole float64 range)."""
+    num_columns, n = rest.shape
+    totals = [Fraction()] * num_columns
+    if not n:
+        return totals
+    headroom = (n + 1).bit_length() + 1
+    sliced = np.empty_like(rest)
+    scale = np.zeros(num_columns, dtype=np.int64)  # rest = (x - summed) * 2**scale
+    while True:
+        largest = np.abs(rest, out=sliced).max(axis=1)
+        live = np.flatnonzero(largest > 0)
+        if not len(live):
+            return totals
+        _, top = np.frexp(largest)  # every |rest| < 2**top
+        up = np.where(top < 0, -top, 0)
+        scale, top = scale + up, top + up
+        while up.any():  # powers of 2 up to 2**1000 at a time: exact, never infinite
+            step = np.minimum(up, 1000)
+            rest *= np.ldexp(1.0, step)[:, None]
+            up = up - step
+        grid = np.ldexp(1.5, top + headroom + 1)[:, None]  # C of each column: 1.5 * 2**(g + 52)
+        np.add(rest, grid, out=sliced)  # in place: fresh temporaries cost page faults
+        sliced -= grid
+        rest -= sliced
+        sums = sliced.sum(axis=1)
+        for j in live.tolist():
+            totals[j] += Fraction(float(sums[j])) / (1 << int(scale[j]))
 
 
 class Fitter:
@@ -157,14 +186,12 @@ class Fitter:
         """The training values' counts (``values`` and ``counts``) of a table's features: a
         hash pass (`dictionary_encode`) and a `bincount` of the training rows' codes."""
         pa = self.pa
-        values = pa.concat_arrays([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
         train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
-        encoded = _compute().dictionary_encode(values)
-        codes = np.asarray(encoded.indices)[train]
-        counts = np.bincount(codes, minlength=len(encoded.dictionary))
+        dictionary, codes = _encode([v for v, _ in parts])
+        counts = np.bincount(codes[train], minlength=len(dictionary))
         seen = counts > 0
         return pa.StructArray.from_arrays(
-            [encoded.dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
+            [dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
             names=["values", "counts"],
         )
 
@@ -186,13 +213,11 @@ class Fitter:
         pa = self.pa
         if len(counted) == 1:
             return counted[0]
-        values = pa.concat_arrays([c.field("values") for c in counted])
         counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
-        encoded = _compute().dictionary_encode(values)
-        summed = np.bincount(np.asarray(encoded.indices), weights=counts,
-                             minlength=len(encoded.dictionary))  # fmt: skip
+        dictionary, codes = _encode([c.field("values") for c in counted])
+        summed = np.bincount(codes, weights=counts, minlength=len(dictionary))
         return pa.StructArray.from_arrays(
-            [encoded.dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
+            [dictionary, pa.array(summed.astype(np.int64))], names=["values", "counts"]
         )
 
     def part(self) -> dict[str, Any]:
@@ -223,17 +248,17 @@ class Fitter:
         kept: list[str] = []
         if counted:
             summed = self._compact(counted)
-            table = self.pa.table({"values": summed.field("values"),
-                                   "counts": summed.field("counts")})  # fmt: skip
+            counts = np.asarray(summed.field("counts"))
+            often = self.pa.array(counts >= first.min_count)  # only these can be kept: sorted
+            table = self.pa.table({"values": summed.field("values").filter(often),
+                                   "counts": summed.field("counts").filter(often)})  # fmt: skip
             order = _compute().sort_indices(
                 table, sort_keys=[("counts", "descending"), ("values", "ascending")]
             )
-            table = table.take(order)
-            counts = table.column("counts").to_numpy()
-            enough = int((counts >= first.min_count).sum())  # counts descend
+            enough = len(order)
             if first.num_embeddings is not None:
                 enough = min(enough, first.num_embeddings - 1)
-            kept = table.column("values").slice(0, enough).to_pylist()
+            kept = table.column("values").take(order[:enough]).to_pylist()
         rows = first.num_embeddings or len(kept) + 1
         return TableFit(name, features, "vocabulary", rows, first.pooling, tuple(kept))
 
@@ -264,6 +289,18 @@ class Fitter:
         values = np.sort(values[np.lexsort((values, keys))[:_SAMPLE]])
         cuts = [float(values[len(values) * i // buckets]) for i in range(1, buckets)]
         return tuple(sorted(set(cuts)))
+
+
+def _encode(arrays: list[Any]) -> tuple[Any, np.ndarray]:
+    """One hash pass over Arrow string arrays without concatenating them (a chunked array's
+    chunks share one dictionary): the distinct values and each value's code, in order."""
+    import pyarrow as pa
+
+    encoded = _compute().dictionary_encode(pa.chunked_array(arrays, type=arrays[0].type))
+    if not encoded.num_chunks:
+        return pa.array([], arrays[0].type), np.zeros(0, dtype=np.int64)
+    codes = [np.asarray(chunk.indices) for chunk in encoded.chunks]
+    return encoded.chunk(encoded.num_chunks - 1).dictionary, np.concatenate(codes)
 
 
 def _compute() -> Any:

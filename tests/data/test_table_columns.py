@@ -159,8 +159,10 @@ def test_exact_sums_are_exact_in_any_order():
 
     rng = np.random.default_rng(0)
     x = np.stack([rng.normal(size=500) * 1e9, np.log1p(rng.exponential(5, 500)),
-                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)]], axis=1)  # fmt: skip
-    for j in range(3):
+                  np.r_[1e300, -1e-300, 2.0**-1074, 0.0, rng.normal(size=496)],
+                  np.ldexp(rng.normal(size=500), rng.integers(-1074, 1000, 500)),  # every scale
+                  np.full(500, 1 - 2.0**-53) * 2.0**450], axis=1)  # fmt: skip
+    for j in range(x.shape[1]):
         column = x[:, j].tolist()
         assert exact_sums(x)[j] == sum(map(Fraction, column))
         assert exact_square_sums(x)[j] == sum(Fraction(v) ** 2 for v in column)
@@ -186,3 +188,23 @@ def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
     order = _by_user_time_position(codes, times, positions)
     expected = sorted(range(3000), key=lambda i: (codes[i], times[i], positions[i]))
     assert order.tolist() == expected
+
+
+def test_strings_with_spaces_at_either_end_are_found():
+    """`_may_have_spaces` (which decides whether a column is trimmed) finds every string that
+    Python's strip would change, at its start or its end, in slices too, and passes clean
+    ASCII."""
+    import pyarrow as pa
+
+    from shardkit.data._table_columns import _may_have_spaces
+
+    cases = [["a", "b"], ["a "], [" a"], ["", "a\t"], ["b\u3000", ""], ["\n"], ["ab", "", "cd"],
+             ["x", "é"], ["~!", None, "z"]]  # fmt: skip
+    for values in cases:
+        for start in range(len(values)):
+            part = pa.array(values, pa.string()).slice(start)
+            rest = [v for v in values[start:] if v is not None]
+            if any(v != v.strip() for v in rest):
+                assert _may_have_spaces(part), values[start:]
+            elif all(v.isascii() and v for v in rest):  # an empty one may read a neighbour
+                assert not _may_have_spaces(part), values[start:]
