@@ -38,18 +38,11 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._config import Precision, Prefetch, StateDictForm
 from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, FreedMemory
 from shardkit.fsdp._nested import cast_floats, tensors_in
 from shardkit.fsdp._param_group import ParamGroup
-from shardkit.fsdp.api import (
-    BackwardPrefetch,
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
-    OptimStateDictConfig,
-    StateDictConfig,
-    StateDictType,
-)
+from shardkit.fsdp.api import BackwardPrefetch
 
 __all__ = ["FSDPState", "TreeContext", "UnitConfig", "finish_lingering", "get_state"]
 
@@ -119,9 +112,7 @@ class TreeContext:
         self._pending_reduce: list[FSDPState] = []
         self.reduce_buffers = BufferPool()
         self.freed = FreedMemory()
-        self.state_dict_type = StateDictType.FULL_STATE_DICT
-        self.state_dict_config: StateDictConfig = FullStateDictConfig()
-        self.optim_state_dict_config: OptimStateDictConfig = FullOptimStateDictConfig()
+        self.state_dict_form = StateDictForm()  # fully_shard's; FSDP1's wrapper sets FULL
         _TREES.add(self)
         _install_step_hooks()
 
