@@ -45,10 +45,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd import Variable
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
 from shardkit.fsdp._config import Precision, Prefetch, StateDictForm
 from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, FreedMemory
@@ -63,6 +59,7 @@ __all__ = [
     "UnitConfig",
     "finish_lingering",
     "get_state",
+    "hook_optimizer",
 ]
 
 logger = logging.getLogger(__name__)
@@ -96,11 +93,12 @@ def get_state(module: nn.Module) -> FSDPState | None:
 
 
 # Every tree, and those whose last reduction is still in flight (see [Note: one iteration]):
-# an optimizer step waits for those first, and afterwards marks what is gathered outside an
-# iteration as stale (see [Note: unsharded storage]).
+# weak registries, so a tree lives only as long as its modules. An optimizer that holds shards
+# waits for the lingering reductions before its step and afterwards marks what is gathered
+# outside an iteration as stale (see [Note: unsharded storage]): see `hook_optimizer`.
 _TREES: weakref.WeakSet[TreeContext] = weakref.WeakSet()
 _LINGERING: weakref.WeakSet[TreeContext] = weakref.WeakSet()
-_step_hooks_installed = False
+_HOOKED_ATTR = "_shardkit_fsdp_step_hooks"
 
 
 def finish_lingering() -> None:
@@ -120,12 +118,18 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
                 unit.group.mark_stale()
 
 
-def _install_step_hooks() -> None:
-    global _step_hooks_installed
-    if not _step_hooks_installed:
-        register_optimizer_step_pre_hook(_before_step)
-        register_optimizer_step_post_hook(_after_step)
-        _step_hooks_installed = True
+def hook_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer``, which holds shards, its step hooks (once): before each step it waits
+    for the reductions still in flight, after it the gathered parameters are stale. Optimizers
+    over other parameters get none. Called by the stale-parameter check (``_stale.py``) on the
+    first step, before the step itself: that step waits here."""
+    if optimizer.__dict__.get(_HOOKED_ATTR):
+        return
+    optimizer.__dict__[_HOOKED_ATTR] = (
+        optimizer.register_step_pre_hook(_before_step),
+        optimizer.register_step_post_hook(_after_step),
+    )
+    finish_lingering()  # this step's pre-hooks may already be chosen
 
 
 class TreeContext:
@@ -144,7 +148,6 @@ class TreeContext:
         self.freed = FreedMemory()
         self.state_dict_form = StateDictForm()  # fully_shard's; FSDP1's wrapper sets FULL
         _TREES.add(self)
-        _install_step_hooks()
 
     # ---- order --------------------------------------------------------------------------------
 
