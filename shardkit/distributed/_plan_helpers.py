@@ -1,6 +1,6 @@
 """The rest of ``torchrec.distributed.sharding_plan``: shard sizes and offsets of a sharding
-type, the generator of each sharding type, the default sharders by module type, and placement
-strings."""
+type, the generator of each sharding type (and the generators themselves, which it maps), the
+default sharders by module type, and placement strings."""
 
 from __future__ import annotations
 
@@ -23,10 +23,17 @@ from shardkit.types import ModuleSharder, ShardingType, placement, split_evenly
 
 __all__ = [
     "calculate_shard_sizes_and_offsets",
+    "column_wise",
+    "data_parallel",
+    "get_default_sharders",
     "get_module_to_default_sharders",
     "get_sharding_constructor_from_type",
+    "grid_shard",
     "placement_helper",
     "placement_string",
+    "row_wise",
+    "table_row_wise",
+    "table_wise",
 ]
 
 # Narrowest column-wise shard when no width is given (TorchRec's MIN_CW_DIM).
