@@ -4,7 +4,6 @@ from shardkit.distributed._plan_helpers import (
     calculate_shard_sizes_and_offsets,
     column_wise,
     data_parallel,
-    get_default_sharders,
     get_module_to_default_sharders,
     get_sharding_constructor_from_type,
     grid_shard,
@@ -18,6 +17,7 @@ from shardkit.sharding import (
     ParameterShardingGenerator,
     apply_to_all,
     construct_module_sharding_plan,
+    get_default_sharders,
 )
 
 __all__ = [
