@@ -251,7 +251,10 @@ def main() -> None:
     parser.add_argument("--profile", required=True, help="from `shardkit bench calibrate`")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--world-sizes", nargs="+", type=int, default=[1, 2, 4])
-    parser.add_argument("--types", nargs="+", default=[*TYPES, PLANNER])
+    # bench_dmp's variants of a type (column_wise_32, data_parallel_fused) are not types a plan
+    # holds: this checks the types themselves (its data_parallel plans are FUSED replicas)
+    types = [t for t in TYPES if t not in ("column_wise_32", "data_parallel_fused")]
+    parser.add_argument("--types", nargs="+", default=[*types, PLANNER])
     parser.add_argument("--batch", type=int, default=1024, help="per rank")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=8)
