@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_dmp import TYPES, Batch, Model, _Optimizers
+from bench_dmp import TYPES, Batch, Model, _Optimizers, _optimizers
 
 from shardkit.bench import machine_info
 from shardkit.launch import RankFailedError, spawn
@@ -163,16 +163,7 @@ def run_rank(
     sharders = [EmbeddingBagCollectionSharder(fused_params=_fused(kind))]
     plan = ShardingPlan.from_json(plan_json)
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders)
-    head = list(dmp.module.head.parameters())
-    replicas = [
-        p
-        for n, p in dmp.named_parameters()
-        if "head" not in n and p.requires_grad and not hasattr(p, "_in_backward_optimizers")
-    ]
-    optimizers = [torch.optim.Adam(head, lr=1e-3)]
-    if replicas:
-        optimizers.append(torch.optim.Adagrad(replicas, lr=0.01))
-    opt = _Optimizers(optimizers)
+    opt = _Optimizers(_optimizers(dmp, torch.optim.Adagrad))  # bench_dmp's: Adam, Adagrad
     keys = [f"f{i}" for i in range(len(tables))]
     batches = [
         Batch(KeyedJaggedTensor(keys=keys, values=v, lengths=n), y)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.cli._simulate import add_simulate_arguments, run_simulation
+from shardkit.cli._units import size
 from shardkit.modules import DataType, EmbeddingBagConfig, EmbeddingConfig
 from shardkit.planner import (
     DDR_CAP,
@@ -68,7 +69,6 @@ _TABLE_KEYS = {
     "compute_kernels",
     "min_partition",
 }
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def add_parser(commands: Any) -> None:
@@ -86,12 +86,12 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--local-world-size", type=int, help="ranks per host (default: all)")
     parser.add_argument("--compute-device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--hbm-cap", type=_size, help="GPU memory per rank, e.g. 80G (default 32G)")
-    parser.add_argument("--ddr-cap", type=_size, help="host memory per rank (default 128G)")
+    parser.add_argument("--hbm-cap", type=size, help="GPU memory per rank, e.g. 80G (default 32G)")
+    parser.add_argument("--ddr-cap", type=size, help="host memory per rank (default 128G)")
     parser.add_argument(
         "--batch-size", type=int, help="examples per rank (default: the file's, or 512)"
     )
-    parser.add_argument("--dense-bytes", type=_size, default=0, help="memory of the dense model")
+    parser.add_argument("--dense-bytes", type=size, default=0, help="memory of the dense model")
     parser.add_argument("--reserve", type=float, default=0.15, help="margin of each rank's memory")
     parser.add_argument("--optimizer", default="exact_row_wise_adagrad", help="fused optimizer")
     parser.add_argument("--output", type=Path, help="write the plan here (JSON)")
@@ -290,16 +290,3 @@ def _yaml() -> Any:
             "reading YAML model files needs PyYAML: pip install 'shardkit[yaml]'"
         ) from exc
     return yaml
-
-
-def _size(text: str) -> int:
-    """``"80G"``, ``"1.5T"``, ``"512MiB"``, ``"1024"`` -> bytes."""
-    clean = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        if clean and clean[-1] in _UNITS:
-            return int(float(clean[:-1]) * _UNITS[clean[-1]])
-        return int(clean)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a size: {text!r} (e.g. 80G, 512M, 1.5T, 1024)"
-        ) from None

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shardkit.cli._units import rate, size
 from shardkit.planner import (
     ClusterShape,
     HeuristicalStorageReservation,
@@ -21,7 +22,6 @@ from shardkit.planner import (
 
 __all__ = ["add_simulate_arguments", "format_simulation", "run_simulation"]
 
-_RATE_UNITS = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 ASSUMPTIONS = (
     "[Note: simulated scaling] every rank computes as the profiled one did, on cores of its own; "
     "collectives move their bytes at the bus bandwidth and pay log2(ranks) latencies, no congestion "
@@ -30,50 +30,26 @@ ASSUMPTIONS = (
 )
 
 
-def _rate(text: str) -> float:
-    """``"230G"`` (bytes per second) -> bytes/ms."""
-    clean = text.strip().upper().removesuffix("/S").removesuffix("B")
-    try:
-        if clean and clean[-1] in _RATE_UNITS:
-            return float(clean[:-1]) * _RATE_UNITS[clean[-1]] / 1e3
-        return float(clean) / 1e3
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a bandwidth: {text!r} (bytes per second, e.g. 230G, 25G, 800M)"
-        ) from None
-
-
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("simulation (--simulate, needs --profile)")
     group.add_argument(
         "--simulate", action="store_true", help="plan and predict 8 to 4,096 ranks of the profile"
     )
     group.add_argument("--ranks-per-host", type=int, help="default: --local-world-size, else 8")
-    group.add_argument("--intra-bw", type=_rate, help="bus bandwidth per rank in a host, e.g. 230G")
+    group.add_argument("--intra-bw", type=rate, help="bus bandwidth per rank in a host, e.g. 230G")
     group.add_argument("--intra-latency-us", type=float, help="latency of one message in a host")
     group.add_argument(
-        "--inter-bw", type=_rate, help="bus bandwidth per rank between hosts, e.g. 23G"
+        "--inter-bw", type=rate, help="bus bandwidth per rank between hosts, e.g. 23G"
     )
     group.add_argument(
         "--inter-latency-us", type=float, help="latency of one message between hosts"
     )
-    group.add_argument("--memory-per-rank", type=_memory, help="memory per rank (default: profile)")
+    group.add_argument("--memory-per-rank", type=size, help="memory per rank (default: profile)")
     group.add_argument("--sizes", type=int, nargs="+", help="world sizes (default 8 16 ... 4096)")
     group.add_argument(
         "--global-batch", type=int, help="strong scaling's examples per step (default: batch x 8)"
     )
     group.add_argument("--simulation-json", type=Path, help="write the curves here (JSON)")
-
-
-def _memory(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    clean = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        if clean and clean[-1] in units:
-            return int(float(clean[:-1]) * units[clean[-1]])
-        return int(clean)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 80G)") from None
 
 
 def cluster_of(args: argparse.Namespace, profile: MachineProfile) -> ClusterShape:

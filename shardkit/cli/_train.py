@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.cli._export import QUANTIZE_CHOICES, export, export_pt2
-from shardkit.cli._plan import _size
+from shardkit.cli._units import size
 from shardkit.train import TrainConfig, run
 
 __all__ = ["add_parsers", "show_training_log", "train_flags"]
@@ -124,7 +124,7 @@ def train_flags() -> dict[str, dict[str, Any]]:
             else:
                 kwargs.update(type=Path, nargs="+", metavar="PATH")
         elif f.metadata.get("bytes"):
-            kwargs["type"] = _size  # 8G, 512M, 1.5T or a plain number of bytes
+            kwargs["type"] = size  # 8G, 512M, 1.5T or a plain number of bytes
         else:
             kwargs["type"] = kind
             if kind is Path:

@@ -4,9 +4,11 @@ Code written for TorchRec runs after ``torchrec`` -> ``shardkit`` in its imports
 under ``shardkit run``). This package is the compatibility edge: each public module here only
 re-exports, from ``shardkit.types``, ``shardkit.planner`` and ``shardkit.sharding``, or from this
 package's private modules, which hold TorchRec's vocabulary that shardkit's own code does not
-use (`_embedding_types`, `_module_internals`, `_tracing`, `_dmp_utils`, `_plan_helpers`) and
+use (`_embedding_types`, `_module_internals`, `_tracing`, `_dmp_utils`, `_plan_helpers`,
+`_comm_helpers`) and
 are built over the packages' public names. Nothing below imports from here."""
 
+from shardkit.distributed._comm_helpers import get_local_rank, get_local_size
 from shardkit.distributed._dmp_utils import (
     get_unsharded_module_names,
     sharded_model_copy,
@@ -19,8 +21,6 @@ from shardkit.sharding import (
     TrainPipeline,
     TrainPipelineBase,
     TrainPipelineSparseDist,
-    get_local_rank,
-    get_local_size,
 )
 from shardkit.types import (
     Awaitable,

@@ -1,7 +1,7 @@
 """``torchrec.distributed.comm``: where a rank sits among hosts, and the intra- and cross-host
 process groups."""
 
-from shardkit.sharding import (
+from shardkit.distributed._comm_helpers import (
     get_group_rank,
     get_local_rank,
     get_local_size,

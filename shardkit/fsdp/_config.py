@@ -1,8 +1,11 @@
 """What a unit runs with, whichever face made it: FSDP1's `MixedPrecision` and FSDP2's
-`MixedPrecisionPolicy` both become one `Precision`; prefetching one `Prefetch`."""
+`MixedPrecisionPolicy` both become one `Precision`; prefetching one `Prefetch`; what a tree's
+state dicts hold one `StateDictForm` (FSDP1's `StateDictType` and configs are read into it at
+FSDP1's ``state_dict_type``; ``fully_shard`` keeps the default, FSDP2's DTensor shards)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +13,7 @@ import torch
 from shardkit.fsdp._policies import MixedPrecisionPolicy
 from shardkit.fsdp.api import BackwardPrefetch, MixedPrecision
 
-__all__ = ["Precision", "Prefetch"]
+__all__ = ["Precision", "Prefetch", "SaveForm", "StateDictForm"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,28 @@ class Prefetch:
                 f"backward_prefetch must be a BackwardPrefetch or None, got {self.backward!r}; "
                 "use BackwardPrefetch.BACKWARD_PRE"
             )
+
+
+@enum.unique
+class SaveForm(enum.Enum):
+    """How a parameter (and its optimizer state) appears in a state dict."""
+
+    FULL = "full"  # a plain tensor of the unsharded parameter (a gather per parameter)
+    SHARDED = "sharded"  # a DTensor with the global shape holding this rank's rows (FSDP2)
+    LOCAL = "local"  # this rank's rows as a plain tensor (loads into the same sharding only)
+
+
+@dataclass(frozen=True)
+class StateDictForm:
+    """What ``state_dict()`` and ``optim_state_dict`` give for one tree of units.
+
+    The default is ``fully_shard``'s (FSDP2: DTensor shards; optimizer state moved to the CPU, as
+    torch's default optimizer config does); FSDP1's wrapper starts from ``FULL``.
+    ``rank0_only`` (FULL only): the other ranks get an empty dict.
+    """
+
+    form: SaveForm = SaveForm.SHARDED
+    offload_to_cpu: bool = False
+    rank0_only: bool = False
+    optim_offload_to_cpu: bool = True
+    optim_rank0_only: bool = False

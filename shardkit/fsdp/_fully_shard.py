@@ -32,12 +32,6 @@ from shardkit.fsdp._mesh_info import compute_device, default_mesh, mesh_info_of
 from shardkit.fsdp._module import check_type, require_process_group
 from shardkit.fsdp._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from shardkit.fsdp._state_dict import install_state_dict_hooks
-from shardkit.fsdp.api import (
-    ShardedOptimStateDictConfig,
-    ShardedStateDictConfig,
-    ShardingStrategy,
-    StateDictType,
-)
 
 __all__ = ["fully_shard"]
 
@@ -82,15 +76,11 @@ def fully_shard(
     check_type("offload_policy", offload_policy, OffloadPolicy, "CPUOffloadPolicy()")
     _check_placements(module, shard_placement_fn)
     mesh_info = mesh_info_of(mesh if mesh is not None else default_mesh(compute_device().type))
-    if mesh_info.replicate_group is not None:
-        strategy = ShardingStrategy.HYBRID_SHARD
-    elif reshard_after_forward is False:
-        strategy = ShardingStrategy.SHARD_GRAD_OP
-    else:
-        strategy = ShardingStrategy.FULL_SHARD
     settings = UnitSettings(
         mesh_info=mesh_info,
-        strategy=strategy,
+        # logs and the cross-rank check name the layout in FSDP2's words (the log adds the
+        # mesh: "over N rank(s) x M replica(s)")
+        layout=f"fully_shard(reshard_after_forward={reshard_after_forward})",
         precision=Precision.of(mp_policy),
         prefetch=Prefetch(),
         reshard_after_forward=reshard_after_forward,
@@ -100,10 +90,7 @@ def fully_shard(
         ignored_params=frozenset(ignored_params or ()),
     )
     state = build_unit(module, module, settings, name=type(module).__name__)
-    ctx = state.context
-    ctx.state_dict_type = StateDictType.SHARDED_STATE_DICT
-    ctx.state_dict_config = ShardedStateDictConfig()
-    ctx.optim_state_dict_config = ShardedOptimStateDictConfig()
+    # the tree's state dicts keep their default form: DTensor shards (see StateDictForm)
     install_state_dict_hooks(module, state, inner_prefix="")
     _swap_class(module)
     return module

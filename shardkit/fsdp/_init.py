@@ -27,7 +27,6 @@ from shardkit.fsdp._param import ShardedParam, Slot
 from shardkit.fsdp._param_group import BufferInfo, ParamGroup
 from shardkit.fsdp._stale import REPLACED_ATTR, mark_replaced
 from shardkit.fsdp._state import FSDPState, UnitConfig, get_state
-from shardkit.fsdp.api import ShardingStrategy
 
 __all__ = ["UnitSettings", "build_unit", "is_managed"]
 
@@ -38,12 +37,13 @@ logger = logging.getLogger(__name__)
 class UnitSettings:
     """Everything a unit is built from (one per wrapping call; auto-wrap shares it).
 
-    ``strategy`` names the layout in logs and cross-rank checks; ``reshard_after_forward`` (see
+    ``layout`` names the layout in logs and cross-rank checks (FSDP1's strategy name, or
+    ``fully_shard``'s description of its mesh and resharding); ``reshard_after_forward`` (see
     `UnitConfig`) says what happens after forward; ``dtensor``: shards are DTensors (FSDP2).
     """
 
     mesh_info: MeshInfo
-    strategy: ShardingStrategy
+    layout: str
     precision: Precision
     prefetch: Prefetch
     reshard_after_forward: bool | None
@@ -83,7 +83,7 @@ def build_unit(
     if existing is not None:
         found.problems.insert(0, _already_wrapped(module, existing))
     found.problems.extend(_device_problems(found.params, label))
-    _agree(settings.mesh_info.world_group, found, label, settings.strategy)
+    _agree(settings.mesh_info.world_group, found, label, settings.layout)
     params = [_describe(param, slots, settings) for param, slots in found.params]
     group = ParamGroup(
         params,
@@ -197,18 +197,18 @@ def _device_problems(params: list[tuple[nn.Parameter, list[Slot]]], label: str) 
 # ---- agreement across ranks ---------------------------------------------------------------------
 
 
-def _fingerprint(found: _Found, label: str, strategy: ShardingStrategy) -> dict[str, Any]:
+def _fingerprint(found: _Found, label: str, layout: str) -> dict[str, Any]:
     return {
         "unit": label,
-        "strategy": strategy.name,
+        "layout": layout,
         "params": [(slots[0].fqn, list(p.shape), str(p.dtype)) for p, slots in found.params],
         "nested": sorted(state.name for state in found.nested),
     }
 
 
-def _agree(group: dist.ProcessGroup, found: _Found, label: str, strategy: ShardingStrategy) -> None:
+def _agree(group: dist.ProcessGroup, found: _Found, label: str, layout: str) -> None:
     """See [Note: checks on every rank]."""
-    mine = (found.problems[0] if found.problems else None, _fingerprint(found, label, strategy))
+    mine = (found.problems[0] if found.problems else None, _fingerprint(found, label, layout))
     everyone = (
         [mine] if dist.get_world_size(group) == 1 else comm.all_gather_object(mine, group=group)
     )
@@ -231,8 +231,8 @@ def _agree(group: dist.ProcessGroup, found: _Found, label: str, strategy: Shardi
 def _difference(first: dict[str, Any], other: dict[str, Any], rank: int) -> str | None:
     if first["unit"] != other["unit"]:
         return f"rank 0 wraps unit {first['unit']!r} where rank {rank} wraps {other['unit']!r}"
-    if first["strategy"] != other["strategy"]:
-        return f"rank 0 uses {first['strategy']}, rank {rank} {other['strategy']}"
+    if first["layout"] != other["layout"]:
+        return f"rank 0 uses {first['layout']}, rank {rank} {other['layout']}"
     mine = {fqn: (shape, dtype) for fqn, shape, dtype in first["params"]}
     theirs = {fqn: (shape, dtype) for fqn, shape, dtype in other["params"]}
     for fqn in mine.keys() - theirs.keys():
@@ -328,7 +328,7 @@ def _log_unit(state: FSDPState, settings: UnitSettings) -> None:
         len(params),
         numel / 1e6,
         numel * size / 1e6,
-        settings.strategy.name,
+        settings.layout,
         mesh_info.shard_size,
         mesh_info.replicate_size,
         local * size / 1e6,

@@ -24,12 +24,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from shardkit.fsdp._config import SaveForm
 from shardkit.fsdp._param import ShardedParam, local_of
 from shardkit.fsdp._sharded_tensor import ShardedTensor, full_of
 from shardkit.fsdp._state import TreeContext
 from shardkit.fsdp._state_dict import CHECKPOINT_PREFIX, to_local
 from shardkit.fsdp._summon import units_under
-from shardkit.fsdp.api import StateDictType
 
 __all__ = [
     "OptimStateKeyType",
@@ -92,8 +92,7 @@ def optim_state_dict(
     names, sharded, ctx = _names(model)
     osd = optim_state_dict if optim_state_dict is not None else optim.state_dict()
     params = _flat_params(optim)
-    kind = ctx.state_dict_type
-    config = ctx.optim_state_dict_config
+    form = ctx.state_dict_form
     state: dict[str, Any] = {}
     for index, param in enumerate(params):
         fqn = _fqn(names, param, optim)
@@ -102,7 +101,7 @@ def optim_state_dict(
             continue
         owner = sharded.get(id(param))
         state[fqn] = {
-            key: _export(owner, value, fqn, key, kind=kind, offload=config.offload_to_cpu)
+            key: _export(owner, value, fqn, key, form=form.form, offload=form.optim_offload_to_cpu)
             for key, value in entry.items()
         }
     groups = [
@@ -112,8 +111,7 @@ def optim_state_dict(
         }
         for group in osd["param_groups"]
     ]
-    rank0_only = getattr(config, "rank0_only", False)
-    if kind is StateDictType.FULL_STATE_DICT and rank0_only and dist.get_rank() != 0:
+    if form.form is SaveForm.FULL and form.optim_rank0_only and dist.get_rank() != 0:
         return {}
     return {"state": state, "param_groups": groups}
 
@@ -141,16 +139,16 @@ def _export(
     fqn: str,
     key: str,
     *,
-    kind: StateDictType,
+    form: SaveForm,
     offload: bool,
 ) -> Any:
     if not _elementwise(owner, value, fqn, key):
         return value
     assert owner is not None
     local = local_of(value).detach()
-    if kind is StateDictType.FULL_STATE_DICT:
+    if form is SaveForm.FULL:
         out = owner.full_value(local)
-    elif kind is StateDictType.LOCAL_STATE_DICT:
+    elif form is SaveForm.LOCAL:
         out = local
     else:
         return owner.wrap(local.cpu() if offload else local)
@@ -163,7 +161,7 @@ def optim_state_dict_to_load(
     """Turn a name-keyed optimizer state dict (full, sharded or local) into one that
     ``optim.load_state_dict`` accepts on this rank. See [Note: optimizer state]."""
     names, sharded, ctx = _names(model)
-    local_form = ctx.state_dict_type is StateDictType.LOCAL_STATE_DICT
+    local_form = ctx.state_dict_form.form is SaveForm.LOCAL
     params = _flat_params(optim)
     index = {_fqn(names, p, optim): i for i, p in enumerate(params)}
     state: dict[int, Any] = {}

@@ -4,7 +4,9 @@ Wrapping replaces every managed parameter with a new ``nn.Parameter`` holding on
 shard. An optimizer built before wrapping still holds the old ones: it would step tensors the
 model no longer uses while the shards never change. Each replaced parameter is marked, and a
 global optimizer step pre-hook (installed on first wrap) refuses to step a marked parameter. Every
-rank builds its optimizer the same way, so every rank raises.
+rank builds its optimizer the same way, so every rank raises. The same look at an optimizer's
+parameters finds those that hold shards: they get the iteration's step hooks
+(`hook_optimizer`); optimizers over other parameters get none.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from shardkit.fsdp._state import hook_optimizer
+
 __all__ = ["REPLACED_ATTR", "mark_replaced"]
 
 REPLACED_ATTR = "_shardkit_fsdp_replaced"
+SHARD_ATTR = "_shardkit_fsdp_shard"  # on every shard (see _param.py)
 
 _hook_installed = False
 
@@ -31,8 +36,10 @@ def mark_replaced(param: torch.nn.Parameter, description: str) -> None:
 
 
 def _refuse_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    holds_shards = False
     for group in optimizer.param_groups:
         for param in group["params"]:
+            holds_shards = holds_shards or getattr(param, SHARD_ATTR, False)
             description = getattr(param, REPLACED_ATTR, None)
             if description is not None:
                 name = type(optimizer).__name__
@@ -42,3 +49,5 @@ def _refuse_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -
                     f"wrapping and would update tensors the model no longer uses. Build it "
                     f"after wrapping, over the shards: optimizer = {name}(model.parameters(), ...)"
                 )
+    if holds_shards:
+        hook_optimizer(optimizer)

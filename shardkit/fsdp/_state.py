@@ -21,11 +21,23 @@ After a backward that ``set_is_last_backward(False)`` announced, the last reduct
 flight: the next forward, backward, optimizer step, state dict or clipping waits for it.
 Every decision depends only on the program, never on one rank's data, so all ranks issue the same
 collectives in the same order.
+
+[Note: training state]
+A tree is in one `TrainingState` at a time: IDLE between iterations, FORWARD from the pre-forward
+of the unit that starts the forward (the "forward root") to its post-forward, BACKWARD from the
+first pre-backward (or gradient) to the callback that ends backward, and RE_FORWARD while
+activation checkpointing runs a unit's forward again inside backward. A re-forward is not a new
+forward: it leaves the recorded forward order and the forward root alone (both still steer
+backward prefetch and the next iteration's forward prefetch), starts no forward prefetch, keeps
+what it gathers for the backward that follows (no reshard after forward, no new pre-backward
+hooks), and returns to BACKWARD when the unit that started it finishes. A forward that starts in
+BACKWARD outside autograd means the previous backward raised: the tree is reset first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import weakref
 from typing import Any
@@ -33,29 +45,36 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd import Variable
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
-from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._config import Precision, Prefetch, StateDictForm
 from shardkit.fsdp._memory import UNSHARDED_POOL, BufferPool, FreedMemory
 from shardkit.fsdp._nested import cast_floats, tensors_in
 from shardkit.fsdp._param_group import ParamGroup
-from shardkit.fsdp.api import (
-    BackwardPrefetch,
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
-    OptimStateDictConfig,
-    StateDictConfig,
-    StateDictType,
-)
+from shardkit.fsdp.api import BackwardPrefetch
 
-__all__ = ["FSDPState", "TreeContext", "UnitConfig", "finish_lingering", "get_state"]
+__all__ = [
+    "FSDPState",
+    "TrainingState",
+    "TreeContext",
+    "UnitConfig",
+    "finish_lingering",
+    "get_state",
+    "hook_optimizer",
+]
 
 logger = logging.getLogger(__name__)
 
 STATE_ATTR = "_shardkit_fsdp_state"
+
+
+@enum.unique
+class TrainingState(enum.Enum):
+    """Where a tree is in an iteration. See [Note: training state]."""
+
+    IDLE = "idle"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RE_FORWARD = "re_forward"  # inside BACKWARD: activation checkpointing's recomputation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +93,12 @@ def get_state(module: nn.Module) -> FSDPState | None:
 
 
 # Every tree, and those whose last reduction is still in flight (see [Note: one iteration]):
-# an optimizer step waits for those first, and afterwards marks what is gathered outside an
-# iteration as stale (see [Note: unsharded storage]).
+# weak registries, so a tree lives only as long as its modules. An optimizer that holds shards
+# waits for the lingering reductions before its step and afterwards marks what is gathered
+# outside an iteration as stale (see [Note: unsharded storage]): see `hook_optimizer`.
 _TREES: weakref.WeakSet[TreeContext] = weakref.WeakSet()
 _LINGERING: weakref.WeakSet[TreeContext] = weakref.WeakSet()
-_step_hooks_installed = False
+_HOOKED_ATTR = "_shardkit_fsdp_step_hooks"
 
 
 def finish_lingering() -> None:
@@ -93,17 +113,23 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     for ctx in list(_TREES):
-        if ctx.active_root is None and not ctx.in_backward:
+        if ctx.state is TrainingState.IDLE:
             for unit in ctx.units:
                 unit.group.mark_stale()
 
 
-def _install_step_hooks() -> None:
-    global _step_hooks_installed
-    if not _step_hooks_installed:
-        register_optimizer_step_pre_hook(_before_step)
-        register_optimizer_step_post_hook(_after_step)
-        _step_hooks_installed = True
+def hook_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer``, which holds shards, its step hooks (once): before each step it waits
+    for the reductions still in flight, after it the gathered parameters are stale. Optimizers
+    over other parameters get none. Called by the stale-parameter check (``_stale.py``) on the
+    first step, before the step itself: that step waits here."""
+    if optimizer.__dict__.get(_HOOKED_ATTR):
+        return
+    optimizer.__dict__[_HOOKED_ATTR] = (
+        optimizer.register_step_pre_hook(_before_step),
+        optimizer.register_step_post_hook(_after_step),
+    )
+    finish_lingering()  # this step's pre-hooks may already be chosen
 
 
 class TreeContext:
@@ -113,35 +139,45 @@ class TreeContext:
         self.units: list[FSDPState] = [root]
         self.forward_order: list[FSDPState] = []
         self._recording: list[FSDPState] = []
-        self.active_root: FSDPState | None = None
-        self.in_backward = False
+        self.state = TrainingState.IDLE
+        self.forward_root: FSDPState | None = None  # the unit whose forward started the last one
+        self._re_forward_root: FSDPState | None = None
         self.is_last_backward = True
         self._pending_reduce: list[FSDPState] = []
         self.reduce_buffers = BufferPool()
         self.freed = FreedMemory()
-        self.state_dict_type = StateDictType.FULL_STATE_DICT
-        self.state_dict_config: StateDictConfig = FullStateDictConfig()
-        self.optim_state_dict_config: OptimStateDictConfig = FullOptimStateDictConfig()
+        self.state_dict_form = StateDictForm()  # fully_shard's; FSDP1's wrapper sets FULL
         _TREES.add(self)
-        _install_step_hooks()
 
     # ---- order --------------------------------------------------------------------------------
 
-    def begin_forward(self, root: FSDPState) -> None:
-        if self.in_backward and _graph_task_id() == -1:
+    def enter_forward(self, unit: FSDPState) -> None:
+        """``unit``'s forward starts. See [Note: training state]."""
+        if self.state is TrainingState.BACKWARD and _graph_task_id() == -1:
             logger.warning("the previous backward did not finish (it raised); resetting units")
             self.reset()
-        self.finish_pending_reduce()
-        self.active_root = root
-        self._recording = []
+        if self.state is TrainingState.IDLE:
+            self.finish_pending_reduce()
+            self.state = TrainingState.FORWARD
+            self.forward_root = unit
+            self._recording = []
+        elif self.state is TrainingState.BACKWARD:
+            self.state = TrainingState.RE_FORWARD
+            self._re_forward_root = unit
 
-    def end_forward(self) -> None:
-        self.forward_order = self._recording
-        self.active_root = None
+    def exit_forward(self, unit: FSDPState) -> None:
+        """``unit``'s forward ended: the forward (or re-forward) ends with the unit that began it."""
+        if self.state is TrainingState.FORWARD and unit is self.forward_root:
+            self.forward_order = self._recording
+            self.state = TrainingState.IDLE
+        elif self.state is TrainingState.RE_FORWARD and unit is self._re_forward_root:
+            self._re_forward_root = None
+            self.state = TrainingState.BACKWARD
 
     def record(self, unit: FSDPState) -> bool:
-        """Note that ``unit`` runs now; False if it already ran in this forward."""
-        if unit in self._recording:
+        """Note that ``unit`` runs now in a forward; False if it already ran in this forward (or
+        this is a re-forward, which does not change the recorded order)."""
+        if self.state is not TrainingState.FORWARD or unit in self._recording:
             return False
         self._recording.append(unit)
         return True
@@ -167,9 +203,9 @@ class TreeContext:
     # ---- backward -----------------------------------------------------------------------------
 
     def begin_backward(self) -> None:
-        if self.in_backward:
+        if self.state in (TrainingState.BACKWARD, TrainingState.RE_FORWARD):
             return
-        self.in_backward = True
+        self.state = TrainingState.BACKWARD
         Variable._execution_engine.queue_callback(self.finish_backward)
 
     def add_pending_reduce(self, unit: FSDPState) -> None:
@@ -184,7 +220,7 @@ class TreeContext:
             if group.on_cpu:
                 self.freed.add(released)  # See [Note: returning memory]
         _LINGERING.discard(self)
-        if not self.in_backward:
+        if self.state is not TrainingState.BACKWARD:
             self.reduce_buffers.clear()  # hold reduction buffers only while reducing
 
     def finish_backward(self) -> None:
@@ -202,7 +238,7 @@ class TreeContext:
             if unit.reshard_after_backward:
                 unit.group.reshard()
             unit.reset_iteration()
-        self.in_backward = False
+        self.state = TrainingState.IDLE
         if not self._pending_reduce:
             self.reduce_buffers.clear()
         UNSHARDED_POOL.clear()  # See [Note: unsharded memory pool]
@@ -216,8 +252,8 @@ class TreeContext:
         self._pending_reduce.clear()
         _LINGERING.discard(self)
         self.reduce_buffers.clear()
-        self.active_root = None
-        self.in_backward = False
+        self._re_forward_root = None
+        self.state = TrainingState.IDLE
 
 
 def _linger(ctx: TreeContext) -> None:
@@ -277,12 +313,11 @@ class FSDPState:
 
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
         ctx = self.context
-        if ctx.active_root is None:
-            ctx.begin_forward(self)
+        ctx.enter_forward(self)
         precision = self.config.precision
         if precision.param_dtype is not None and (
             precision.cast_forward_inputs
-            or (precision.cast_root_forward_inputs and ctx.active_root is self)
+            or (precision.cast_root_forward_inputs and ctx.forward_root is self)
         ):
             args, kwargs = cast_floats((args, kwargs), precision.param_dtype)
         first = ctx.record(self)
@@ -294,7 +329,7 @@ class FSDPState:
             )
         self._num_expected = self.group.num_grad_params
         self.group.start_unshard()
-        if first and not ctx.in_backward:
+        if first:  # a re-forward prefetches nothing: backward prefetch is under way
             for unit in self._forward_targets():
                 unit.group.start_unshard()
         self.group.unshard()
@@ -311,19 +346,19 @@ class FSDPState:
         grad_enabled = torch.is_grad_enabled()
         if self.config.precision.output_dtype is not None:
             output = cast_floats(output, self.config.precision.output_dtype)
-        if grad_enabled and not ctx.in_backward:
-            for tensor in tensors_in(output):
-                if tensor.requires_grad:
-                    tensor.register_hook(self._pre_backward_hook)
-        if (not grad_enabled or self._reshards_after_forward()) and not ctx.in_backward:
-            self.group.reshard(keep_memory=True)  # See [Note: unsharded memory pool]
-        if ctx.active_root is self:
-            ctx.end_forward()
+        if ctx.state is TrainingState.FORWARD:  # a re-forward keeps its parameters for backward
+            if grad_enabled:
+                for tensor in tensors_in(output):
+                    if tensor.requires_grad:
+                        tensor.register_hook(self._pre_backward_hook)
+            if not grad_enabled or self._reshards_after_forward():
+                self.group.reshard(keep_memory=True)  # See [Note: unsharded memory pool]
+        ctx.exit_forward(self)
         return output
 
     def _reshards_after_forward(self) -> bool:
         flag = self.config.reshard_after_forward
-        return self.context.active_root is not self if flag is None else flag
+        return self.context.forward_root is not self if flag is None else flag
 
     # ---- backward -----------------------------------------------------------------------------
 

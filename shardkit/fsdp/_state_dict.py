@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from shardkit.fsdp._config import SaveForm, StateDictForm
 from shardkit.fsdp._param import ShardedParam
 from shardkit.fsdp._state import FSDPState, TreeContext, get_state
 from shardkit.fsdp.api import (
@@ -51,10 +52,19 @@ __all__ = [
 
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
-_CONFIGS: dict[StateDictType, tuple[type, type]] = {
-    StateDictType.FULL_STATE_DICT: (FullStateDictConfig, FullOptimStateDictConfig),
-    StateDictType.LOCAL_STATE_DICT: (LocalStateDictConfig, LocalOptimStateDictConfig),
-    StateDictType.SHARDED_STATE_DICT: (ShardedStateDictConfig, ShardedOptimStateDictConfig),
+# FSDP1's state-dict types, their configs, and the form each stands for
+_CONFIGS: dict[StateDictType, tuple[type, type, SaveForm]] = {
+    StateDictType.FULL_STATE_DICT: (FullStateDictConfig, FullOptimStateDictConfig, SaveForm.FULL),
+    StateDictType.LOCAL_STATE_DICT: (
+        LocalStateDictConfig,
+        LocalOptimStateDictConfig,
+        SaveForm.LOCAL,
+    ),
+    StateDictType.SHARDED_STATE_DICT: (
+        ShardedStateDictConfig,
+        ShardedOptimStateDictConfig,
+        SaveForm.SHARDED,
+    ),
 }
 
 
@@ -81,22 +91,20 @@ def install_state_dict_hooks(module: nn.Module, state: FSDPState, inner_prefix: 
 
 
 def _rank0_only(ctx: TreeContext) -> bool:
-    config = ctx.state_dict_config
-    return ctx.state_dict_type is StateDictType.FULL_STATE_DICT and getattr(
-        config, "rank0_only", False
-    )
+    form = ctx.state_dict_form
+    return form.form is SaveForm.FULL and form.rank0_only
 
 
 def _save_unit(state: FSDPState, sd: dict[str, Any], prefix: str) -> None:
     ctx = state.context
     ctx.finish_pending_reduce()
-    offload = ctx.state_dict_config.offload_to_cpu
+    offload = ctx.state_dict_form.offload_to_cpu
     drop = _rank0_only(ctx) and dist.get_rank() != 0
     for param in state.group.params:
         keys = [k for slot in param.slots for k in key_forms(prefix + slot.fqn) if k in sd]
         if not keys:
             continue
-        value = _saved_value(param, ctx.state_dict_type)  # a collective: on every rank
+        value = _saved_value(param, ctx.state_dict_form.form)  # a collective: on every rank
         for key in keys:
             if drop:
                 del sd[key]
@@ -113,10 +121,10 @@ def _save_unit(state: FSDPState, sd: dict[str, Any], prefix: str) -> None:
             sd[key] = buffer.cpu() if offload else buffer
 
 
-def _saved_value(param: ShardedParam, kind: StateDictType) -> torch.Tensor:
-    if kind is StateDictType.FULL_STATE_DICT:
+def _saved_value(param: ShardedParam, form: SaveForm) -> torch.Tensor:
+    if form is SaveForm.FULL:
         return param.full_value()
-    if kind is StateDictType.LOCAL_STATE_DICT:
+    if form is SaveForm.LOCAL:
         return param.local.detach()
     return param.wrap(param.local.detach())
 
@@ -124,7 +132,7 @@ def _saved_value(param: ShardedParam, kind: StateDictType) -> torch.Tensor:
 def _load_unit(state: FSDPState, sd: dict[str, Any], prefix: str) -> None:
     state.context.finish_pending_reduce()
     state.group.reshard()
-    local_form = state.context.state_dict_type is StateDictType.LOCAL_STATE_DICT
+    local_form = state.context.state_dict_form.form is SaveForm.LOCAL
     for param in state.group.params:
         for slot in param.slots:
             key = prefix + slot.fqn
@@ -196,7 +204,7 @@ def _settings(
             f"state_dict_type must be a shardkit.fsdp.StateDictType, got {kind!r}; use "
             "StateDictType.FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT"
         )
-    config_cls, optim_cls = _CONFIGS[kind]
+    config_cls, optim_cls, _ = _CONFIGS[kind]
     config = config_cls() if config is None else config
     optim_config = optim_cls() if optim_config is None else optim_config
     for given, wanted in ((config, config_cls), (optim_config, optim_cls)):
@@ -205,6 +213,33 @@ def _settings(
                 f"{type(given).__name__} does not go with {kind.name}; use {config_cls.__name__} "
                 f"and {optim_cls.__name__} with {kind.name}"
             )
+    return StateDictSettings(kind, config, optim_config)
+
+
+def _form_of(settings: StateDictSettings) -> StateDictForm:
+    """FSDP1's settings as the form a tree's state dicts take."""
+    config, optim_config = settings.state_dict_config, settings.optim_state_dict_config
+    return StateDictForm(
+        form=_CONFIGS[settings.state_dict_type][2],
+        offload_to_cpu=config.offload_to_cpu,
+        rank0_only=getattr(config, "rank0_only", False),
+        optim_offload_to_cpu=optim_config.offload_to_cpu,
+        optim_rank0_only=getattr(optim_config, "rank0_only", False),
+    )
+
+
+def _settings_of(form: StateDictForm) -> StateDictSettings:
+    """The FSDP1 settings that stand for ``form`` (what `get_state_dict_type` reports)."""
+    kind = next(k for k, (*_, f) in _CONFIGS.items() if f is form.form)
+    config_cls, optim_cls, _ = _CONFIGS[kind]
+    full = form.form is SaveForm.FULL  # only FULL's configs have rank0_only
+    config = config_cls(
+        offload_to_cpu=form.offload_to_cpu, **({"rank0_only": form.rank0_only} if full else {})
+    )
+    optim_config = optim_cls(
+        offload_to_cpu=form.optim_offload_to_cpu,
+        **({"rank0_only": form.optim_rank0_only} if full else {}),
+    )
     return StateDictSettings(kind, config, optim_config)
 
 
@@ -220,18 +255,13 @@ def set_state_dict_type(
     contexts = _contexts(module, "set_state_dict_type")
     previous = get_state_dict_type(module)
     for ctx in contexts:
-        ctx.state_dict_type = settings.state_dict_type
-        ctx.state_dict_config = settings.state_dict_config
-        ctx.optim_state_dict_config = settings.optim_state_dict_config
+        ctx.state_dict_form = _form_of(settings)
     return previous
 
 
 def get_state_dict_type(module: nn.Module) -> StateDictSettings:
     """The state-dict type and configs ``module``'s units use now."""
-    ctx = _contexts(module, "get_state_dict_type")[0]
-    return StateDictSettings(
-        ctx.state_dict_type, ctx.state_dict_config, ctx.optim_state_dict_config
-    )
+    return _settings_of(_contexts(module, "get_state_dict_type")[0].state_dict_form)
 
 
 @contextlib.contextmanager
@@ -249,19 +279,13 @@ def state_dict_type(
                                   FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
             states = model.state_dict()   # full tensors on rank 0, {} elsewhere
     """
-    settings = _settings(state_dict_type, state_dict_config, optim_state_dict_config)
+    form = _form_of(_settings(state_dict_type, state_dict_config, optim_state_dict_config))
     contexts = _contexts(module, "state_dict_type")
-    saved = [(c.state_dict_type, c.state_dict_config, c.optim_state_dict_config) for c in contexts]
+    saved = [ctx.state_dict_form for ctx in contexts]
     for ctx in contexts:
-        ctx.state_dict_type = settings.state_dict_type
-        ctx.state_dict_config = settings.state_dict_config
-        ctx.optim_state_dict_config = settings.optim_state_dict_config
+        ctx.state_dict_form = form
     try:
         yield
     finally:
-        for ctx, (kind, cfg, optim_cfg) in zip(contexts, saved):
-            ctx.state_dict_type, ctx.state_dict_config, ctx.optim_state_dict_config = (
-                kind,
-                cfg,
-                optim_cfg,
-            )
+        for ctx, previous in zip(contexts, saved):
+            ctx.state_dict_form = previous

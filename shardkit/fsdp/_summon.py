@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.fsdp._param import ShardedParam, set_param
-from shardkit.fsdp._state import FSDPState, get_state
+from shardkit.fsdp._state import FSDPState, TrainingState, get_state
 
 __all__ = ["summon_full_params", "units_under"]
 
@@ -60,7 +60,7 @@ def summon_full_params(
         )
     for unit in units:
         ctx = unit.context
-        if ctx.active_root is not None or ctx.in_backward:
+        if ctx.state is not TrainingState.IDLE:
             raise ValueError(
                 f"summon_full_params called on unit {unit.name!r} during forward or backward; "
                 "call it between iterations"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from shardkit.fsdp._clip import clip_grad_norm_
-from shardkit.fsdp._config import Precision, Prefetch
+from shardkit.fsdp._config import Precision, Prefetch, SaveForm, StateDictForm
 from shardkit.fsdp._init import UnitSettings, build_unit
 from shardkit.fsdp._materialize import has_meta, materialize
 from shardkit.fsdp._mesh_info import compute_device, make_mesh_info
@@ -140,7 +140,7 @@ class FullyShardedDataParallel(nn.Module):
         resharding = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
         settings = UnitSettings(
             mesh_info=mesh_info,
-            strategy=strategy,
+            layout=strategy.name,
             precision=Precision.of(mp),
             prefetch=prefetch,
             reshard_after_forward=None if strategy in resharding else False,
@@ -176,7 +176,7 @@ class FullyShardedDataParallel(nn.Module):
         if policy is not None:
             _auto_wrap(module, policy, settings, param_init_fn)
         state = build_unit(self, module, settings, name=name)
-        state.context.state_dict_type = StateDictType.FULL_STATE_DICT
+        state.context.state_dict_form = StateDictForm(form=SaveForm.FULL)  # FSDP1's default
         # keys are the unwrapped module's: added back before the unit reads them on load,
         # stripped after the unit wrote them on save
         self.register_load_state_dict_pre_hook(_add_prefix)

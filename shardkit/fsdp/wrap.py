@@ -14,6 +14,7 @@ Example (seed 004: only ``fc1``, 1.18 M parameters, reaches 20 000)::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -185,7 +186,10 @@ def recursive_wrap(
     return module, total
 
 
-_wrap_context: dict[str, Any] | None = None
+# What `enable_wrap` set for the block that runs now (a context variable: per thread and task)
+_WRAP_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "shardkit_fsdp_wrap_context", default=None
+)
 
 
 @contextlib.contextmanager
@@ -198,20 +202,19 @@ def enable_wrap(*, wrapper_cls: type[nn.Module], **wrapper_kwargs: Any) -> Itera
             layer = wrap(nn.Linear(8, 8))     # a unit
         model = FullyShardedDataParallel(nn.Sequential(layer, nn.ReLU()))
     """
-    global _wrap_context
-    previous = _wrap_context
-    _wrap_context = {"wrapper_cls": wrapper_cls, **wrapper_kwargs}
+    token = _WRAP_CONTEXT.set({"wrapper_cls": wrapper_cls, **wrapper_kwargs})
     try:
         yield
     finally:
-        _wrap_context = previous
+        _WRAP_CONTEXT.reset(token)
 
 
 def wrap(module: nn.Module, **wrap_overrides: Any) -> nn.Module:
     """Wrap ``module`` with the `enable_wrap` settings (``wrap_overrides`` win); outside
     `enable_wrap` return it unchanged."""
-    if _wrap_context is None:
+    context = _WRAP_CONTEXT.get()
+    if context is None:
         return module
-    kwargs = {**_wrap_context, **wrap_overrides}
+    kwargs = {**context, **wrap_overrides}
     wrapper_cls = kwargs.pop("wrapper_cls")
     return wrapper_cls(module, **kwargs)

@@ -13,19 +13,16 @@ for the tables); its modules, in the order the algorithm runs:
   `EmbeddingShardingPlanner`; ``_collective``: plan on rank 0 and broadcast, the only part
   that communicates.
 
-`plan_tables` plans table configs directly. See docs/planner.md. The plan types and sharders
+`plan_tables` plans table configs directly; `shardkit.planner.steps` offers the steps one at a
+time, for code that composes a planner of its own. See docs/planner.md. The plan types and sharders
 the planner works with live in ``shardkit.types`` and are re-exported here, where TorchRec-style
 code and earlier shardkit code import them from.
 """
 
-from shardkit.planner._collective import plan_on_rank_zero, process_group
-from shardkit.planner._constants import BATCH_SIZE, DDR_CAP, HBM_CAP, MIN_CW_DIM, NUM_POOLINGS
+from shardkit.planner._constants import BATCH_SIZE, DDR_CAP, HBM_CAP, MIN_CW_DIM
 from shardkit.planner._core import PlanResult, estimate_plan, plan_tables
-from shardkit.planner._enumerate import Option, enumerate_options
 from shardkit.planner._errors import PlannerError, PlannerErrorType
-from shardkit.planner._estimate import estimate_shard
 from shardkit.planner._inputs import HeuristicalStorageReservation, ParameterConstraints, Topology
-from shardkit.planner._partition import shard_layout
 from shardkit.planner._planner import EmbeddingShardingPlanner
 from shardkit.planner._predict import RankStep, StepPrediction
 from shardkit.planner._profile import (
@@ -44,7 +41,6 @@ from shardkit.planner._reservations import (
 )
 from shardkit.planner._simulate import ClusterShape, ScalingPoint, Simulation, simulate
 from shardkit.planner._stats import PlanStats, RankStats, TableStats
-from shardkit.planner._tables import TableSpec, module_sources, resolve_tables
 from shardkit.types import (
     BaseEmbeddingSharder,
     EmbeddingComputeKernel,
@@ -66,7 +62,6 @@ __all__ = [
     "DDR_CAP",
     "HBM_CAP",
     "MIN_CW_DIM",
-    "NUM_POOLINGS",
     "BaseEmbeddingSharder",
     "ClusterShape",
     "EmbeddingComputeKernel",
@@ -81,7 +76,6 @@ __all__ = [
     "LinkFit",
     "MachineProfile",
     "ModuleSharder",
-    "Option",
     "ParameterConstraints",
     "PlanResult",
     "PlanStats",
@@ -96,23 +90,15 @@ __all__ = [
     "Simulation",
     "StepPrediction",
     "StorageReservationType",
-    "TableSpec",
     "TableStats",
     "Topology",
     "embedding_compute_kernels",
     "embedding_sharding_types",
-    "enumerate_options",
     "estimate_plan",
-    "estimate_shard",
     "load_profile",
     "miss_fraction",
-    "module_sources",
     "placement",
-    "plan_on_rank_zero",
     "plan_tables",
-    "process_group",
-    "resolve_tables",
-    "shard_layout",
     "simulate",
     "split_evenly",
 ]

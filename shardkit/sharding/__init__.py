@@ -15,17 +15,6 @@ from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
 from shardkit.sharding._collection._state import fused_state, load_fused_state, quiet_sharded_tensor
-from shardkit.sharding._comm_helpers import (
-    get_group_rank,
-    get_local_rank,
-    get_local_size,
-    get_node_group_size,
-    get_num_groups,
-    get_topology_domain_multiple,
-    get_topology_group_world_size,
-    intra_and_cross_node_pg,
-    intra_and_cross_node_pg_2D,
-)
 from shardkit.sharding._data_parallel import DataParallelWrapper, DefaultDataParallelWrapper
 from shardkit.sharding._dist._codecs import (
     CommType,
@@ -148,18 +137,9 @@ __all__ = [
     "data_parallel",
     "fused_state",
     "get_default_sharders",
-    "get_group_rank",
-    "get_local_rank",
-    "get_local_size",
-    "get_node_group_size",
-    "get_num_groups",
     "get_qcomm_codecs",
     "get_qcomm_codecs_registry",
-    "get_topology_domain_multiple",
-    "get_topology_group_world_size",
     "grid_shard",
-    "intra_and_cross_node_pg",
-    "intra_and_cross_node_pg_2D",
     "load_fused_state",
     "quiet_sharded_tensor",
     "row_wise",

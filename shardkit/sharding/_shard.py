@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.compat import resolve_device
+from shardkit.launch import local_world_size
 from shardkit.planner import EmbeddingShardingPlanner, Topology
-from shardkit.sharding._comm_helpers import get_local_size
 from shardkit.sharding._model_parallel import _materialize
 from shardkit.sharding._sharding_plan import get_default_sharders
 from shardkit.sharding._sharding_sharder import sharders_by_type, sharding_sharders
@@ -73,7 +73,7 @@ def shard(
         raise ValueError(
             f"plan names tables {unknown} that the module lacks; its tables are {sorted(tables)}"
         )
-    local = get_local_size(env.world_size)
+    local = local_world_size(env.world_size)
     module_plan = {
         name: g if isinstance(g, ParameterSharding)
         else g(tables[name], local, env.world_size, device.type, sharder)
@@ -96,7 +96,7 @@ def shard_modules(
     env, device = _env_and_device(env, device)
     sharders = list(sharders) if sharders is not None else get_default_sharders()
     by_type = sharders_by_type(sharders, module=module)
-    local = get_local_size(env.world_size)
+    local = local_world_size(env.world_size)
     if plan is None:
         topology = Topology(world_size=env.world_size, compute_device=device.type,
                             local_world_size=local)  # fmt: skip

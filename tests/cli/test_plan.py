@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from shardkit.cli import main
-from shardkit.cli._plan import _size, load_model
+from shardkit.cli._plan import load_model
+from shardkit.cli._units import size
 from shardkit.planner import ShardingType, _machine
 from shardkit.types import ShardingPlan
 
@@ -188,4 +189,4 @@ def test_the_chart_needs_the_plot_extra(model_json, capsys, monkeypatch):
     [("80G", 80 << 30), ("512MiB", 512 << 20), ("1.5T", int(1.5 * (1 << 40))), ("1024", 1024)],
 )
 def test_sizes(text, value):
-    assert _size(text) == value
+    assert size(text) == value

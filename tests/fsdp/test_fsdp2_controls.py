@@ -106,10 +106,12 @@ def test_set_requires_gradient_sync_skips_communication(run_ranks):
 def _keep_after_backward(rank, ws):
     model = shard_blocks(make_model())
     optimizer = OPTIMIZERS["sgd"](model.parameters())
+    other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # holds no shards
     model.set_reshard_after_backward(False)
     first, second = (local(b, rank, ws) for b in batches(ws, steps=2))
     loss_fn(model, *first).backward()
     kept = [get_state(m).group.is_unsharded for m in (model, *model.blocks)]
+    other.step()  # leaves the shards, and so what backward kept, alone
     with _count("shardkit.fsdp._flat", "all_gather_into_tensor") as gather:
         model(first[0])
         without_step = gather.call_count
@@ -121,7 +123,11 @@ def _keep_after_backward(rank, ws):
         loss_fn(model, *second).backward()
         after_step = gather.call_count
     optimizer.step()
-    return kept, without_step, after_step, full_state(model)
+    hooks = [
+        (len(o._optimizer_step_pre_hooks), len(o._optimizer_step_post_hooks))
+        for o in (optimizer, other)
+    ]
+    return kept, without_step, after_step, hooks, full_state(model)
 
 
 def test_set_reshard_after_backward_keeps_parameters_until_the_shards_change(run_ranks):
@@ -135,9 +141,10 @@ def test_set_reshard_after_backward_keeps_parameters_until_the_shards_change(run
     optimizer.zero_grad()
     loss_fn(ref, *second).backward()
     optimizer.step()
-    for kept, without_step, after_step, state in run_ranks(_keep_after_backward, 2):
+    for kept, without_step, after_step, hooks, state in run_ranks(_keep_after_backward, 2):
         assert all(kept), kept
-        assert without_step == 0  # the forward used what backward kept
+        assert without_step == 0  # the forward used what backward kept (another optimizer ran)
+        assert hooks == [(1, 1), (0, 0)]  # step hooks on the optimizer of shards only
         assert after_step > 0  # stale after the optimizer step: gathered again
         assert_state_equal(state, ref.state_dict())
 

@@ -380,15 +380,25 @@ def _checkpointed(rank, ws):
         fully_shard(block)
     fully_shard(model)
     optimizer = OPTIMIZERS["adam"](model.parameters())
+    ctx = get_state(model).context
+    states = []  # the tree's training state each time block 0 runs
+    model.blocks[0].register_forward_pre_hook(lambda *_: states.append(ctx.state.name))
     for batch in batches(ws):
         optimizer.zero_grad()
         loss_fn(model, *local(batch, rank, ws)).backward()
         optimizer.step()
-    return full_state(model)
+    units = [get_state(model), get_state(model.blocks[0]), get_state(model.blocks[1])]
+    order = [units.index(unit) for unit in ctx.forward_order]
+    return states, order, ctx.state.name, full_state(model)
 
 
 def test_activation_checkpointing_inside_units(run_ranks):
-    for got in run_ranks(_checkpointed, 2):
+    """Checkpointing calls the units themselves again in backward: a re-forward (see [Note:
+    training state]) that leaves the forward order, which steers prefetching, alone."""
+    for states, order, after, got in run_ranks(_checkpointed, 2):
+        assert states == ["FORWARD", "RE_FORWARD"] * 3  # forward and recomputation, 3 steps
+        assert order == [0, 1, 2]  # the root, blocks 0 and 1: the forward's, not a re-forward's
+        assert after == "IDLE"
         assert_state_equal(got, reference(2, "adam"))
 
 
@@ -438,24 +448,26 @@ def _checkpoint_wrapped(rank, ws, face):
         model = _wrapped()
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
     optimizer = OPTIMIZERS["sgd"](model.parameters())
-    recomputed = []
-    model.blocks[0].up.register_forward_hook(lambda *_: recomputed.append(1))
+    ctx = get_state(model).context
+    states = []  # the tree's training state each time block 0's layer runs
+    model.blocks[0].up.register_forward_hook(lambda *_: states.append(ctx.state.name))
     for batch in batches(ws):
         optimizer.zero_grad()
         loss_fn(model, *local(batch, rank, ws)).backward()
         optimizer.step()
     names = sorted(optim_state_dict(model, optimizer)["state"])
-    return len(recomputed), list(model.state_dict()), names, full_state(model)
+    return states, list(model.state_dict()), names, full_state(model)
 
 
 @pytest.mark.parametrize("face", ["fully_shard", "wrapper"])
 def test_checkpoint_wrapper_per_block(run_ranks, face):
     """Activation checkpointing per block (torch's checkpoint_wrapper): the forward of each block
     runs again in backward, training equals the unsharded model, and state dict keys and
-    optimizer state names are the unsharded model's."""
+    optimizer state names are the unsharded model's. The recomputation runs inside the unit
+    (the wrapper recomputes the module it wraps, not the unit's forward): no re-forward."""
     want = reference(2, "sgd")
-    for recomputed, keys, names, state in run_ranks(_checkpoint_wrapped, 2, face):
-        assert recomputed == 2 * 3  # forward and recomputation, 3 steps
+    for states, keys, names, state in run_ranks(_checkpoint_wrapped, 2, face):
+        assert states == ["FORWARD", "BACKWARD"] * 3  # forward and recomputation, 3 steps
         assert keys == list(want)
         assert names == sorted(n for n, p in make_model().named_parameters() if p.requires_grad)
         assert_state_equal(state, want)

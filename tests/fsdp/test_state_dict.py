@@ -310,10 +310,15 @@ def _plain_dcp(rank, ws, path, save):
         osd = optimizer.state_dict()
         index = [name for name, _ in model.named_parameters()].index("embed.bias")
         entry = osd["state"][index]
+        from shardkit.fsdp import ShardedOptimStateDictConfig, StateDictSettings
+
         layout = (
             type(entry["exp_avg"]) is DTensor,
             tuple(entry["exp_avg"].shape),
             type(entry["step"]),
+            # fully_shard's form, reported in FSDP1's words (optimizer state offloaded)
+            FSDP.get_state_dict_type(model)
+            == StateDictSettings(SHARDED, ShardedStateDictConfig(), ShardedOptimStateDictConfig()),
         )
         dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=path)
         return layout, full_state(model)
@@ -331,7 +336,7 @@ def _plain_dcp(rank, ws, path, save):
 def test_fsdp2_plain_state_dicts_through_dcp_on_another_world_size(run_ranks, tmp_path):
     path = str(tmp_path / "checkpoint")
     (layout, saved), *_ = run_ranks(_plain_dcp, 2, path, True)
-    assert layout == (True, (7,), torch.Tensor)  # embed.bias's Adam moment: a global DTensor
+    assert layout == (True, (7,), torch.Tensor, True)  # embed.bias's Adam moment: a global DTensor
     assert_state_equal(saved, reference(2, "adam"))
     for steps, loaded, trained in run_ranks(_plain_dcp, 3, path, False):
         assert steps == {3.0}  # the step counters came back

@@ -23,13 +23,15 @@ from shardkit.distributed.planner._tr_interfaces import Enumerator, ShardEstimat
 from shardkit.distributed.planner._tr_types import Perf, Shard, ShardingOption, Storage
 from shardkit.planner import (
     BATCH_SIZE,
-    NUM_POOLINGS,
-    Option,
     ParameterConstraints,
     PlannerError,
     PlannerErrorType,
-    TableSpec,
     Topology,
+)
+from shardkit.planner.steps import (
+    NUM_POOLINGS,
+    Option,
+    TableSpec,
     enumerate_options,
     estimate_shard,
     module_sources,

@@ -26,9 +26,8 @@ from shardkit.planner import (
     ParameterConstraints,
     PlanResult,
     Topology,
-    plan_on_rank_zero,
-    process_group,
 )
+from shardkit.planner.steps import plan_on_rank_zero, process_group
 from shardkit.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 __all__ = [
