@@ -120,22 +120,32 @@ def _quantized_ec() -> torch.nn.Module:
                                additional_qconfig_spec_keys=[EmbeddingCollection]).eval()  # fmt: skip
 
 
-@pytest.mark.pt2_grid
-@pytest.mark.parametrize("build", [_mc_ebc, _quantized_ec], ids=["mc_ebc", "quantized_ec_int4"])
-def test_a_program_of_the_ids_alone_serves_without_shardkit(tmp_path, build):
-    """A managed-collision EBC (eval mode, its remapped KJT returned too) and an INT4 quantized
-    EC as programs of ``values`` and ``lengths`` (`export_program(..., None)`): served by the
-    example in a process where shardkit cannot be imported, equal to eager."""
+@pytest.mark.parametrize(
+    ("build", "aoti"),
+    [pytest.param(_mc_ebc, False, marks=pytest.mark.pt2_grid, id="mc_ebc"),
+     pytest.param(_quantized_ec, False, marks=pytest.mark.pt2_grid, id="quantized_ec_int4"),
+     pytest.param(_mc_ebc, True, marks=pytest.mark.aoti, id="mc_ebc_aoti")],
+)  # fmt: skip
+def test_a_program_of_the_ids_alone_serves_without_shardkit(tmp_path, build, aoti):
+    """A managed-collision EBC (eval mode, its remapped KJT returned too; as an AOTInductor
+    package in the aoti tier) and an INT4 quantized EC as programs of ``values`` and
+    ``lengths`` (`export_program(..., None)`): served by the example in a process where
+    shardkit cannot be imported, equal to eager."""
     from shardkit import KeyedJaggedTensor
-    from shardkit.inference import export_program
+    from shardkit.inference import aoti_package, export_program
     from shardkit.inference._pt2 import plain
 
     module = build()
-    torch.export.save(export_program(module, pt2_models.KEYS, None), tmp_path / "m.pt2")
+    program = export_program(module, pt2_models.KEYS, None)
+    path = tmp_path / "m.pt2"
+    if aoti:
+        aoti_package(program, path)
+    else:
+        torch.export.save(program, path)
     kjt = pt2_models.kjt(7, batch=5, rows=40 if "mc" in build.__name__ else 6)
     torch.save({"values": kjt.values(), "lengths": kjt.lengths()}, tmp_path / "batch.pt")
-    said = run_script(*_serve_args(tmp_path / "m.pt2", tmp_path / "batch.pt",
-                                   tmp_path / "out.pt"))  # fmt: skip
+    extra = ["--aoti"] if aoti else []
+    said = run_script(*_serve_args(path, tmp_path / "batch.pt", tmp_path / "out.pt", *extra))
     assert "shardkit imported: no" in said
     want = plain(module(KeyedJaggedTensor(pt2_models.KEYS, kjt.values(), lengths=kjt.lengths())))
     got = torch.load(tmp_path / "out.pt")
