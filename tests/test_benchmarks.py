@@ -139,6 +139,24 @@ def test_bench_dmp_runs_at_toy_size(tmp_path):
     assert "| data_parallel (sgd) | shardkit | plain |" in out.read_text()
 
 
+def test_bench_dmp_as_written_runs_the_torchrec_program_on_shardkit(tmp_path):
+    """The TorchRec program under ``shardkit run`` (TorchRec absent: shardkit's side only)."""
+    out = tmp_path / "as_written.md"
+    _run(
+        "bench_dmp_as_written.py", "--types", "row_wise", "--loops", "pipeline", "--rounds", "1",
+        "--rows", "500", "--batch", "16", "--steps", "2", "--warmup", "1", "--out", str(out),
+    )  # fmt: skip
+    report = json.loads(out.with_suffix(".json").read_text())
+    _machine(report["machine"])
+    (result,) = report["results"]
+    assert result["case"] == ["row_wise", "pipeline", "rowwise_adagrad"] and not result["torchrec"]
+    (run,) = result["shardkit"]
+    assert _positive(run["median_ms"], *run["cpu_ms_per_rank"]), run
+    assert run["types"] == ["row_wise"] and run["kernels"] == ["fused"], run
+    assert len(run["losses"]) == 3 and all(math.isfinite(x) for x in run["losses"])
+    assert "| row_wise | pipeline | rowwise_adagrad | - |" in out.read_text()
+
+
 def test_bench_dmp_compares_each_loop_with_the_same_loop():
     spec = importlib.util.spec_from_file_location("_dmp_report", BENCHMARKS / "_dmp_report.py")
     report = importlib.util.module_from_spec(spec)

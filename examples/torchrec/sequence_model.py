@@ -22,6 +22,7 @@ from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import TrainPipelineSparseDist
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
 from torchrec.distributed.types import ShardingPlan
@@ -132,7 +133,13 @@ def main(argv):
     )
     module_plan = construct_module_sharding_plan(
         ec,
-        {"items": column_wise(ranks=list(range(world_size)))},
+        # the fused kernel by name: TorchRec's generators give DENSE (fused_params unused)
+        # unless the table has an optimizer applied in backward
+        {
+            "items": column_wise(
+                ranks=list(range(world_size)), compute_kernel=EmbeddingComputeKernel.FUSED.value
+            )
+        },
         sharder=sharder,
         world_size=world_size,
         local_size=world_size,

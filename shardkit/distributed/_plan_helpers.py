@@ -4,33 +4,83 @@ strings."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from shardkit.sharding import (
-    column_wise,
-    data_parallel,
-    get_default_sharders,
-    grid_shard,
-    row_wise,
-    table_row_wise,
-    table_wise,
+from shardkit import sharding
+from shardkit.sharding import get_default_sharders
+from shardkit.types import (
+    EmbeddingComputeKernel,
+    ModuleSharder,
+    ShardingType,
+    placement,
+    split_evenly,
 )
-from shardkit.types import ModuleSharder, ShardingType, placement, split_evenly
 
 __all__ = [
     "calculate_shard_sizes_and_offsets",
+    "column_wise",
+    "data_parallel",
     "get_module_to_default_sharders",
     "get_sharding_constructor_from_type",
+    "grid_shard",
     "placement_helper",
     "placement_string",
+    "row_wise",
+    "table_row_wise",
+    "table_wise",
 ]
 
 # Narrowest column-wise shard when no width is given (TorchRec's MIN_CW_DIM).
 _MIN_CW_DIM = 128
+
+
+def _kernel_as_torchrec(constructor: Callable[..., Any]) -> Callable[..., Any]:
+    """``constructor`` (a `shardkit.sharding` generator constructor) with TorchRec's choice of
+    kernel when none is given: FUSED for a sharded table that has an optimizer applied in
+    backward (`apply_optimizer_in_backward` marks it), DENSE otherwise. See [Note: the kernel
+    a TorchRec generator chooses]."""
+    names = inspect.signature(constructor).parameters
+
+    @functools.wraps(constructor)
+    def torchrec_constructor(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+        bound = inspect.signature(constructor).bind(*args, **kwargs)
+        if bound.arguments.get("compute_kernel") is not None or "compute_kernel" not in names:
+            return constructor(*args, **kwargs)
+
+        def generate(param, local_size, world_size, device_type, sharder):
+            fused = hasattr(param, "_in_backward_optimizers")
+            kernel = EmbeddingComputeKernel.FUSED if fused else EmbeddingComputeKernel.DENSE
+            bound.arguments["compute_kernel"] = kernel.value
+            made = constructor(*bound.args, **bound.kwargs)
+            return made(param, local_size, world_size, device_type, sharder)
+
+        return generate
+
+    return torchrec_constructor
+
+
+# [Note: the kernel a TorchRec generator chooses]
+# TorchRec's generators (``torchrec.distributed.sharding_plan.table_wise`` ...) given no
+# ``compute_kernel`` choose FUSED only for a table whose parameter has an optimizer applied in
+# backward, and DENSE otherwise: the table then gets a dense gradient and the program's own
+# optimizer steps it, whatever the sharder's ``fused_params`` say. shardkit's own generators
+# (`shardkit.sharding.table_wise` ...) choose FUSED, the kernel its planner prefers. A TorchRec
+# program written for the first rule must train the same on shardkit, so the TorchRec paths
+# hand out the generators wrapped with TorchRec's rule (issue 25's as-written benchmark found
+# the difference: the same program trained its tables with Adam on TorchRec and with the
+# fused row-wise Adagrad on shardkit). ``data_parallel`` is DENSE by default in both.
+table_wise = _kernel_as_torchrec(sharding.table_wise)
+row_wise = _kernel_as_torchrec(sharding.row_wise)
+column_wise = _kernel_as_torchrec(sharding.column_wise)
+table_row_wise = _kernel_as_torchrec(sharding.table_row_wise)
+grid_shard = _kernel_as_torchrec(sharding.grid_shard)
+data_parallel = sharding.data_parallel
 
 
 def get_module_to_default_sharders() -> dict[type[nn.Module], ModuleSharder]:

@@ -2,22 +2,22 @@
 
 from shardkit.distributed._plan_helpers import (
     calculate_shard_sizes_and_offsets,
+    column_wise,
+    data_parallel,
     get_module_to_default_sharders,
     get_sharding_constructor_from_type,
+    grid_shard,
     placement_helper,
+    row_wise,
+    table_row_wise,
+    table_wise,
 )
 from shardkit.distributed._plan_helpers import placement_string as placement
 from shardkit.sharding import (
     ParameterShardingGenerator,
     apply_to_all,
-    column_wise,
     construct_module_sharding_plan,
-    data_parallel,
     get_default_sharders,
-    grid_shard,
-    row_wise,
-    table_row_wise,
-    table_wise,
 )
 
 __all__ = [

@@ -20,8 +20,15 @@ from shardkit.distributed.planner.types import (
     PlannerError,
     PlannerErrorType,
 )
-from shardkit.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from shardkit.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
 from shardkit.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
+from shardkit.optim import apply_optimizer_in_backward
 from tests.planner._helpers import meta_ebc, seed_tables
 from tests.planner._seed_plans import SEED_PLANS, check_readable, tutorial_text
 
@@ -88,6 +95,8 @@ def test_sharding_env_is_plain_data():
 
 def test_manual_plans_from_the_torchrec_path():
     ebc = meta_ebc(seed_tables())
+    # TorchRec's generators plan FUSED for tables with an optimizer in backward, as the seed's
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.1})
     plan = construct_module_sharding_plan(
         ebc,
         {
@@ -102,6 +111,42 @@ def test_manual_plans_from_the_torchrec_path():
     assert tutorial_text(ShardingPlan({"": plan})) == SEED_PLANS["ROW_WISE"]
     check_readable(ShardingPlan({"": plan}))
     assert torch.Size([4096, 64]) == ebc.embedding_bags["large_table_0"].weight.shape
+
+
+def test_torchrec_generators_choose_the_kernel_as_torchrec():
+    """TorchRec's generators, given no kernel: FUSED where the table has an optimizer applied
+    in backward, DENSE otherwise (its program then steps the table with its own optimizer);
+    an explicit kernel wins; shardkit's own generators plan FUSED ([Note: the kernel a
+    TorchRec generator chooses])."""
+    from shardkit.sharding import table_wise as shardkit_table_wise
+
+    ebc = meta_ebc(seed_tables())
+    marked = ebc.embedding_bags["large_table_1"].weight
+    apply_optimizer_in_backward(torch.optim.SGD, [marked], {"lr": 0.1})
+    generators = {
+        "large_table_0": table_wise(rank=0),
+        "large_table_1": row_wise(),
+        "small_table_0": column_wise(ranks=[0, 1]),
+        "small_table_1": table_row_wise(host_index=0),
+    }
+    plan = construct_module_sharding_plan(
+        ebc, generators, world_size=2, local_size=2, device_type="cpu"
+    )
+    kernels = {name: sharding.compute_kernel for name, sharding in plan.items()}
+    assert kernels == {
+        "large_table_0": "dense",
+        "large_table_1": "fused",
+        "small_table_0": "dense",
+        "small_table_1": "dense",
+    }
+    explicit = {**generators, "large_table_0": table_wise(0, None, "fused")}
+    plan = construct_module_sharding_plan(
+        ebc, explicit, world_size=2, local_size=2, device_type="cpu"
+    )
+    assert plan["large_table_0"].compute_kernel == "fused"
+    own = {name: shardkit_table_wise(rank=0) for name in generators}
+    plan = construct_module_sharding_plan(ebc, own, world_size=2, local_size=2, device_type="cpu")
+    assert {sharding.compute_kernel for sharding in plan.values()} == {"fused"}
 
 
 def test_import_shardkit_gives_distributed_model_parallel():
