@@ -107,6 +107,7 @@ PUBLIC = {
         "expand_variable_batch",
         "fused_tables",
         "get_embedding_names_by_table",
+        "ids_per_key_unbacked",
         "key_of_bag",
         "kernel_input",
         "lookup",
@@ -199,6 +200,7 @@ PUBLIC = {
     ],
     "shardkit.inference": [
         "FlatInputs",
+        "FlatSparseInputs",
         "ShardedQuantEmbeddingBagCollection",
         "ShardedQuantEmbeddingCollection",
         "aoti_package",

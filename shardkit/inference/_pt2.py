@@ -12,6 +12,13 @@ program serves every batch, a batch of one included (traced with ``backed_size_o
 size is not specialized for being 1). `torch.export.save` writes it (``.pt2``), `torch.export.load`
 reads it back; `aoti_package` compiles it with AOTInductor into a package of C++ for this
 CPU that `torch._inductor.aoti_load_package` runs.
+
+A module that takes the KJT alone (an embedding collection, a managed-collision collection in
+eval mode) exports the same way with ``num_dense=None``: ``values`` and ``lengths`` in. An output
+that is not one tensor (a `KeyedTensor`, a dict of `JaggedTensor`s, a managed-collision
+collection's pair) leaves the program as the tuple of its tensors in pytree order (`plain`), so
+that no shardkit type is in the program's output either: a `KeyedTensor` gives its values
+``[B, sum(dims)]``, a ``JaggedTensor`` its values and lengths (and offsets when it holds them).
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["FlatInputs", "aoti_package", "export_program"]
+__all__ = ["FlatInputs", "FlatSparseInputs", "aoti_package", "export_program", "plain"]
 
 
 class FlatInputs(nn.Module):
@@ -46,7 +54,35 @@ class FlatInputs(nn.Module):
         self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         """``dense`` ``[B, N]``, ``values`` ``[n]``, ``lengths`` ``[F * B]`` -> the model's output."""
-        return self.model(dense, KeyedJaggedTensor(self.keys, values, lengths=lengths))
+        return plain(self.model(dense, KeyedJaggedTensor(self.keys, values, lengths=lengths)))
+
+
+class FlatSparseInputs(nn.Module):
+    """``model(KeyedJaggedTensor)`` as a module of plain tensors: `FlatInputs` without dense
+    features (e.g. an embedding collection).
+
+    Args:
+        model: called as ``model(kjt)``.
+        keys: the KJT's keys, in the order of ``lengths``.
+    """
+
+    def __init__(self, model: nn.Module, keys: Sequence[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.keys = list(keys)
+
+    def forward(self, values: torch.Tensor, lengths: torch.Tensor) -> Any:
+        """``values`` ``[n]``, ``lengths`` ``[F * B]`` -> the model's output, `plain`."""
+        return plain(self.model(KeyedJaggedTensor(self.keys, values, lengths=lengths)))
+
+
+def plain(output: Any) -> Any:
+    """``output`` if it is a tensor, else the tuple of its tensors in pytree order (see [Note:
+    serving programs])."""
+    if isinstance(output, torch.Tensor):
+        return output
+    leaves = torch.utils._pytree.tree_leaves(output)
+    return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
 def example_inputs(
@@ -60,18 +96,24 @@ def example_inputs(
 
 
 def export_program(
-    model: nn.Module, keys: Sequence[str], num_dense: int
+    model: nn.Module, keys: Sequence[str], num_dense: int | None
 ) -> torch.export.ExportedProgram:
-    """``model`` (called as ``model(dense, kjt)``, in eval mode) as a program of plain tensors
-    with a dynamic batch size and number of ids (see [Note: serving programs])."""
-    flat = FlatInputs(model, keys).eval()
+    """``model`` (called as ``model(dense, kjt)``, or ``model(kjt)`` when ``num_dense`` is None;
+    put in eval mode) as a program of plain tensors with a dynamic batch size and number of ids
+    (see [Note: serving programs])."""
     batch, ids = torch.export.Dim("batch", min=1), torch.export.Dim("ids", min=0)
-    shapes = {"dense": {0: batch}, "values": {0: ids}, "lengths": {0: len(keys) * batch}}
+    shapes: dict[str, Any] = {"values": {0: ids}, "lengths": {0: len(keys) * batch}}
+    inputs: tuple[torch.Tensor, ...] = example_inputs(keys, num_dense or 0)
+    flat: nn.Module
+    if num_dense is None:
+        flat, inputs = FlatSparseInputs(model, keys).eval(), inputs[1:]
+    else:
+        flat, shapes = FlatInputs(model, keys).eval(), {"dense": {0: batch}, **shapes}
     # a batch of one too: reason about sizes as if >= 2 without guarding on it (torch's
     # 0/1 specialization would otherwise trace the program for batches of 2 or more)
     oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
     with torch.no_grad(), oblivious:
-        return torch.export.export(flat, example_inputs(keys, num_dense), dynamic_shapes=shapes)
+        return torch.export.export(flat, inputs, dynamic_shapes=shapes)
 
 
 def aoti_package(program: torch.export.ExportedProgram, path: str | os.PathLike) -> Path:

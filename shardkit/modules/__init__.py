@@ -27,7 +27,7 @@ from shardkit.modules._tables import (
     fused_tables,
     stack_tables,
 )
-from shardkit.modules._traced import key_of_bag, traced_group_input
+from shardkit.modules._traced import ids_per_key_unbacked, key_of_bag, traced_group_input
 from shardkit.modules._vbe import expand_bags, expand_variable_batch
 from shardkit.modules.embedding_configs import (
     BaseEmbeddingConfig,
@@ -64,6 +64,7 @@ __all__ = [
     "expand_variable_batch",
     "fused_tables",
     "get_embedding_names_by_table",
+    "ids_per_key_unbacked",
     "kernel_input",
     "key_of_bag",
     "lookup",

@@ -1,4 +1,27 @@
-"""`ManagedCollisionCollection`: one managed-collision module per table, a KJT in and out."""
+"""`ManagedCollisionCollection`: one managed-collision module per table, a KJT in and out.
+
+[Note: managed collision in an exported program]
+A served model remaps ids but never evicts: it is exported in eval mode, as TorchRec exports its
+managed-collision modules, and then the remapping is a pure function of the ids and the slot
+buffers (``searchsorted`` in the sorted raw ids, the row of the slot found, else the bucket's
+reserved row). Under `torch.export` it is traced as that function, of aten operators only, so
+the program serves where shardkit is not installed (not the ``shardkit_graph::remap`` operator
+`torch.compile` uses, whose implementation is the live module):
+
+- the eager forward cuts ``values`` per table at ``offset_per_key`` (a host read that would fix
+  the program to one batch's id counts); traced, each table's module remaps the whole ``values``
+  and ``torch.where`` keeps its rows at the positions of its features (``key_of_bag`` spread
+  over the ids), so every size stays the input's;
+- the search reads the slot buffers as the module's attributes (the program's buffers, which
+  ``load_state_dict`` on the program's module updates), not the search index the eager module
+  caches.
+
+In training mode the module records each batch's ids and evicts every ``eviction_interval``
+iterations: a window of id batches in Python lists, an iteration count on the host and a branch
+on it. A program cannot carry that (it would trace one branch, and the eager operator it could
+call instead mutates the live module through a handle that exists only in this process), so
+`traced` refuses it and says to call ``.eval()``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +31,7 @@ import torch
 from torch import nn
 
 from shardkit.modules._mc_base import ManagedCollisionModule
+from shardkit.modules._traced import key_of_bag
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -88,6 +112,32 @@ class ManagedCollisionCollection(nn.Module):
             key = last
         values = torch.cat(rows) if rows else features.values()
         return with_values(features, values)
+
+    def traced(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The eval-mode remapping as `torch.export` traces it (see [Note: managed collision in
+        an exported program]): ``features`` with each table's ids replaced by rows, keys in the
+        input's order (the ids of keys in no table are kept), no host read."""
+        if self.training or any(m.training for m in self._managed_collision_modules.values()):
+            raise ValueError(
+                "torch.export of a managed-collision collection in training mode: its remapper "
+                "records every batch's ids and evicts every eviction_interval iterations, state "
+                "a program cannot carry; call .eval() before exporting (a served model only "
+                "remaps ids, as TorchRec's exported managed-collision modules do)"
+            )
+        keys = features.keys()
+        self._permutation(keys)  # refuses a missing feature, naming it
+        values, lengths = features.values(), features.lengths()
+        stride = lengths.numel() // max(len(keys), 1)
+        key_of_id = torch.repeat_interleave(
+            key_of_bag(len(keys), stride, values.device), lengths, output_size=values.numel()
+        )
+        every = JaggedTensor(values=values, lengths=lengths.new_full((1,), values.numel()))
+        out = values
+        for config in self._embedding_configs:
+            rows = self._managed_collision_modules[config.name]({config.name: every})
+            mine = torch.tensor([k in config.feature_names for k in keys], device=values.device)
+            out = torch.where(mine[key_of_id], rows[config.name].values(), out)
+        return KeyedJaggedTensor(keys, out, features.weights_or_none(), lengths=lengths)
 
     def evict(self) -> dict[str, torch.Tensor | None]:
         """``{table: rows whose id changed since the last call, or None}``."""

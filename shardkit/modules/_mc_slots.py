@@ -41,6 +41,8 @@ __all__ = ["SENTINEL", "Slots", "Window", "bucket_bounds", "bucket_of", "evict"]
 
 SENTINEL = torch.iinfo(torch.int64).max  # an empty slot's raw id
 
+SearchIndex = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
 
 def bucket_of(ids: torch.Tensor, num_buckets: int, input_size: int) -> torch.Tensor:
     """``[N]`` bucket of each raw id ``x`` (``>= 0``): ``x // block`` with ``block =
@@ -95,7 +97,7 @@ class Slots:
         self.slot_bucket = torch.repeat_interleave(
             torch.arange(len(lengths), device=device), lengths
         )  # [S] local bucket of each slot
-        self._search: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._search: SearchIndex | None = None
 
     def reset(self) -> None:
         """Every slot empty, slot ``p`` mapped to row ``bounds[0] + p``."""
@@ -124,33 +126,40 @@ class Slots:
                 f"{self.first_bucket + owned}): route each id to the module of its bucket"
             )
 
-    def search_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(raw ids sorted over all buckets ``[S]``, their rows ``[S]``, their slot positions
-        ``[S]``, or None where that is the identity): what `remap` searches."""
+    def search_index(self) -> SearchIndex:
+        """What `remap` searches, built once (until `invalidate`): see `search_index_of`."""
         if self._search is None:
-            if len(self.bounds) == 2:
-                self._search = (self.raw_ids, self.rows, None)  # one bucket: sorted already
-            else:
-                order = torch.argsort(self.raw_ids, stable=True)
-                self._search = (self.raw_ids[order], self.rows[order], order)
+            self._search = self.search_index_of(self.raw_ids, self.rows)
         return self._search
+
+    def search_index_of(self, raw_ids: torch.Tensor, rows: torch.Tensor) -> SearchIndex:
+        """(raw ids sorted over all buckets ``[S]``, their rows ``[S]``, their slot positions
+        ``[S]``, or None where that is the identity) of slot buffers laid out as this module's
+        (an exported program passes its own buffers: see `MCHManagedCollisionModule._remap`)."""
+        if len(self.bounds) == 2:
+            return raw_ids, rows, None  # one bucket: sorted already
+        order = torch.argsort(raw_ids, stable=True)
+        return raw_ids[order], rows[order], order
 
     def invalidate(self) -> None:
         self._search = None
 
-    def find(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def find(
+        self, ids: torch.Tensor, index: SearchIndex | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(``[N]`` bool: the id holds a slot, ``[N]`` where it is (or would be) in the sorted
-        ids of `search_index`)."""
-        sorted_ids, _, _ = self.search_index()
-        index = torch.searchsorted(sorted_ids, ids).clamp_(max=sorted_ids.numel() - 1)
-        return (sorted_ids[index] == ids) & (ids != SENTINEL), index
+        ids of ``index``, by default `search_index`)."""
+        sorted_ids, _, _ = self.search_index() if index is None else index
+        at = torch.searchsorted(sorted_ids, ids).clamp(max=sorted_ids.numel() - 1)
+        return (sorted_ids[at] == ids) & (ids != SENTINEL), at
 
-    def remap(self, ids: torch.Tensor) -> torch.Tensor:
-        """``[N]`` raw ids -> ``[N]`` rows: the id's slot's row, else its bucket's pinned row."""
-        hit, index = self.find(ids)
-        _, rows, _ = self.search_index()
+    def remap(self, ids: torch.Tensor, index: SearchIndex | None = None) -> torch.Tensor:
+        """``[N]`` raw ids -> ``[N]`` rows: the id's slot's row, else its bucket's pinned row
+        (``index``: what to search, by default `search_index`)."""
+        index = self.search_index() if index is None else index
+        hit, at = self.find(ids, index)
         miss = self.miss_rows[self.local_bucket(ids)] if len(self.bounds) > 2 else self.miss_rows
-        return torch.where(hit, rows[index], miss)
+        return torch.where(hit, index[1][at], miss)
 
     def sort_buckets(self) -> None:
         """Sort each bucket's slots by raw id (stable: the pinned slot stays last)."""

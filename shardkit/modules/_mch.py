@@ -177,9 +177,14 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         return self._remap(features)
 
     def _remap(self, features: dict[str, JaggedTensor]) -> dict[str, JaggedTensor]:
+        index = None
+        if torch.compiler.is_exporting():  # see [Note: managed collision in an exported program]
+            index = self._slots.search_index_of(
+                self._mch_sorted_raw_ids, self._mch_remapped_ids_mapping
+            )
         out = {}
         for name, jt in features.items():
-            rows = self._slots.remap(jt.values().to(torch.int64))
+            rows = self._slots.remap(jt.values().to(torch.int64), index)
             out[name] = _with_values(jt, rows.to(jt.values().dtype))
         return out
 

@@ -89,8 +89,12 @@ class BaseManagedCollisionEmbeddingCollection(nn.Module):
         """``features``: raw ids. Returns (the embedding module's output, the remapped KJT if
         ``return_remapped_features`` else None)."""
         if torch.compiler.is_compiling() and not features.variable_stride_per_key():
-            # see [Note: collections under torch.compile]; keys stay in the input's order
-            remapped = graph_remap(self, features, mutate_miss_lengths)
+            # keys stay in the input's order; torch.export: see [Note: managed collision in an
+            # exported program], torch.compile: [Note: collections under torch.compile]
+            if torch.compiler.is_exporting():
+                remapped = self._managed_collision_collection.traced(features)
+            else:
+                remapped = graph_remap(self, features, mutate_miss_lengths)
             embeddings = self._embedding_module(remapped)
             if not self._return_remapped_features:
                 return embeddings, None

@@ -271,6 +271,13 @@ class EmbeddingCollection(_QuantCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Returns ``{feature: JaggedTensor(values=[n_f, dim], lengths=[B])}``."""
+        if torch.compiler.is_compiling():  # torch.export: see [Note: serving programs]
+            keys: list[str] = features.keys()
+            if any(f not in keys for f in self._stacks.feature_order):
+                self._stacks.permute(features)  # refuses, naming them
+            return self._stacks.traced_sequence(
+                features, self._feature_names, self._output_dtype, self._validate_ids
+            )
         kjt = self._stacks.permute(features)
         parts = kjt.split([len(s.features) for s in self._stacks.stacks])
         out: dict[str, JaggedTensor] = {}

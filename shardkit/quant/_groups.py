@@ -22,11 +22,12 @@ from shardkit.modules import (
     DataType,
     EmbeddingBagConfig,
     PoolingType,
+    ids_per_key_unbacked,
     key_of_bag,
     traced_group_input,
 )
 from shardkit.quant._pack import lookup, register_quantized_meta
-from shardkit.sparse import KeyedJaggedTensor
+from shardkit.sparse import JaggedTensor, KeyedJaggedTensor
 
 __all__ = ["Stack", "Stacks"]
 
@@ -138,6 +139,43 @@ class Stacks:
             rows = lookup(stack.buffer, stack.data_type, ids, offsets, weights)  # [F_s * B, D]
             out.append([rows[k * stride : (k + 1) * stride] for k in range(len(stack.features))])
         return out
+
+    def traced_sequence(
+        self,
+        features: KeyedJaggedTensor,
+        feature_names: Sequence[str],
+        output_dtype: torch.dtype,
+        validate: bool,
+    ) -> dict[str, JaggedTensor]:
+        """A sequence collection's rows as `torch.export` traces them: each stack looks up every
+        id in the KJT's own order (each id its own bag; the ids of other stacks' keys read row
+        0), cut per key at the per-key id counts as unbacked sizes, not the host's
+        ``length_per_key`` (see [Note: exported lookups] in ``shardkit.modules``)."""
+        register_quantized_meta()  # see [Note: quantized operators under torch.export]
+        index_of = {key: i for i, key in enumerate(features.keys())}
+        values, lengths = features.values(), features.lengths()
+        stride = lengths.numel() // max(len(index_of), 1)
+        if validate:
+            self._assert_ids(features, index_of)
+        starts, counts = ids_per_key_unbacked(features)
+        key_of_id = torch.repeat_interleave(
+            key_of_bag(len(index_of), stride, values.device), lengths, output_size=values.numel()
+        )
+        each = torch.arange(values.numel() + 1, device=values.device)  # every id its own bag
+        out: dict[str, JaggedTensor] = {}
+        for stack in self.stacks:
+            base = [-1] * len(index_of)  # -1: a key of another stack (or of no table)
+            for feature, row in zip(stack.features, stack.feature_rows(self.configs)):
+                base[index_of[feature]] = row
+            shift = torch.tensor(base, dtype=torch.int64, device=values.device)[key_of_id]
+            ids = torch.where(shift >= 0, values.long() + shift, 0)
+            assert stack.buffer is not None
+            rows = lookup(stack.buffer, stack.data_type, ids, each, None).to(output_dtype)
+            for feature in stack.features:
+                k = index_of[feature]
+                piece = rows.narrow(0, starts[k], counts[k])
+                out[feature] = JaggedTensor(piece, lengths=lengths[k * stride : (k + 1) * stride])
+        return {f: out[f] for f in feature_names}
 
     def _assert_ids(self, features: KeyedJaggedTensor, index_of: dict[str, int]) -> None:
         values, lengths = features.values(), features.lengths()

@@ -13,6 +13,7 @@ import torch
 
 from shardkit.checkpoint import export_checkpoint
 from shardkit.train import model_from_state_dict
+from tests.modules import pt2_models
 from tests.scripts import ROOT, run_script
 
 SERVE = ROOT / "examples" / "serve_pt2.py"
@@ -103,3 +104,51 @@ def test_a_state_dict_of_another_model_is_refused():
     with pytest.raises(ValueError, match=r"the state dict has no tables under .*; it is not the "
                        r"model of shardkit train"):  # fmt: skip
         model_from_state_dict({"layer.weight": torch.zeros(2, 2)})
+
+
+def _mc_ebc() -> torch.nn.Module:
+    from tests.modules.test_export import _trained
+
+    return _trained(pt2_models.mc_ebc(remapped=True))
+
+
+def _quantized_ec() -> torch.nn.Module:
+    from shardkit.inference import quantize_embeddings
+    from shardkit.modules import EmbeddingCollection
+
+    return quantize_embeddings(pt2_models.ec(), dtype=torch.quint4x2, inplace=True,
+                               additional_qconfig_spec_keys=[EmbeddingCollection]).eval()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("build", "aoti"),
+    [pytest.param(_mc_ebc, False, marks=pytest.mark.pt2_grid, id="mc_ebc"),
+     pytest.param(_quantized_ec, False, marks=pytest.mark.pt2_grid, id="quantized_ec_int4"),
+     pytest.param(_mc_ebc, True, marks=pytest.mark.aoti, id="mc_ebc_aoti")],
+)  # fmt: skip
+def test_a_program_of_the_ids_alone_serves_without_shardkit(tmp_path, build, aoti):
+    """A managed-collision EBC (eval mode, its remapped KJT returned too; as an AOTInductor
+    package in the aoti tier) and an INT4 quantized EC as programs of ``values`` and
+    ``lengths`` (`export_program(..., None)`): served by the example in a process where
+    shardkit cannot be imported, equal to eager."""
+    from shardkit import KeyedJaggedTensor
+    from shardkit.inference import aoti_package, export_program
+    from shardkit.inference._pt2 import plain
+
+    module = build()
+    program = export_program(module, pt2_models.KEYS, None)
+    path = tmp_path / "m.pt2"
+    if aoti:
+        aoti_package(program, path)
+    else:
+        torch.export.save(program, path)
+    kjt = pt2_models.kjt(7, batch=5, rows=40 if "mc" in build.__name__ else 6)
+    torch.save({"values": kjt.values(), "lengths": kjt.lengths()}, tmp_path / "batch.pt")
+    extra = ["--aoti"] if aoti else []
+    said = run_script(*_serve_args(path, tmp_path / "batch.pt", tmp_path / "out.pt", *extra))
+    assert "shardkit imported: no" in said
+    want = plain(module(KeyedJaggedTensor(pt2_models.KEYS, kjt.values(), lengths=kjt.lengths())))
+    got = torch.load(tmp_path / "out.pt")
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
