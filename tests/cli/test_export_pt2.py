@@ -107,9 +107,7 @@ def test_a_state_dict_of_another_model_is_refused():
 
 
 def _mc_ebc() -> torch.nn.Module:
-    from tests.modules.test_export import _trained
-
-    return _trained(pt2_models.mc_ebc(remapped=True))
+    return pt2_models.trained(pt2_models.mc_ebc(remapped=True))
 
 
 def _quantized_ec() -> torch.nn.Module:

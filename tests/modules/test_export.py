@@ -16,7 +16,7 @@ from shardkit.inference._pt2 import plain
 from shardkit.modules import EmbeddingCollection
 from shardkit.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
 from tests.modules import pt2_models
-from tests.modules.pt2_models import CASES, KEYS, tensors_of
+from tests.modules.pt2_models import CASES, KEYS, tensors_of, trained
 
 # the modules that take a KJT alone (the models take dense features too: export_program);
 # the default run exports one of each kind, `pytest -m pt2_grid` all
@@ -123,14 +123,6 @@ def test_a_graph_that_outlives_its_collection_says_so():
         torch.ops.shardkit_graph.pooled(values, lengths, None, [], [], [], "gone", "a")
 
 
-def _trained(module: torch.nn.Module, offset: int = 0) -> torch.nn.Module:
-    """``module`` after 6 training forwards of ids in ``[offset, offset + 40)`` (its remappers
-    hold some of them), in eval mode."""
-    for seed in range(6):
-        module(pt2_models.kjt(seed, rows=40, offset=offset))
-    return module.eval()
-
-
 def _mc_ebc_bucketed() -> torch.nn.Module:
     """An MC-EBC whose remappers split their rows into buckets (the search sorts the slots
     over all buckets) and hash the ids first."""
@@ -162,13 +154,13 @@ def test_managed_collision_exports_in_eval_mode(name):
     """The remapping exports as aten operators reading the slot buffers (no shardkit operator,
     no host read), and the program equals eager on batches of other sizes, ids that hold a
     row and ids that do not among them."""
-    module = _trained(MC_CASES[name]())
+    module = trained(MC_CASES[name]())
     (example,) = CASES["mc_ebc"][1](0)
     program = torch.export.export(module, (example,), dynamic_shapes=(_kjt_shapes(example),))
     assert _namespaces(program) == {"aten"}
     served = program.module()
     # the search reads the program's slot buffers: a remapper state loaded into it is served
-    later = _trained(MC_CASES[name](), offset=20).state_dict()
+    later = trained(MC_CASES[name](), offset=20).state_dict()
     slots = {k: v for k, v in later.items() if "._managed_collision_modules." in k}
     assert not any(torch.equal(v, module.state_dict()[k]) for k, v in slots.items()
                    if k.endswith("_mch_sorted_raw_ids"))  # fmt: skip
