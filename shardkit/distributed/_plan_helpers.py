@@ -45,12 +45,12 @@ def _kernel_as_torchrec(constructor: Callable[..., Any]) -> Callable[..., Any]:
     kernel when none is given: FUSED for a sharded table that has an optimizer applied in
     backward (`apply_optimizer_in_backward` marks it), DENSE otherwise. See [Note: the kernel
     a TorchRec generator chooses]."""
-    names = inspect.signature(constructor).parameters
+    signature = inspect.signature(constructor)
 
     @functools.wraps(constructor)
     def torchrec_constructor(*args: Any, **kwargs: Any) -> Callable[..., Any]:
-        bound = inspect.signature(constructor).bind(*args, **kwargs)
-        if bound.arguments.get("compute_kernel") is not None or "compute_kernel" not in names:
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("compute_kernel") is not None:
             return constructor(*args, **kwargs)
 
         def generate(param, local_size, world_size, device_type, sharder):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from program_support import initialise  # the folder's helper module
+from program_support import initialise, mean_over_ranks  # the folder's helper module
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -79,9 +79,7 @@ def train(model, first, count):
         dense.zero_grad()
         loss.backward()
         dense.step()
-        every = [torch.zeros(()) for _ in range(world)]
-        dist.all_gather(every, loss.detach())
-        losses.append(float(sum(every) / world))
+        losses.append(mean_over_ranks(loss))
     return losses
 
 
