@@ -386,6 +386,7 @@ PUBLIC = {
         "reduce_scatter_tensor",
         "set_collective_device",
         "set_debug",
+        "watch_torch_collectives",
     ],
     "shardkit.data": [
         "ADULT_PATH",

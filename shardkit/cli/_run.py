@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from shardkit.comm import watch_torch_collectives
 from shardkit.compat import carry_to_children, install_aliases, map_cuda_to_cpu
 
 __all__ = ["add_parser", "run_program"]
@@ -78,6 +79,7 @@ def run_program(script: str, script_args: list[str], *, module: bool = False) ->
         if first_rank:
             print(f"shardkit run: {line}", file=sys.stderr, flush=True)
     carry_to_children(cuda_on_cpu=cuda_on_cpu)  # the Pythons the program starts: the same
+    watch_torch_collectives()  # its own collectives wait for gloo at exit too: [Note: gloo at exit]
     if first_rank and not module and "torch.distributed.fsdp" in Path(script).read_text():
         print(_FSDP_NOTE, file=sys.stderr, flush=True)
     sys.argv = [script, *script_args]

@@ -16,6 +16,7 @@ from shardkit.comm._api import (
 from shardkit.comm._autograd import Handle
 from shardkit.comm._debug import CollectiveMismatchError, set_debug
 from shardkit.comm._errors import CollectiveError
+from shardkit.comm._exit import watch_torch_collectives
 from shardkit.comm._label import label
 from shardkit.comm._objects import all_gather_object, broadcast_object, group_device
 from shardkit.comm._placement import PlacementError, collective_device, set_collective_device
@@ -39,4 +40,5 @@ __all__ = [
     "reduce_scatter_tensor",
     "set_collective_device",
     "set_debug",
+    "watch_torch_collectives",
 ]

@@ -1,5 +1,8 @@
 """[Note: gloo at exit]: the collectives remember what they hand to gloo, and `drain` waits until
-no C++ holder is left on those tensors (a view's base stands in for a gloo worker here)."""
+no C++ holder is left on those tensors (a view's base stands in for a gloo worker here); so do
+torch.distributed's own collectives once `watch_torch_collectives` wrapped them. The exit itself
+(a worker that lets go while the interpreter finalizes aborts the process) is tested under
+``shardkit run`` in tests/compat/test_run.py."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from shardkit import comm
 from shardkit.comm import _exit
@@ -82,3 +86,37 @@ def _collectives_remember(rank: int, world_size: int) -> list[int]:
 def test_every_collective_remembers_the_tensors_it_hands_to_gloo(run_ranks, world_size):
     for counts in run_ranks(_collectives_remember, world_size):
         assert all(n >= 1 for n in counts), counts
+
+
+def _torch_collectives_remember(rank: int, world_size: int) -> dict[str, bool]:
+    """Which of torch's own collectives left their tensors to wait for at exit, once watched;
+    whether a second watch wrapped nothing twice and unwatching gave torch its own back."""
+    torchs = dist.all_reduce  # (the launcher's recording wrapper in these ranks)
+    _exit._RECENT.clear()
+    comm.watch_torch_collectives()
+    comm.watch_torch_collectives()
+    try:
+        checks = {"wrapped once": getattr(dist.all_reduce, "__wrapped__", None) is torchs}
+        summed, mine = torch.ones(3), torch.ones(2)
+        gathered = [torch.zeros(2) for _ in range(world_size)]
+        calls = {
+            "all_reduce": (lambda: dist.all_reduce(summed), [summed]),
+            "all_gather": (lambda: dist.all_gather(gathered, mine), [*gathered, mine]),
+            "broadcast": (lambda: dist.broadcast(summed, src=0), [summed]),
+            "all_gather_object": (lambda: dist.all_gather_object([None] * world_size, rank), []),
+        }
+        for name, (call, tensors) in calls.items():
+            before = len(_exit._RECENT)
+            call()
+            new = [ref() for ref, _ in list(_exit._RECENT)[before:]]
+            checks[name] = bool(new) and all(any(t is n for n in new) for t in tensors)
+        assert _exit.drain(wait_s=10.0)
+    finally:
+        _exit.unwatch_torch_collectives()
+    checks["torch's own back"] = dist.all_reduce is torchs
+    return checks
+
+
+def test_torchs_own_collectives_remember_their_tensors_once_watched(run_ranks):
+    for checks in run_ranks(_torch_collectives_remember, 2):
+        assert all(checks.values()), checks
