@@ -132,7 +132,8 @@ def unwatch_torch_collectives() -> None:
 def _watched(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def remembering(*args: Any, **kwargs: Any) -> Any:
-        remember(*_tensors_in(args), *_tensors_in(kwargs.values()))
+        if not torch.compiler.is_compiling():  # (traced, it is torch's own call, unbroken)
+            remember(*_tensors_in(args), *_tensors_in(kwargs.values()))
         return fn(*args, **kwargs)
 
     return remembering
