@@ -88,6 +88,15 @@ __attribute__((always_inline)) inline void prefetch_occurrence(const Context& c,
   }
 }
 
+// Prefetches for the occurrence `ahead_by` after `i`, if there is one before `hi`.
+template <typename W, Rule kRule, int kDim>
+__attribute__((always_inline)) inline void prefetch_ahead(const Context& c, const uint64_t* sorted,
+                                                          int64_t i, int64_t ahead_by, int64_t hi) {
+  if (i + ahead_by >= hi) return;
+  const uint64_t ahead = sorted[i + ahead_by];
+  prefetch_occurrence<W, kRule, kDim>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
+}
+
 // w += g * scale for one row, rounded as the eager rule rounds. Not inlined, for the reason
 // `dot` is not: the compiler vectorizes it alone, with the rows known not to overlap.
 template <typename W, int kDim>
@@ -153,11 +162,7 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
       rows[count] = static_cast<int64_t>(row);
       for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
       do {
-        if (i + ahead_by < hi) {
-          const uint64_t ahead = sorted[i + ahead_by];
-          prefetch_occurrence<W, kRule, kDim>(c, ahead,
-                                              (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
-        }
+        prefetch_ahead<W, kRule, kDim>(c, sorted, i, ahead_by, hi);
         const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
         const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
         const float* __restrict go = c.grad_out + grad_row * dim;
@@ -277,11 +282,7 @@ __attribute__((noinline)) void update_rows_lanes(const Context& c, const uint64_
     Lanes g[kVectors];
     for (int k = 0; k < kVectors; ++k) g[k] = Lanes{};
     do {
-      if (i + ahead_by < hi) {
-        const uint64_t ahead = sorted[i + ahead_by];
-        prefetch_occurrence<float, kRule, kDim>(c, ahead,
-                                                (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
-      }
+      prefetch_ahead<float, kRule, kDim>(c, sorted, i, ahead_by, hi);
       const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
       const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
       const float* __restrict go = c.grad_out + grad_row * kDim;
