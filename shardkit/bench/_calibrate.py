@@ -717,4 +717,9 @@ def format_profile(profile: MachineProfile) -> str:
             f"  {link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
             f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
         )
+    if profile.switch_wait_ms > 0:
+        lines.append(
+            f"  ranks beyond the {profile.cores} cores: each collective waits "
+            f"{profile.switch_wait_ms:.2f} ms per extra rank sharing a core"
+        )
     return "\n".join(lines)

@@ -46,6 +46,11 @@ def test_switch_wait_is_the_wait_per_extra_rank_sharing_a_core():
     assert fit_switch_wait(rows) == pytest.approx(4.0)  # the median
     assert fit_switch_wait([{"world_size": 2, "ms": 5.0, "oversubscription": 1.0}]) == 0.0
     assert fit_switch_wait([]) == 0.0
+    from shardkit.bench import format_profile
+
+    said = "ranks beyond the 4 cores: each collective waits 2.00 ms per extra rank sharing a core"
+    assert said in format_profile(hand_profile(switch_wait_ms=2.0))
+    assert "beyond the" not in format_profile(hand_profile())  # not measured: nothing said
 
 
 def test_fit_leaves_out_a_point_another_process_slowed():
