@@ -195,6 +195,7 @@ class TableReader:
     def _make(self, epoch: int, skip: int) -> Iterator[Batch]:
         """The epoch's batches from the ``skip``-th on (made in the prefetch thread)."""
         fitted = self.data.fitted
+        layout = _encoder(self.data).layout
         chunks = self._chunks(epoch)
         if self.shuffle:
             chunks = shuffle_buffer(chunks, self.shuffle_buffer,
@@ -220,7 +221,7 @@ class TableReader:
             rest: EncodedRows | None = EncodedRows.cat(pending) if pending else None
             while made < self._steps:
                 real = 0 if rest is None else min(len(rest), size)
-                part = EncodedRows.empty(len(fitted.dense), len(fitted.keys), size - real)
+                part = EncodedRows.empty(len(fitted.dense), layout, size - real)
                 if real:
                     assert rest is not None
                     part = EncodedRows.cat([rest.slice(0, real), part])

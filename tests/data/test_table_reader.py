@@ -181,7 +181,7 @@ def _numbered(start, stop):
     """Rows ``start .. stop - 1`` whose label is their number (and one id each)."""
     n = stop - start
     ids = torch.arange(start, stop)
-    return EncodedRows(ids.float(), torch.zeros(n, 0), (ids,), (torch.ones(n, dtype=torch.int64),))
+    return EncodedRows(ids.float(), torch.zeros(n, 0), ids.view(n, 1), (), (), (0,))
 
 
 def test_the_shuffle_buffer_mixes_within_its_window():
@@ -191,7 +191,7 @@ def test_the_shuffle_buffer_mixes_within_its_window():
     def shuffled(seed):
         chunks = (_numbered(a, min(a + 70, 2000)) for a in range(0, 2000, 70))
         out = EncodedRows.cat(list(shuffle_buffer(chunks, 100, seed)))
-        assert out.ids[0].tolist() == out.labels.long().tolist()  # rows keep their ids
+        assert out.single[:, 0].tolist() == out.labels.long().tolist()  # rows keep their ids
         return out.labels.long().tolist()
 
     out = shuffled(7)
@@ -205,15 +205,24 @@ def test_the_shuffle_buffer_mixes_within_its_window():
 
 
 def test_taking_rows_keeps_their_bags():
-    """`EncodedRows.take` of multi-hot rows (empty bags too) and of one-id rows."""
+    """`EncodedRows.take` and `slice` of multi-hot rows (empty bags too) and of categorical
+    rows (one id, or -1: empty), and the batch's key-major KJT with the features interleaved
+    (categorical, multi-hot, categorical, categorical)."""
     rows = EncodedRows(torch.arange(4.0), torch.arange(4.0).view(4, 1),
-                       (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8, 9, 6])),
-                       (torch.tensor([2, 0, 3, 0]), torch.tensor([1, 1, 1, 1])))  # fmt: skip
+                       torch.tensor([[7, 10, 20], [8, -1, 21], [9, 12, -1], [6, 13, 23]]),
+                       (torch.tensor([1, 2, 3, 4, 5]),), (torch.tensor([2, 0, 3, 0]),),
+                       (0, ~0, 1, 2))  # fmt: skip
     taken = rows.take(torch.tensor([2, 1, 0, 2]))
     assert taken.ids[0].tolist() == [3, 4, 5, 1, 2, 3, 4, 5]
     assert taken.lengths[0].tolist() == [3, 0, 2, 3]
-    assert taken.ids[1].tolist() == [9, 8, 7, 9] and taken.dense[:, 0].tolist() == [2, 1, 0, 2]
+    assert taken.single[:, 0].tolist() == [9, 8, 7, 9]
+    assert taken.dense[:, 0].tolist() == [2, 1, 0, 2]
     assert rows.slice(1, 3).ids[0].tolist() == [3, 4, 5]
+    assert rows.slice(1, 3).single[:, 1].tolist() == [-1, 12]
+    kjt = rows.slice(1, 4).batch(["a", "genres", "b", "c"]).sparse_features
+    assert kjt.lengths().tolist() == [1, 1, 1, 0, 3, 0, 0, 1, 1, 1, 0, 1]
+    assert kjt.values().tolist() == [8, 9, 6, 3, 4, 5, 12, 13, 21, 23]
+    assert kjt.lengths().dtype == torch.int32 and kjt.values().dtype == torch.int64
 
 
 def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
