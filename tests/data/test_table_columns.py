@@ -208,3 +208,46 @@ def test_strings_with_spaces_at_either_end_are_found():
                 assert _may_have_spaces(part), values[start:]
             elif all(v.isascii() and v for v in rest):  # an empty one may read a neighbour
                 assert not _may_have_spaces(part), values[start:]
+
+
+def test_short_values_counted_as_keys_fit_what_counting_strings_fits(tmp_path, monkeypatch):
+    """Values of at most 8 bytes are counted as 64-bit keys (`packed_keys`): distinct strings
+    get distinct keys, in the strings' byte order, and come back unchanged. A table whose
+    pieces mix short values with long ones (counted as strings), summed every few pieces, fits
+    the vocabulary (values, order, ``min_count``, ``num_embeddings``) that counting every value
+    as a string fits."""
+    import numpy as np
+    import pyarrow as pa
+
+    import shardkit.data._table_fit as table_fit
+    import shardkit.data._table_pieces as table_pieces
+
+    values = ["", "a", "ab", "a\u00e9", "zz", "12345678", "1234567", "\u00e9", "~", "Z"]
+    keys = table_fit.packed_keys(pa.array(values))
+    assert [values[i] for i in np.argsort(keys)] == sorted(values, key=str.encode)
+    assert len(set(keys.tolist())) == len(values)
+    assert table_fit.unpacked_strings(keys).to_pylist() == values
+    assert table_fit.packed_keys(pa.array(["123456789"])) is None  # 9 bytes
+    assert table_fit.packed_keys(pa.array(["a\0b"])) is None
+
+    rows = [[f"u{(i * 7) % 23 % (3 + i % 9)}", f"{(i * 13) % 41:08x}" if i < 900 else
+             f"long-code-{i % 4}", str(i % 3 == 0)] for i in range(1200)]  # fmt: skip
+    path = tmp_path / "codes.csv"
+    path.write_text("user,code,clicked\n" + "".join(",".join(r) + "\n" for r in rows))
+    schema = schema_from_dict({"label": "clicked", "split": {"validation_fraction": 0.2},
+                               "columns": {"user": {"type": "categorical", "min_count": 3},
+                                           "code": {"type": "categorical",
+                                                    "num_embeddings": 30}}})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(table_fit, "_COMPACT", 20)
+    packed = table_fit.packed_keys
+    seen = []
+    monkeypatch.setattr(table_fit, "packed_keys", lambda v: seen.append(packed(v)) or seen[-1])
+    keyed = scan_table([path], schema, threads=1)
+    assert any(k is None for k in seen) and any(k is not None for k in seen)
+    monkeypatch.setattr(table_fit, "packed_keys", lambda v: None)
+    strings = scan_table([path], schema, threads=1)
+    assert len(keyed.pieces) > 3
+    assert keyed.fitted.to_dict() == strings.fitted.to_dict()
+    vocabulary = {t.name: t.vocabulary for t in keyed.fitted.tables}
+    assert len(vocabulary["code"]) == 29 and "long-code-1" in vocabulary["code"]
