@@ -231,7 +231,20 @@ class Vocabulary:
     vocabulary again for every piece. Long strings (over 64 bytes) use `index_in`."""
 
     def __init__(self, values: Any) -> None:
+        import pyarrow as pa
+
+        from shardkit.data._table_fit import packed_keys
+
         self.values = values
+        # values of at most 8 bytes as 64-bit keys (`packed_keys`, one key per string): a
+        # value whose bytes pack is found by its key alone, no hash and no string compare
+        short = np.flatnonzero(np.diff(_string_offsets(values)) <= 8)
+        keys = packed_keys(values.take(pa.array(short))) if len(short) else None
+        self.keys: np.ndarray | None = None
+        self.key_rows = np.zeros(0, dtype=np.int64)
+        if keys is not None:
+            order = np.argsort(keys)
+            self.keys, self.key_rows = keys[order], short[order] + 1
         hashes = string_hashes(values)
         self.order: np.ndarray | None = None
         self.sorted = np.zeros(0, dtype=np.uint64)
@@ -245,6 +258,13 @@ class Vocabulary:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from shardkit.data._table_fit import packed_keys
+
+        if self.keys is not None and len(self.keys):
+            keys = packed_keys(values)
+            if keys is not None:
+                at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+                return np.where(self.keys[at] == keys, self.key_rows[at], 0)
         order = self.order
         hashes = string_hashes(values) if order is not None and len(self.sorted) else None
         if hashes is None or order is None:
@@ -257,6 +277,15 @@ class Vocabulary:
             pc.equal(values, self.values.take(pa.array(candidate))).fill_null(False)
         )
         return np.where(same, candidate + 1, 0).astype(np.int64)
+
+
+def _string_offsets(values: Any) -> np.ndarray:
+    """An Arrow string array's offsets ``[n + 1]``, int64."""
+    _, offsets, _ = values.buffers()
+    kind = np.int64 if str(values.type) == "large_string" else np.int32
+    return np.frombuffer(offsets, dtype=kind)[
+        values.offset : values.offset + len(values) + 1
+    ].astype(np.int64)
 
 
 def string_hashes(values: Any, longest: int = 64) -> np.ndarray | None:

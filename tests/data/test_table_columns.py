@@ -134,7 +134,8 @@ def test_a_table_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
 
 def test_the_vocabulary_lookup_is_arrows_index_in():
     """Strings of every length (and a vocabulary with strings over 64 bytes: index_in itself),
-    from sliced arrays, found as `index_in` finds them."""
+    from sliced arrays, found as `index_in` finds them; strings of at most 8 bytes alone (found
+    by their packed keys), in a vocabulary of short and long strings, too."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -142,10 +143,12 @@ def test_the_vocabulary_lookup_is_arrows_index_in():
 
     words = ["", "a", "ab", "ba", "abc", "é", "a" * 40, "b" * 63]
     probes = pa.array(["zz", *words, "abcd", "a" * 41, "x"]).slice(1, len(words) + 2)
-    for vocabulary in (pa.array(words[1:]), pa.array([*words[1:], "c" * 70])):
-        found = Vocabulary(vocabulary).rows(probes)
-        expected = pc.index_in(probes, value_set=vocabulary).fill_null(-1).to_numpy() + 1
-        assert found.tolist() == expected.tolist()
+    short = pa.array(["zz", "a", "ab", "ba", "é", "", "abcdefgh", "abcdefg", "x", "ab"]).slice(1)
+    for vocabulary in (pa.array(words[1:]), pa.array([*words[1:], "c" * 70, "abcdefgh"])):
+        for probe in (probes, short):
+            found = Vocabulary(vocabulary).rows(probe)
+            expected = pc.index_in(probe, value_set=vocabulary).fill_null(-1).to_numpy() + 1
+            assert found.tolist() == expected.tolist()
 
 
 def test_exact_sums_are_exact_in_any_order():
