@@ -82,7 +82,7 @@ def test_the_cache_is_written_once_and_reused_until_the_file_changes(tmp_path, m
 
     def epoch(data, **kwargs):
         reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
-                             cache=cache, **kwargs)  # fmt: skip
+                             cache=cache, prefetch=0, **kwargs)  # fmt: skip
         return reader, [b.sparse_features.values().tolist() for b in reader]
 
     plain = [b.sparse_features.values().tolist() for b in
@@ -95,7 +95,9 @@ def test_the_cache_is_written_once_and_reused_until_the_file_changes(tmp_path, m
     monkeypatch.setattr(table_cache, "write_rows", lambda *a: writes.append(a))
     again, batches = epoch(data)  # another run: read from the cache, nothing written
     assert again._cache.written == 0 and not writes and batches == plain
-    other_rank = TableReader(data, split="train", batch_size=32, rank=0, world_size=3, cache=cache)
+    other_rank = TableReader(
+        data, split="train", batch_size=32, rank=0, world_size=3, cache=cache, prefetch=0
+    )  # written counts what this process wrote
     list(other_rank)  # another world size reads the same piece's file
     assert other_rank._cache.written == 0
     with path.open("a") as f:  # a changed file: another key, so the entry is written anew

@@ -5,6 +5,7 @@ Parquet giving the same batches, and resuming mid-epoch."""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -27,6 +28,14 @@ def _rows(batch):
     rows = ((stamps - T0) / 64).round().long().tolist()
     weights = batch.weights.tolist() if batch.weights is not None else [1.0] * len(rows)
     return list(zip(rows, weights))
+
+
+def _whole(batch):
+    """Everything a batch holds, as lists."""
+    sparse = batch.sparse_features
+    return (batch.labels.tolist(), batch.dense_features.tolist(), sparse.keys(),
+            sparse.values().tolist(), sparse.lengths().tolist(), sparse.lengths().dtype,
+            None if batch.weights is None else batch.weights.tolist())  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +125,7 @@ def test_the_shuffle_changes_each_epoch_and_holds_its_buffer_and_a_piece(data, m
 
     monkeypatch.setattr(table_reader, "shuffle_buffer", counting)
     reader = TableReader(data, split="train", batch_size=32, rank=0, world_size=1,
-                         shuffle_buffer=50)  # fmt: skip
+                         shuffle_buffer=50, prefetch=0)  # counted in this process  # fmt: skip
     epochs = [[row for b in reader for row, _ in _rows(b)] for _ in range(2)]
     assert held and max(held) <= 50 + max(pieces)  # the buffer and the piece being read
     assert max(held) >= 50  # the buffer holds rows back
@@ -229,21 +238,28 @@ def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
     """Made in a background thread (the second epoch's started when the first ended), or in
     the caller's thread: the same batches, in the same order."""
 
-    def two_epochs(prefetch):
+    def two_epochs(prefetch, background="thread"):
         reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
-                             prefetch=prefetch)  # fmt: skip
-        return [[_rows(b) for b in reader] for _ in range(2)]
+                             prefetch=prefetch, background=background)  # fmt: skip
+        return [[_whole(b) for b in reader] for _ in range(2)]
 
     ahead = two_epochs(4)
     assert ahead == two_epochs(0) and ahead[0] != ahead[1]
+    if sys.platform == "linux":  # made in a forked process: the same batches
+        assert two_epochs(2, "process") == ahead
 
 
-def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch, background):
+    if background == "process" and sys.platform != "linux":
+        pytest.skip("background='process' forks: Linux only")
+
     def broken(self, runs):
         raise OSError("the disk went away")
         yield
 
     monkeypatch.setattr(TableReader, "_read", broken)
-    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1)
+    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1,
+                         background=background)  # fmt: skip
     with pytest.raises(OSError, match="the disk went away"):
         list(reader)
