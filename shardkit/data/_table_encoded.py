@@ -147,7 +147,7 @@ class EncodedRows:
             count = last - at + 1
             block = by_key[first * n : (first + count) * n]
             mask = present[first * n : (first + count) * n]
-            values.append(block.masked_select(mask))
+            values.append(block if bool(mask.all()) else block.masked_select(mask))
             lengths.append(mask.to(torch.int32))
             at = last + 1
         none = torch.zeros(0, dtype=torch.int64)
