@@ -239,7 +239,7 @@ class Vocabulary:
         # values of at most 8 bytes as 64-bit keys (`packed_keys`, one key per string): a
         # value whose bytes pack is found by its key alone, no hash and no string compare
         short = np.flatnonzero(np.diff(_string_offsets(values)) <= 8)
-        keys = packed_keys(values.take(pa.array(short))) if len(short) else None
+        keys = packed_keys(values.take(pa.array(short)), any_length=True) if len(short) else None
         self.keys: np.ndarray | None = None
         self.key_rows = np.zeros(0, dtype=np.int64)
         if keys is not None:

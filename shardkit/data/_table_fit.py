@@ -7,8 +7,8 @@ process reading every piece fits, for any world size:
 
 - value counts (vocabularies) are integers: summed in any order, then sorted by decreasing
   count, ties by value (UTF-8 byte order, which is code point order). A piece's values of a
-  table that are all at most 8 bytes long without a NUL byte (ids such as Criteo's 8 hex
-  digits or MovieLens's numbers) are counted as 64-bit keys, each string's bytes big-endian and
+  table that all have one length of at most 8 bytes, without a NUL byte (ids such as Criteo's
+  8 hex digits), are counted as 64-bit keys, each string's bytes big-endian and
   padded with zeros (`packed_keys`): one key per string and no other, ordered as the strings
   are, so counting and sorting the keys (NumPy's sort, about twice as fast here as hashing the
   strings) gives the same counts and the same order; the keys become strings again only when
@@ -348,11 +348,13 @@ class Keyed:
                                           names=["values", "counts"])  # fmt: skip
 
 
-def packed_keys(values: Any) -> np.ndarray | None:
+def packed_keys(values: Any, *, any_length: bool = False) -> np.ndarray | None:
     """Each string of an Arrow string array as a 64-bit key: its bytes big-endian, padded with
     zero bytes to 8, so distinct strings have distinct keys and the keys' order is the strings'
-    (UTF-8 byte order); None when a string is longer than 8 bytes, holds a NUL byte, or is
-    null."""
+    (UTF-8 byte order). None when a string is longer than 8 bytes, holds a NUL byte, or is
+    null, and, unless ``any_length``, when the strings differ in length: only strings of one
+    length are packed from a view of their bytes; others would need a gather of every byte,
+    slower than hashing the strings when a column has few distinct values."""
     n = len(values)
     if values.null_count:
         return None
@@ -360,18 +362,18 @@ def packed_keys(values: Any) -> np.ndarray | None:
     if not n:
         return np.zeros(0, dtype=np.uint64)
     first, last = int(offsets[0]), int(offsets[-1])
-    if last - first == 8 * n:  # all 8 bytes long (Criteo's hex ids): the bytes are the keys
-        lengths = np.diff(offsets)
-        if int(lengths.min()) == 8:
-            raw = text[first:last]
-            if not raw.all():
-                return None
-            return raw.view(">u8").astype(np.uint64)
-    lengths = np.diff(offsets)
-    if int(lengths.max()) > 8:
+    width, lengths = (last - first) // n, np.diff(offsets)
+    if width <= 8 and (last - first) % n == 0 and int(lengths.min()) == width:
+        raw = text[first:last].reshape(n, width)  # all one length (Criteo's 8 hex digits)
+        if width and not raw.all():
+            return None
+        if width == 8:
+            return raw.reshape(-1).view(">u8").astype(np.uint64)
+        padded = np.zeros((n, 8), dtype=np.uint8)
+        padded[:, :width] = raw
+        return padded.view(">u8").reshape(n).astype(np.uint64)
+    if not any_length or int(lengths.max()) > 8:
         return None
-    if not len(text):  # every string empty
-        return np.zeros(n, dtype=np.uint64)
     place = offsets[:-1, None].astype(np.int64) + np.arange(8)
     inside = np.arange(8) < lengths[:, None]
     raw = np.where(inside, text[np.minimum(place, len(text) - 1)], 0).astype(np.uint8)

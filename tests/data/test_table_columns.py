@@ -228,12 +228,35 @@ def test_short_values_counted_as_keys_fit_what_counting_strings_fits(tmp_path, m
     import shardkit.data._table_pieces as table_pieces
 
     values = ["", "a", "ab", "a\u00e9", "zz", "12345678", "1234567", "\u00e9", "~", "Z"]
-    keys = table_fit.packed_keys(pa.array(values))
+    keys = table_fit.packed_keys(pa.array(values), any_length=True)
     assert [values[i] for i in np.argsort(keys)] == sorted(values, key=str.encode)
     assert len(set(keys.tolist())) == len(values)
     assert table_fit.unpacked_strings(keys).to_pylist() == values
-    assert table_fit.packed_keys(pa.array(["123456789"])) is None  # 9 bytes
-    assert table_fit.packed_keys(pa.array(["a\0b"])) is None
+    assert table_fit.packed_keys(pa.array(values)) is None  # lengths differ
+    for width in (2, 8):  # one length: packed from a view of the bytes, the same keys
+        same = pa.array(
+            [
+                v
+                for v in [
+                    "ab",
+                    "\u00e9",
+                    "zz",
+                    "Z0",
+                    "~~",
+                    "12345678",
+                    "1234567~",
+                    "\u00e9\u00e9\u00e9\u00e9",
+                ]
+                if len(v.encode()) == width
+            ]
+        ).slice(1)
+        expected = table_fit.packed_keys(pa.array(same.to_pylist()), any_length=True).tolist()
+        assert table_fit.packed_keys(same).tolist() == expected
+        assert (
+            table_fit.unpacked_strings(table_fit.packed_keys(same)).to_pylist() == same.to_pylist()
+        )
+    assert table_fit.packed_keys(pa.array(["123456789"]), any_length=True) is None  # 9 bytes
+    assert table_fit.packed_keys(pa.array(["a\0b"]), any_length=True) is None
 
     rows = [[f"u{(i * 7) % 23 % (3 + i % 9)}", f"{(i * 13) % 41:08x}" if i < 900 else
              f"long-code-{i % 4}", str(i % 3 == 0)] for i in range(1200)]  # fmt: skip
