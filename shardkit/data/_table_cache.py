@@ -5,7 +5,8 @@ read back memory-mapped.
 ``TableReader(..., cache=folder)`` (``shardkit train --table-cache folder``) keeps, for each
 piece (see [Note: table pieces]), its rows of the reader's split as encoded columns (labels,
 dense values, and per feature the lengths and ids: see [Note: encoded rows]) in one file,
-``<folder>/<key>/<split>-<source>-<file>-<piece>.bin``, written the first time a rank needs
+``<folder>/<key>/<split>-<source>-<file>-<piece>.bin`` (a JSON header, then the arrays one
+after another, each 8-byte aligned), written the first time a rank needs
 that piece (to a temporary name, then renamed: a reader sees a whole file or none, and two
 ranks that both write a shared piece write the same bytes). Later epochs and later runs map the
 file instead of parsing and encoding: a piece's rows are a slice of it, so any rank of any
@@ -28,13 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardkit.data._table_encoded import EncodedRows
+from shardkit.data._table_encoded import EncodedRows, feature_layout
 from shardkit.data._table_scan import FILE, INDEX, NUM_TRAIN, NUM_VALIDATION, SOURCE, TableData
 from shardkit.data._table_split import TRAIN
 
 __all__ = ["SplitCache", "cache_key"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the categorical features' ids as one matrix
 _MAGIC = b"SKTC"
 
 Run = tuple[int, int, int]
@@ -62,6 +63,7 @@ class SplitCache:
         self.name = "train" if want == TRAIN else "validation"
         self.column = NUM_TRAIN if want == TRAIN else NUM_VALIDATION
         self.written = 0  # pieces this process encoded and wrote
+        self.layout = feature_layout(data.fitted)
 
     def path(self, piece: int) -> Path:
         row = self.data.pieces[piece].tolist()
@@ -74,7 +76,7 @@ class SplitCache:
         for piece, skip, take in runs:
             path = self.path(piece)
             if path.exists():
-                rows = load_rows(path)
+                rows = load_rows(path, self.layout)
             else:
                 whole = int(self.data.pieces[piece, self.column])
                 rows = EncodedRows.cat(list(read([(piece, 0, whole)])))
@@ -85,18 +87,19 @@ class SplitCache:
 
 def write_rows(path: Path, rows: EncodedRows) -> None:
     """``rows`` to ``path`` atomically: a temporary file in the same folder, then renamed."""
-    arrays = [rows.labels.numpy(), rows.dense.numpy()]
+    arrays = [rows.labels.numpy(), rows.dense.numpy(), rows.single.numpy()]
     arrays += [t.numpy() for t in rows.lengths] + [t.numpy() for t in rows.ids]
     header = json.dumps({"format": _FORMAT, "rows": len(rows), "dense": rows.dense.shape[1],
-                         "features": len(rows.ids),
+                         "single": rows.single.shape[1], "features": len(rows.ids),
                          "ids": [len(t) for t in rows.ids]}).encode("utf-8")  # fmt: skip
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
             f.write(b"\0" * (-f.tell() % 8))
-            for array in arrays:
+            for array in arrays:  # each at a multiple of 8 bytes: int64 views stay aligned
                 f.write(np.ascontiguousarray(array).tobytes())
+                f.write(b"\0" * (-f.tell() % 8))
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
@@ -105,26 +108,30 @@ def write_rows(path: Path, rows: EncodedRows) -> None:
         raise
 
 
-def load_rows(path: Path) -> EncodedRows:
-    """Rows written by `write_rows`, memory-mapped (copy on write: never changes the file)."""
+def load_rows(path: Path, layout: tuple[int, ...]) -> EncodedRows:
+    """Rows written by `write_rows`, memory-mapped (copy on write: never changes the file):
+    the tensors are views of one map of the file, no copy."""
     with path.open("rb") as f:
         start = f.read(12)
         if start[:4] != _MAGIC:
             raise ValueError(f"{path}: not a shardkit table cache file; remove it")
         header: dict[str, Any] = json.loads(f.read(int.from_bytes(start[4:], "little")))
         offset = f.tell() + (-f.tell() % 8)
-    n, d, num_features = header["rows"], header["dense"], header["features"]
-    layout: list[tuple[Any, tuple[int, ...]]] = [(np.float32, (n,)), (np.float32, (n, d))]
-    layout += [(np.int64, (n,))] * num_features + [(np.int64, (k,)) for k in header["ids"]]
+    n, d, s, num_features = header["rows"], header["dense"], header["single"], header["features"]
+    arrays: list[tuple[Any, tuple[int, ...]]] = [(np.float32, (n,)), (np.float32, (n, d)),
+                                                 (np.int64, (n, s))]  # fmt: skip
+    arrays += [(np.int64, (n,))] * num_features + [(np.int64, (k,)) for k in header["ids"]]
+    whole = np.memmap(path, dtype=np.uint8, mode="c") if path.stat().st_size > offset else None
     tensors = []
-    for dtype, shape in layout:
+    for dtype, shape in arrays:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if size:
-            array = np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=shape)
+            assert whole is not None
+            array = whole[offset : offset + size].view(dtype).reshape(shape)
             tensors.append(torch.from_numpy(array))
         else:
             tensors.append(torch.from_numpy(np.zeros(shape, dtype=dtype)))
-        offset += size
-    lengths = tuple(tensors[2 : 2 + num_features])
-    ids = tuple(tensors[2 + num_features :])
-    return EncodedRows(tensors[0], tensors[1], ids, lengths)
+        offset += size + (-size % 8)
+    lengths = tuple(tensors[3 : 3 + num_features])
+    ids = tuple(tensors[3 + num_features :])
+    return EncodedRows(tensors[0], tensors[1], tensors[2], ids, lengths, layout)

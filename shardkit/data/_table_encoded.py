@@ -2,16 +2,21 @@
 vocabularies and transforms, vectorized (`ColumnEncoder`), and the vectorized shuffle buffer.
 
 [Note: encoded rows]
-``EncodedRows`` holds ``n`` rows: labels float32 ``[n]``, dense float32 ``[n, D]``, and per
-feature the rows' ids flattened (int64) with their lengths (int64 ``[n]``), e.g. two rows with
-genres ``Drama|War`` and ``Comedy``: ids ``[3, 7, 1]``, lengths ``[2, 1]``. A batch is
-``B`` of them: its KJT's values are the features' ids one after another (key-major) and its
-lengths the features' lengths. Ids: a vocabulary table maps each value through a hash table
-of the vocabulary built once (`Vocabulary`: row ``k + 1`` for ``vocabulary[k]``, 0 for any
-other value), a hashed table
-hashes each distinct value of a piece once (`hash_id`). Dense values: ``log1p(max(x, 0))``,
-then standardized or bucketized (``torch.bucketize(right=True)`` is ``bisect_right``), in
-float64 and then rounded to float32, as the row encoder does.
+``EncodedRows`` holds ``n`` rows: labels float32 ``[n]``, dense float32 ``[n, D]``, the
+categorical features' ids as one int64 matrix ``single [n, S]`` (one id per row and feature,
+-1 for an empty bag: a missing value), and per multi-hot feature the rows' ids flattened
+(int64) with their lengths (int64 ``[n]``), e.g. two rows with genres ``Drama|War`` and
+``Comedy``: ids ``[3, 7, 1]``, lengths ``[2, 1]``. ``layout`` says where each feature (in the
+fitted schema's key order) lives: ``j >= 0`` column ``j`` of ``single``, ``~k`` multi-hot
+feature ``k``. Taking, slicing and joining rows is then one tensor op for all the categorical
+features together, whatever their number (a Criteo-shaped table has 26), instead of one to
+five ops per feature. A batch is ``B`` rows: its KJT's values are the features' ids one after
+another (key-major) and its lengths the features' lengths. Ids: a vocabulary table maps each
+value through a hash table of the vocabulary built once (`Vocabulary`: row ``k + 1`` for
+``vocabulary[k]``, 0 for any other value), a hashed table hashes each distinct value of a
+piece once (`hash_id`). Dense values: ``log1p(max(x, 0))``, then standardized or bucketized
+(``torch.bucketize(right=True)`` is ``bisect_right``), in float64 and then rounded to
+float32, as the row encoder does.
 """
 
 from __future__ import annotations
@@ -27,9 +32,27 @@ from shardkit.data._batch import Batch
 from shardkit.data._hash import mix_tensor
 from shardkit.data._table_columns import Columns
 from shardkit.data._table_rows import hash_id
+from shardkit.data._table_schema import ColumnType
 from shardkit.sparse import KeyedJaggedTensor
 
-__all__ = ["ColumnEncoder", "EncodedRows", "Vocabulary", "shuffle_buffer", "string_hashes"]
+__all__ = ["ColumnEncoder", "EncodedRows", "Vocabulary", "feature_layout", "shuffle_buffer",
+           "string_hashes"]  # fmt: skip
+
+
+def feature_layout(fitted: Any) -> tuple[int, ...]:
+    """Where each feature of a `FittedSchema` lives in `EncodedRows` (see [Note: encoded
+    rows]): categorical features are the columns of ``single`` in key order, multi-hot ones
+    ``~k``."""
+    types = {c.name: c.type for c in fitted.schema.columns}
+    layout, singles, multis = [], 0, 0
+    for key in fitted.keys:
+        if types[key] is ColumnType.MULTI_HOT:
+            layout.append(~multis)
+            multis += 1
+        else:
+            layout.append(singles)
+            singles += 1
+    return tuple(layout)
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,19 +61,24 @@ class EncodedRows:
 
     labels: torch.Tensor
     dense: torch.Tensor
+    single: torch.Tensor
     ids: tuple[torch.Tensor, ...]
     lengths: tuple[torch.Tensor, ...]
+    layout: tuple[int, ...]
 
     def __len__(self) -> int:
         return self.labels.shape[0]
 
     @staticmethod
-    def empty(num_dense: int, num_features: int, rows: int = 0) -> EncodedRows:
+    def empty(num_dense: int, layout: tuple[int, ...], rows: int = 0) -> EncodedRows:
         """``rows`` rows with no ids, dense zeros and label 0 (padding)."""
+        singles = sum(1 for j in layout if j >= 0)
+        multis = len(layout) - singles
         none = torch.zeros(0, dtype=torch.int64)
         lengths = torch.zeros(rows, dtype=torch.int64)
         return EncodedRows(torch.zeros(rows), torch.zeros(rows, num_dense),
-                           (none,) * num_features, (lengths,) * num_features)  # fmt: skip
+                           torch.full((rows, singles), -1, dtype=torch.int64),
+                           (none,) * multis, (lengths,) * multis, layout)  # fmt: skip
 
     @staticmethod
     def cat(parts: Sequence[EncodedRows]) -> EncodedRows:
@@ -60,8 +88,10 @@ class EncodedRows:
         return EncodedRows(
             torch.cat([p.labels for p in parts]),
             torch.cat([p.dense for p in parts]),
+            torch.cat([p.single for p in parts]),
             tuple(torch.cat([p.ids[f] for p in parts]) for f in features),
             tuple(torch.cat([p.lengths[f] for p in parts]) for f in features),
+            parts[0].layout,
         )
 
     def slice(self, start: int, stop: int) -> EncodedRows:
@@ -73,18 +103,15 @@ class EncodedRows:
             first = int(counts[:start].sum()) if start else 0
             lengths.append(counts[start:stop])
             ids.append(values[first : first + int(lengths[-1].sum())])
-        return EncodedRows(self.labels[start:stop], self.dense[start:stop], tuple(ids),
-                           tuple(lengths))  # fmt: skip
+        return EncodedRows(self.labels[start:stop], self.dense[start:stop],
+                           self.single[start:stop], tuple(ids), tuple(lengths),
+                           self.layout)  # fmt: skip
 
     def take(self, index: torch.Tensor) -> EncodedRows:
         """The rows ``index`` (int64 ``[m]``), in that order."""
         ids, lengths = [], []
         for values, counts in zip(self.ids, self.lengths):
             picked = counts.index_select(0, index)
-            if len(values) == len(counts) and (not len(counts) or int(counts.max()) == 1):
-                ids.append(values.index_select(0, index))  # one id per row
-                lengths.append(picked)
-                continue
             ends = torch.cumsum(counts, 0)
             starts = (ends - counts).index_select(0, index)
             new_ends = torch.cumsum(picked, 0)
@@ -96,15 +123,39 @@ class EncodedRows:
             ids.append(values.index_select(0, place))
             lengths.append(picked)
         return EncodedRows(self.labels.index_select(0, index), self.dense.index_select(0, index),
-                           tuple(ids), tuple(lengths))  # fmt: skip
+                           self.single.index_select(0, index), tuple(ids), tuple(lengths),
+                           self.layout)  # fmt: skip
 
     def batch(self, keys: Sequence[str], weights: torch.Tensor | None = None) -> Batch:
         """The rows as a `Batch` (dense ``[B, D]``, a key-major KJT, labels ``[B]``)."""
+        values: list[torch.Tensor] = []
+        lengths: list[torch.Tensor] = []
+        n = len(self)
+        by_key = self.single.t().contiguous().view(-1)  # [S * n]: key-major, as the KJT wants
+        present = by_key >= 0
+        layout, at = self.layout, 0
+        while at < len(layout):
+            first = layout[at]
+            if first < 0:
+                values.append(self.ids[~first])
+                lengths.append(self.lengths[~first].to(torch.int32))
+                at += 1
+                continue
+            last = at  # categorical features next to each other: taken together
+            while last + 1 < len(layout) and layout[last + 1] == layout[last] + 1:
+                last += 1
+            count = last - at + 1
+            block = by_key[first * n : (first + count) * n]
+            mask = present[first * n : (first + count) * n]
+            values.append(block if bool(mask.all()) else block.masked_select(mask))
+            lengths.append(mask.to(torch.int32))
+            at = last + 1
+        none = torch.zeros(0, dtype=torch.int64)
         sparse = KeyedJaggedTensor(
             keys=list(keys),
-            values=torch.cat(self.ids) if self.ids else torch.zeros(0, dtype=torch.int64),
-            lengths=torch.cat(self.lengths).to(torch.int32),
-            stride=len(self),
+            values=torch.cat(values) if values else none,
+            lengths=torch.cat(lengths) if lengths else none.to(torch.int32),
+            stride=n,
         )
         return Batch(dense_features=self.dense, sparse_features=sparse, labels=self.labels,
                      weights=weights)  # fmt: skip
@@ -117,6 +168,8 @@ class ColumnEncoder:
         import pyarrow as pa
 
         table_of = {f: t for t in fitted.tables for f in t.features}
+        self.layout = feature_layout(fitted)
+        self.keys = fitted.keys
         self.lookups: list[tuple[Any, int]] = []  # (Vocabulary or None, hashed rows)
         vocabularies: dict[str, Vocabulary] = {}
         for key in fitted.keys:
@@ -137,15 +190,25 @@ class ColumnEncoder:
                         for j, d in enumerate(dense) if d.boundaries is not None]  # fmt: skip
 
     def encode(self, columns: Columns) -> EncodedRows:
-
+        n = len(columns)
+        single = np.full((n, sum(1 for j in self.layout if j >= 0)), -1, dtype=np.int64)
         ids, lengths = [], []
-        for (vocabulary, hashed), (values, counts) in zip(self.lookups, columns.bags):
-            if hashed:
-                found = _hashed(values, hashed)
+        for key, j, (vocabulary, hashed), (values, counts) in zip(
+            self.keys, self.layout, self.lookups, columns.bags
+        ):
+            found = _hashed(values, hashed) if hashed else vocabulary.rows(values)
+            found = np.asarray(found, dtype=np.int64)
+            if j < 0:
+                ids.append(torch.from_numpy(found))
+                lengths.append(torch.from_numpy(counts))
+            elif len(found) == n and bool((counts == 1).all()):
+                single[:, j] = found
+            elif len(found) and int(counts.max()) > 1:
+                raise ValueError(f"column '{key}' holds lists (up to {int(counts.max())} values "
+                                 "in a row) but is declared categorical, one value per row: "
+                                 "declare it type = \"multi_hot\"")  # fmt: skip
             else:
-                found = vocabulary.rows(values)
-            ids.append(torch.from_numpy(np.asarray(found, dtype=np.int64)))
-            lengths.append(torch.from_numpy(counts))
+                single[counts.astype(bool), j] = found
         dense = torch.from_numpy(columns.dense).clone()
         if bool(self.log1p.any()):
             dense[:, self.log1p] = torch.log1p(dense[:, self.log1p].clamp(min=0.0))
@@ -156,7 +219,8 @@ class ColumnEncoder:
                 torch.bucketize(dense[:, j].contiguous(), bounds, right=True).double() * scale
             )
         labels = torch.from_numpy(columns.labels).float()
-        return EncodedRows(labels, dense.float(), tuple(ids), tuple(lengths))
+        return EncodedRows(labels, dense.float(), torch.from_numpy(single), tuple(ids),
+                           tuple(lengths), self.layout)  # fmt: skip
 
 
 class Vocabulary:
@@ -167,7 +231,20 @@ class Vocabulary:
     vocabulary again for every piece. Long strings (over 64 bytes) use `index_in`."""
 
     def __init__(self, values: Any) -> None:
+        import pyarrow as pa
+
+        from shardkit.data._table_fit import packed_keys
+
         self.values = values
+        # values of at most 8 bytes as 64-bit keys (`packed_keys`, one key per string): a
+        # value whose bytes pack is found by its key alone, no hash and no string compare
+        short = np.flatnonzero(np.diff(_string_offsets(values)) <= 8)
+        keys = packed_keys(values.take(pa.array(short)), any_length=True) if len(short) else None
+        self.keys: np.ndarray | None = None
+        self.key_rows = np.zeros(0, dtype=np.int64)
+        if keys is not None:
+            order = np.argsort(keys)
+            self.keys, self.key_rows = keys[order], short[order] + 1
         hashes = string_hashes(values)
         self.order: np.ndarray | None = None
         self.sorted = np.zeros(0, dtype=np.uint64)
@@ -181,6 +258,13 @@ class Vocabulary:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from shardkit.data._table_fit import packed_keys
+
+        if self.keys is not None and len(self.keys):
+            keys = packed_keys(values)
+            if keys is not None:
+                at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+                return np.where(self.keys[at] == keys, self.key_rows[at], 0)
         order = self.order
         hashes = string_hashes(values) if order is not None and len(self.sorted) else None
         if hashes is None or order is None:
@@ -193,6 +277,15 @@ class Vocabulary:
             pc.equal(values, self.values.take(pa.array(candidate))).fill_null(False)
         )
         return np.where(same, candidate + 1, 0).astype(np.int64)
+
+
+def _string_offsets(values: Any) -> np.ndarray:
+    """An Arrow string array's offsets ``[n + 1]``, int64."""
+    _, offsets, _ = values.buffers()
+    kind = np.int64 if str(values.type) == "large_string" else np.int32
+    return np.frombuffer(offsets, dtype=kind)[
+        values.offset : values.offset + len(values) + 1
+    ].astype(np.int64)
 
 
 def string_hashes(values: Any, longest: int = 64) -> np.ndarray | None:

@@ -6,7 +6,13 @@ A process fits the pieces it read; the parts merge (`Fitter.merge`) into exactly
 process reading every piece fits, for any world size:
 
 - value counts (vocabularies) are integers: summed in any order, then sorted by decreasing
-  count, ties by value (UTF-8 byte order, which is code point order);
+  count, ties by value (UTF-8 byte order, which is code point order). A piece's values of a
+  table that all have one length of at most 8 bytes, without a NUL byte (ids such as Criteo's
+  8 hex digits), are counted as 64-bit keys, each string's bytes big-endian and
+  padded with zeros (`packed_keys`): one key per string and no other, ordered as the strings
+  are, so counting and sorting the keys (NumPy's sort, about twice as fast here as hashing the
+  strings) gives the same counts and the same order; the keys become strings again only when
+  a table's counts meet a piece that has longer values, and for the vocabulary kept;
 - dense statistics are exact: each process sums ``x`` and ``x * x`` exactly (`exact_sum`: the
   values are cut into slices on a grid of powers of 2 coarse enough that float64 adds any number
   of a piece's slices without rounding, so each slice's float64 sum is exact; a square is split
@@ -28,11 +34,12 @@ import numpy as np
 import torch
 
 from shardkit.data._hash import mix_tensor
-from shardkit.data._table_columns import Columns
+from shardkit.data._table_columns import Columns, _offsets
 from shardkit.data._table_fitted import DenseFit, FittedSchema, TableFit, table_order
 from shardkit.data._table_schema import ColumnSpec, TableSchema
 
-__all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exact_sums"]
+__all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exact_sums",
+           "packed_keys", "unpacked_strings"]  # fmt: skip
 
 _SAMPLE = 65_536
 _COMPACT = 1 << 22  # counted values held before they are summed per value
@@ -183,10 +190,18 @@ class Fitter:
         return part
 
     def _count(self, parts: list[tuple[Any, np.ndarray]]) -> Any:
-        """The training values' counts (``values`` and ``counts``) of a table's features: a
-        hash pass (`dictionary_encode`) and a `bincount` of the training rows' codes."""
+        """The training values' counts of a table's features: as 64-bit keys (`Keyed`, see
+        [Note: fitting in parts]) when every value packs into one, else (``values`` and
+        ``counts``) from a hash pass (`dictionary_encode`) and a `bincount` of the training
+        rows' codes."""
         pa = self.pa
         train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
+        keys = [packed_keys(v) for v, _ in parts]
+        packed = [k for k in keys if k is not None]
+        if len(packed) == len(keys):
+            joined = np.concatenate(packed) if len(packed) > 1 else packed[0]
+            distinct, counts = np.unique(joined[train], return_counts=True)
+            return Keyed(distinct, counts.astype(np.int64))
         dictionary, codes = _encode([v for v, _ in parts])
         counts = np.bincount(codes[train], minlength=len(dictionary))
         seen = counts > 0
@@ -209,10 +224,14 @@ class Fitter:
         self.pieces[position] = part
 
     def _compact(self, counted: list[Any]) -> Any:
-        """Value counts summed per value: a struct array of ``values`` and ``counts``."""
+        """Value counts summed per value: `Keyed` when all are, else a struct array of
+        ``values`` and ``counts``."""
         pa = self.pa
         if len(counted) == 1:
             return counted[0]
+        if all(isinstance(c, Keyed) for c in counted):
+            return Keyed.summed(counted)
+        counted = [c.strings() if isinstance(c, Keyed) else c for c in counted]
         counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
         dictionary, codes = _encode([c.field("values") for c in counted])
         summed = np.bincount(codes, weights=counts, minlength=len(dictionary))
@@ -248,6 +267,16 @@ class Fitter:
         kept: list[str] = []
         if counted:
             summed = self._compact(counted)
+            if isinstance(summed, Keyed):
+                often = summed.counts >= first.min_count  # only these can be kept: sorted
+                keys, counts = summed.keys[often], summed.counts[often]
+                order = np.lexsort((keys, -counts))  # by decreasing count, then by value
+                enough = len(order)
+                if first.num_embeddings is not None:
+                    enough = min(enough, first.num_embeddings - 1)
+                kept = unpacked_strings(keys[order[:enough]]).to_pylist()
+                rows = first.num_embeddings or len(kept) + 1
+                return TableFit(name, features, "vocabulary", rows, first.pooling, tuple(kept))
             counts = np.asarray(summed.field("counts"))
             often = self.pa.array(counts >= first.min_count)  # only these can be kept: sorted
             table = self.pa.table({"values": summed.field("values").filter(often),
@@ -289,6 +318,81 @@ class Fitter:
         values = np.sort(values[np.lexsort((values, keys))[:_SAMPLE]])
         cuts = [float(values[len(values) * i // buckets]) for i in range(1, buckets)]
         return tuple(sorted(set(cuts)))
+
+
+class Keyed:
+    """Value counts of strings packed as 64-bit keys (`packed_keys`): ``keys`` uint64 sorted
+    and distinct, ``counts`` int64."""
+
+    def __init__(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        self.keys, self.counts = keys, counts
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @staticmethod
+    def summed(parts: Sequence[Keyed]) -> Keyed:
+        """The parts' counts summed per key (a sort, then a sum over each run of one key)."""
+        keys = np.concatenate([p.keys for p in parts])
+        counts = np.concatenate([p.counts for p in parts])
+        order = np.argsort(keys, kind="stable")
+        keys, counts = keys[order], counts[order]
+        starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+        return Keyed(keys[starts], np.add.reduceat(counts, starts) if len(keys) else counts)
+
+    def strings(self) -> Any:
+        """The same counts as a struct array of ``values`` (strings) and ``counts``."""
+        import pyarrow as pa
+
+        return pa.StructArray.from_arrays([unpacked_strings(self.keys), pa.array(self.counts)],
+                                          names=["values", "counts"])  # fmt: skip
+
+
+def packed_keys(values: Any, *, any_length: bool = False) -> np.ndarray | None:
+    """Each string of an Arrow string array as a 64-bit key: its bytes big-endian, padded with
+    zero bytes to 8, so distinct strings have distinct keys and the keys' order is the strings'
+    (UTF-8 byte order). None when a string is longer than 8 bytes, holds a NUL byte, or is
+    null, and, unless ``any_length``, when the strings differ in length: only strings of one
+    length are packed from a view of their bytes; others would need a gather of every byte,
+    slower than hashing the strings when a column has few distinct values."""
+    n = len(values)
+    if values.null_count:
+        return None
+    offsets, text = _offsets(values)
+    if not n:
+        return np.zeros(0, dtype=np.uint64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    width, lengths = (last - first) // n, np.diff(offsets)
+    if width <= 8 and (last - first) % n == 0 and int(lengths.min()) == width:
+        raw = text[first:last].reshape(n, width)  # all one length (Criteo's 8 hex digits)
+        if width and not raw.all():
+            return None
+        if width == 8:
+            return raw.reshape(-1).view(">u8").astype(np.uint64)
+        padded = np.zeros((n, 8), dtype=np.uint8)
+        padded[:, :width] = raw
+        return padded.view(">u8").reshape(n).astype(np.uint64)
+    if not any_length or int(lengths.max()) > 8:
+        return None
+    place = offsets[:-1, None].astype(np.int64) + np.arange(8)
+    inside = np.arange(8) < lengths[:, None]
+    raw = np.where(inside, text[np.minimum(place, len(text) - 1)], 0).astype(np.uint8)
+    if not (raw.astype(bool) | ~inside).all():
+        return None
+    return raw.view(">u8").reshape(n).astype(np.uint64)
+
+
+def unpacked_strings(keys: np.ndarray) -> Any:
+    """The strings of `packed_keys`' keys, as an Arrow string array."""
+    import pyarrow as pa
+
+    raw = np.ascontiguousarray(keys.astype(">u8")).view(np.uint8).reshape(-1, 8)
+    inside = raw != 0  # a string's bytes: the non-zero ones, all before its padding
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(inside.sum(axis=1), out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(
+        len(keys), pa.py_buffer(offsets), pa.py_buffer(raw[inside].tobytes())
+    ).cast(pa.string())
 
 
 def _encode(arrays: list[Any]) -> tuple[Any, np.ndarray]:

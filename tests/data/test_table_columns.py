@@ -82,7 +82,7 @@ def test_the_cache_is_written_once_and_reused_until_the_file_changes(tmp_path, m
 
     def epoch(data, **kwargs):
         reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
-                             cache=cache, **kwargs)  # fmt: skip
+                             cache=cache, prefetch=0, **kwargs)  # fmt: skip
         return reader, [b.sparse_features.values().tolist() for b in reader]
 
     plain = [b.sparse_features.values().tolist() for b in
@@ -95,7 +95,9 @@ def test_the_cache_is_written_once_and_reused_until_the_file_changes(tmp_path, m
     monkeypatch.setattr(table_cache, "write_rows", lambda *a: writes.append(a))
     again, batches = epoch(data)  # another run: read from the cache, nothing written
     assert again._cache.written == 0 and not writes and batches == plain
-    other_rank = TableReader(data, split="train", batch_size=32, rank=0, world_size=3, cache=cache)
+    other_rank = TableReader(
+        data, split="train", batch_size=32, rank=0, world_size=3, cache=cache, prefetch=0
+    )  # written counts what this process wrote
     list(other_rank)  # another world size reads the same piece's file
     assert other_rank._cache.written == 0
     with path.open("a") as f:  # a changed file: another key, so the entry is written anew
@@ -134,7 +136,8 @@ def test_a_table_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
 
 def test_the_vocabulary_lookup_is_arrows_index_in():
     """Strings of every length (and a vocabulary with strings over 64 bytes: index_in itself),
-    from sliced arrays, found as `index_in` finds them."""
+    from sliced arrays, found as `index_in` finds them; strings of at most 8 bytes alone (found
+    by their packed keys), in a vocabulary of short and long strings, too."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -142,10 +145,12 @@ def test_the_vocabulary_lookup_is_arrows_index_in():
 
     words = ["", "a", "ab", "ba", "abc", "é", "a" * 40, "b" * 63]
     probes = pa.array(["zz", *words, "abcd", "a" * 41, "x"]).slice(1, len(words) + 2)
-    for vocabulary in (pa.array(words[1:]), pa.array([*words[1:], "c" * 70])):
-        found = Vocabulary(vocabulary).rows(probes)
-        expected = pc.index_in(probes, value_set=vocabulary).fill_null(-1).to_numpy() + 1
-        assert found.tolist() == expected.tolist()
+    short = pa.array(["zz", "a", "ab", "ba", "é", "", "abcdefgh", "abcdefg", "x", "ab"]).slice(1)
+    for vocabulary in (pa.array(words[1:]), pa.array([*words[1:], "c" * 70, "abcdefgh"])):
+        for probe in (probes, short):
+            found = Vocabulary(vocabulary).rows(probe)
+            expected = pc.index_in(probe, value_set=vocabulary).fill_null(-1).to_numpy() + 1
+            assert found.tolist() == expected.tolist()
 
 
 def test_exact_sums_are_exact_in_any_order():
@@ -208,3 +213,69 @@ def test_strings_with_spaces_at_either_end_are_found():
                 assert _may_have_spaces(part), values[start:]
             elif all(v.isascii() and v for v in rest):  # an empty one may read a neighbour
                 assert not _may_have_spaces(part), values[start:]
+
+
+def test_short_values_counted_as_keys_fit_what_counting_strings_fits(tmp_path, monkeypatch):
+    """Values of at most 8 bytes are counted as 64-bit keys (`packed_keys`): distinct strings
+    get distinct keys, in the strings' byte order, and come back unchanged. A table whose
+    pieces mix short values with long ones (counted as strings), summed every few pieces, fits
+    the vocabulary (values, order, ``min_count``, ``num_embeddings``) that counting every value
+    as a string fits."""
+    import numpy as np
+    import pyarrow as pa
+
+    import shardkit.data._table_fit as table_fit
+    import shardkit.data._table_pieces as table_pieces
+
+    values = ["", "a", "ab", "a\u00e9", "zz", "12345678", "1234567", "\u00e9", "~", "Z"]
+    keys = table_fit.packed_keys(pa.array(values), any_length=True)
+    assert [values[i] for i in np.argsort(keys)] == sorted(values, key=str.encode)
+    assert len(set(keys.tolist())) == len(values)
+    assert table_fit.unpacked_strings(keys).to_pylist() == values
+    assert table_fit.packed_keys(pa.array(values)) is None  # lengths differ
+    for width in (2, 8):  # one length: packed from a view of the bytes, the same keys
+        same = pa.array(
+            [
+                v
+                for v in [
+                    "ab",
+                    "\u00e9",
+                    "zz",
+                    "Z0",
+                    "~~",
+                    "12345678",
+                    "1234567~",
+                    "\u00e9\u00e9\u00e9\u00e9",
+                ]
+                if len(v.encode()) == width
+            ]
+        ).slice(1)
+        expected = table_fit.packed_keys(pa.array(same.to_pylist()), any_length=True).tolist()
+        assert table_fit.packed_keys(same).tolist() == expected
+        assert (
+            table_fit.unpacked_strings(table_fit.packed_keys(same)).to_pylist() == same.to_pylist()
+        )
+    assert table_fit.packed_keys(pa.array(["123456789"]), any_length=True) is None  # 9 bytes
+    assert table_fit.packed_keys(pa.array(["a\0b"]), any_length=True) is None
+
+    rows = [[f"u{(i * 7) % 23 % (3 + i % 9)}", f"{(i * 13) % 41:08x}" if i < 900 else
+             f"long-code-{i % 4}", str(i % 3 == 0)] for i in range(1200)]  # fmt: skip
+    path = tmp_path / "codes.csv"
+    path.write_text("user,code,clicked\n" + "".join(",".join(r) + "\n" for r in rows))
+    schema = schema_from_dict({"label": "clicked", "split": {"validation_fraction": 0.2},
+                               "columns": {"user": {"type": "categorical", "min_count": 3},
+                                           "code": {"type": "categorical",
+                                                    "num_embeddings": 30}}})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(table_fit, "_COMPACT", 20)
+    packed = table_fit.packed_keys
+    seen = []
+    monkeypatch.setattr(table_fit, "packed_keys", lambda v: seen.append(packed(v)) or seen[-1])
+    keyed = scan_table([path], schema, threads=1)
+    assert any(k is None for k in seen) and any(k is not None for k in seen)
+    monkeypatch.setattr(table_fit, "packed_keys", lambda v: None)
+    strings = scan_table([path], schema, threads=1)
+    assert len(keyed.pieces) > 3
+    assert keyed.fitted.to_dict() == strings.fitted.to_dict()
+    vocabulary = {t.name: t.vocabulary for t in keyed.fitted.tables}
+    assert len(vocabulary["code"]) == 29 and "long-code-1" in vocabulary["code"]

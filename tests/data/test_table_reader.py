@@ -5,6 +5,7 @@ Parquet giving the same batches, and resuming mid-epoch."""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -27,6 +28,14 @@ def _rows(batch):
     rows = ((stamps - T0) / 64).round().long().tolist()
     weights = batch.weights.tolist() if batch.weights is not None else [1.0] * len(rows)
     return list(zip(rows, weights))
+
+
+def _whole(batch):
+    """Everything a batch holds, as lists."""
+    sparse = batch.sparse_features
+    return (batch.labels.tolist(), batch.dense_features.tolist(), sparse.keys(),
+            sparse.values().tolist(), sparse.lengths().tolist(), sparse.lengths().dtype,
+            None if batch.weights is None else batch.weights.tolist())  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +125,7 @@ def test_the_shuffle_changes_each_epoch_and_holds_its_buffer_and_a_piece(data, m
 
     monkeypatch.setattr(table_reader, "shuffle_buffer", counting)
     reader = TableReader(data, split="train", batch_size=32, rank=0, world_size=1,
-                         shuffle_buffer=50)  # fmt: skip
+                         shuffle_buffer=50, prefetch=0)  # counted in this process  # fmt: skip
     epochs = [[row for b in reader for row, _ in _rows(b)] for _ in range(2)]
     assert held and max(held) <= 50 + max(pieces)  # the buffer and the piece being read
     assert max(held) >= 50  # the buffer holds rows back
@@ -181,7 +190,7 @@ def _numbered(start, stop):
     """Rows ``start .. stop - 1`` whose label is their number (and one id each)."""
     n = stop - start
     ids = torch.arange(start, stop)
-    return EncodedRows(ids.float(), torch.zeros(n, 0), (ids,), (torch.ones(n, dtype=torch.int64),))
+    return EncodedRows(ids.float(), torch.zeros(n, 0), ids.view(n, 1), (), (), (0,))
 
 
 def test_the_shuffle_buffer_mixes_within_its_window():
@@ -191,7 +200,7 @@ def test_the_shuffle_buffer_mixes_within_its_window():
     def shuffled(seed):
         chunks = (_numbered(a, min(a + 70, 2000)) for a in range(0, 2000, 70))
         out = EncodedRows.cat(list(shuffle_buffer(chunks, 100, seed)))
-        assert out.ids[0].tolist() == out.labels.long().tolist()  # rows keep their ids
+        assert out.single[:, 0].tolist() == out.labels.long().tolist()  # rows keep their ids
         return out.labels.long().tolist()
 
     out = shuffled(7)
@@ -205,36 +214,52 @@ def test_the_shuffle_buffer_mixes_within_its_window():
 
 
 def test_taking_rows_keeps_their_bags():
-    """`EncodedRows.take` of multi-hot rows (empty bags too) and of one-id rows."""
+    """`EncodedRows.take` and `slice` of multi-hot rows (empty bags too) and of categorical
+    rows (one id, or -1: empty), and the batch's key-major KJT with the features interleaved
+    (categorical, multi-hot, categorical, categorical)."""
     rows = EncodedRows(torch.arange(4.0), torch.arange(4.0).view(4, 1),
-                       (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8, 9, 6])),
-                       (torch.tensor([2, 0, 3, 0]), torch.tensor([1, 1, 1, 1])))  # fmt: skip
+                       torch.tensor([[7, 10, 20], [8, -1, 21], [9, 12, -1], [6, 13, 23]]),
+                       (torch.tensor([1, 2, 3, 4, 5]),), (torch.tensor([2, 0, 3, 0]),),
+                       (0, ~0, 1, 2))  # fmt: skip
     taken = rows.take(torch.tensor([2, 1, 0, 2]))
     assert taken.ids[0].tolist() == [3, 4, 5, 1, 2, 3, 4, 5]
     assert taken.lengths[0].tolist() == [3, 0, 2, 3]
-    assert taken.ids[1].tolist() == [9, 8, 7, 9] and taken.dense[:, 0].tolist() == [2, 1, 0, 2]
+    assert taken.single[:, 0].tolist() == [9, 8, 7, 9]
+    assert taken.dense[:, 0].tolist() == [2, 1, 0, 2]
     assert rows.slice(1, 3).ids[0].tolist() == [3, 4, 5]
+    assert rows.slice(1, 3).single[:, 1].tolist() == [-1, 12]
+    kjt = rows.slice(1, 4).batch(["a", "genres", "b", "c"]).sparse_features
+    assert kjt.lengths().tolist() == [1, 1, 1, 0, 3, 0, 0, 1, 1, 1, 0, 1]
+    assert kjt.values().tolist() == [8, 9, 6, 3, 4, 5, 12, 13, 21, 23]
+    assert kjt.lengths().dtype == torch.int32 and kjt.values().dtype == torch.int64
 
 
 def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
     """Made in a background thread (the second epoch's started when the first ended), or in
     the caller's thread: the same batches, in the same order."""
 
-    def two_epochs(prefetch):
+    def two_epochs(prefetch, background="thread"):
         reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
-                             prefetch=prefetch)  # fmt: skip
-        return [[_rows(b) for b in reader] for _ in range(2)]
+                             prefetch=prefetch, background=background)  # fmt: skip
+        return [[_whole(b) for b in reader] for _ in range(2)]
 
     ahead = two_epochs(4)
     assert ahead == two_epochs(0) and ahead[0] != ahead[1]
+    if sys.platform == "linux":  # made in a forked process: the same batches
+        assert two_epochs(2, "process") == ahead
 
 
-def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch, background):
+    if background == "process" and sys.platform != "linux":
+        pytest.skip("background='process' forks: Linux only")
+
     def broken(self, runs):
         raise OSError("the disk went away")
         yield
 
     monkeypatch.setattr(TableReader, "_read", broken)
-    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1)
+    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1,
+                         background=background)  # fmt: skip
     with pytest.raises(OSError, match="the disk went away"):
         list(reader)
