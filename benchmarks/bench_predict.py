@@ -311,6 +311,11 @@ def _planned(profile, args, world: int, local: int, torchrec: bool) -> dict[tupl
                 torchrec_estimate(case, kind, world, args.batch) if torchrec else None
             )
             rows[case, world, kind] = row
+        choice = rows.get((case, world, PLANNER))
+        if choice is not None:  # the planner often picks what a type's constraint gives
+            same = [k for (c, w, k), r in rows.items() if (c, w) == (case, world) and
+                    k != PLANNER and r["plan"] == choice["plan"]]  # fmt: skip
+            choice["same_plan_as"] = same[0] if same else None
     return rows
 
 
@@ -415,7 +420,9 @@ def render(report: dict) -> str:
         "(the memory traffic they cause still does). Predicted: the "
         "planner's step prediction from the profile. TorchRec: its planner's estimate for the "
         "same type (the busiest rank's embedding lookups and communication; it has no dense "
-        "model). error = predicted / measured - 1.",
+        'model). error = predicted / measured - 1. "planner\'s choice (= T)": the planner '
+        "chose the very plan of type T's row, so the two rows time one plan twice (their "
+        "difference is the measurement's spread).",
         "",
         "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | alone "
         "(CPU) ms | its error | TorchRec est. ms | dominant (predicted) |",
@@ -441,8 +448,11 @@ def render(report: dict) -> str:
         tr = row.get("torchrec_ms")
         tr_text = "-" if tr is None else f"{tr:.3g}"
         dominant = max(row["phases"].items(), key=lambda p: p[1])[0]
+        kind = row["type"]
+        if row.get("same_plan_as"):  # one plan timed twice: the two rows show the spread
+            kind += f" (= {row['same_plan_as']})"
         lines.append(
-            f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {row['type']} | "
+            f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {kind} | "
             f"{measured_text} | "
             f"{row['predicted_ms']:.1f} | {error_text} | {fastest_text} | {fastest_error} | "
             f"{tr_text} | {dominant} |"

@@ -1127,6 +1127,8 @@ def test_import_has_no_side_effects():
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
         "assert 'pyarrow' not in sys.modules, 'only reading a table needs pyarrow';"
+        # torch._dynamo costs ~0.7 s of every process's start; only a compiled program needs it
+        "assert 'torch._dynamo' not in sys.modules, 'only torch.compile needs torch._dynamo';"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,9 +13,13 @@ add time), one rank's own work in its thread's CPU time when it runs one thread 
 - memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
   layer's forward and backward);
 - each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
-  ranks of each world size, on the backend they will train on, fitted to
+  ranks of each world size, on the backend they will train on, as the sharded modules call it
+  (`shardkit.comm`: on gloo a reduce-scatter is an all-to-all and a local sum), fitted to
   ``latency + bytes / bandwidth``. Run under ``torchrun`` on several hosts, the world's own
   ranks are measured as well, as the links between hosts (``scope="inter"``);
+- at a world size whose ranks x threads exceed the cores, what a collective waits for its ranks
+  to be scheduled (`scheduling_wait`), per extra rank sharing a core: the profile's
+  ``switch_wait_ms`` (see [Note: oversubscribed cores] in the planner);
 - the sharded step's own overhead: one rank trains a DistributedModelParallel of tiny tables
   (1 and 16 features, batch 128 and 1,024) and what its step takes beyond the fitted kernel is
   fitted to ``per step + per feature + per bag`` (the modules' Python, KJT handling, autograd).
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardkit import comm
 from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
 from shardkit.launch import current, spawn
 from shardkit.modules import (
@@ -58,6 +63,7 @@ __all__ = [
 ]
 
 _MIB = 1 << 20
+SCHEDULING_WAIT = "scheduling_wait"  # the rows of `scheduling_wait`, beside the collectives'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +90,8 @@ class CalibrationConfig:
     ids: tuple[int, ...] = (16_384, 131_072)
     big_table_bytes: int = 256 * _MIB
     world_sizes: tuple[int, ...] = (1, 2, 4)
-    sizes: tuple[int, ...] = (16 << 10, 512 << 10, 4 << 20)
+    # up to 32 MiB: a step's output distributions reach tens of MiB, past the last-level cache
+    sizes: tuple[int, ...] = (16 << 10, 512 << 10, 4 << 20, 32 << 20)
     threads_per_rank: int = 1
     repeats: int = 5
     copy_bytes: int = 128 * _MIB
@@ -336,9 +343,8 @@ def _collective(
         return lambda: dist.all_to_all_single(out, x, group=group)
     if kind == "all_reduce":
         return lambda: dist.all_reduce(x, group=group)
-    if kind == "reduce_scatter":
-        part = x.new_empty(count // world)
-        return lambda: dist.reduce_scatter_single(part, x, group=group)
+    if kind == "reduce_scatter":  # as the sharded modules run it (gloo: all-to-all + sum)
+        return lambda: comm.reduce_scatter_tensor(x, group=group)
     part = x[: count // world].clone()
     return lambda: dist.all_gather_single(x, part, group=group)
 
@@ -356,7 +362,7 @@ def measure_collectives(
             call = _collective(kind, nbytes, world, device, group)
             call()
             samples = []
-            calls = 3 if nbytes >= (1 << 20) else 10
+            calls = 1 if nbytes >= (16 << 20) else 3 if nbytes >= (1 << 20) else 10
             for _ in range(repeats):
                 dist.barrier(group)
                 start = time.perf_counter()
@@ -368,6 +374,61 @@ def measure_collectives(
             dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=group)
             rows.append({"kind": kind, "bytes": nbytes, "world_size": world, "ms": float(ms)})
     return rows
+
+
+def scheduling_wait(repeats: int, group: dist.ProcessGroup | None = None) -> float:
+    """ms one small collective waits for its ranks to be scheduled when they compute between
+    collectives: a loop of compute bursts (a few ms of matmuls) each followed by an
+    all-to-all, minus the bursts alone and the all-to-alls alone, per collective; every part
+    timed on all ranks at once (the slowest rank's fastest repeat). Call on every rank of
+    ``group``; 0 when the ranks have cores enough (nothing to wait for)."""
+    a = torch.randn(192, 192)
+    small = torch.ones(1024 * dist.get_world_size(group))
+    out = torch.empty_like(small)
+    loops = 8
+
+    def burst() -> None:
+        for _ in range(8):
+            torch.mm(a, a)
+
+    def exchange() -> None:
+        dist.all_to_all_single(out, small, group=group)
+
+    def both() -> None:
+        for _ in range(loops):
+            burst()
+            exchange()
+
+    def bursts() -> None:
+        for _ in range(loops):
+            burst()
+
+    def exchanges() -> None:
+        for _ in range(loops):
+            exchange()
+
+    contenders = (both, bursts, exchanges)
+    best = [float("inf")] * 3
+    for fn in contenders:
+        fn()  # warm up
+    for _ in range(repeats):
+        for i, fn in enumerate(contenders):  # in turns: a busy spell falls on all three
+            dist.barrier(group)
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], (time.perf_counter() - start) * 1e3)
+    slowest = torch.tensor(best, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    together, apart, alone = slowest.tolist()
+    return max(0.0, (together - apart - alone) / loops)
+
+
+def fit_switch_wait(rows: Sequence[dict]) -> float:
+    """The profile's ``switch_wait_ms`` from `scheduling_wait` rows (``ms`` at an
+    ``oversubscription`` above 1): the median of ``ms / (oversubscription - 1)``, 0 without
+    any (see [Note: oversubscribed cores])."""
+    per_rank = [r["ms"] / (r["oversubscription"] - 1) for r in rows if r["oversubscription"] > 1]
+    return statistics.median(per_rank) if per_rank else 0.0
 
 
 def fit_links(rows: Sequence[dict], scope: str) -> list[LinkFit]:
@@ -393,7 +454,13 @@ def fit_links(rows: Sequence[dict], scope: str) -> list[LinkFit]:
 def _collective_rank(
     rank: int, world_size: int, sizes: tuple[int, ...], repeats: int
 ) -> list[dict]:
-    return measure_collectives(sizes, repeats)
+    rows = measure_collectives(sizes, repeats)
+    share = world_size * torch.get_num_threads() / cores()
+    if share > 1:  # more ranks than cores: what their collectives wait to be scheduled
+        wait = scheduling_wait(repeats)
+        rows.append({"kind": SCHEDULING_WAIT, "world_size": world_size, "ms": wait,
+                     "oversubscription": share})  # fmt: skip
+    return rows
 
 
 class _TinyModel(torch.nn.Module):
@@ -565,11 +632,15 @@ def _calibrate_host(
     points: dict[str, Any] = {f"kernel:{name}": rows for name, rows in measured.items()}
     for fit in kernels:
         log(f"kernel {fit.optimizer}: {_kernel_line(fit, measured[fit.optimizer], cache)}")
+    waits = [r for r in rows if r["kind"] == SCHEDULING_WAIT]
     links = [
         link
         for scope in ("intra", "inter")
-        for link in fit_links([r for r in rows if r["scope"] == scope], scope)
+        for link in fit_links(
+            [r for r in rows if r["scope"] == scope and r["kind"] != SCHEDULING_WAIT], scope
+        )
     ]
+    switch_wait = fit_switch_wait(waits)
     points["collectives"] = rows
     steps = spawn(
         _overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
@@ -581,6 +652,13 @@ def _calibrate_host(
         f"sharded step overhead: {overhead[0]:.2f} ms + {overhead[1] * 1e3:.0f} us per feature + "
         f"{overhead[2] * 1e6:.0f} ns per bag + {overhead[3] * 1e9:.0f} ps per bag x column"
     )
+    for row in waits:
+        log(
+            f"{row['world_size']} ranks on {cores()} cores: each collective waits "
+            f"{row['ms']:.2f} ms to be scheduled"
+        )
+    if waits:
+        log(f"collective wait per extra rank sharing a core: {switch_wait:.2f} ms")
     for link in links:
         log(
             f"{link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
@@ -601,6 +679,7 @@ def _calibrate_host(
         kernels=tuple(kernels),
         links=tuple(links),
         step_overhead=overhead,
+        switch_wait_ms=switch_wait,
         points=points,
     )
     log(f"calibrated in {time.perf_counter() - started:.1f} s")
@@ -637,5 +716,10 @@ def format_profile(profile: MachineProfile) -> str:
         lines.append(
             f"  {link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
             f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
+        )
+    if profile.switch_wait_ms > 0:
+        lines.append(
+            f"  ranks beyond the {profile.cores} cores: each collective waits "
+            f"{profile.switch_wait_ms:.2f} ms per extra rank sharing a core"
         )
     return "\n".join(lines)

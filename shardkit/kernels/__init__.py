@@ -23,9 +23,12 @@ at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as
 rows needs), groups their occurrences by row (see [Note: grouping by counting] in
 ``csrc/grouping.cpp``); then ONE pass over the unique rows in
 ascending order sums each row's gradient from the output-gradient rows of its bags (per-sample
-weights, which carry MEAN, applied on the way) into a small buffer of 16 rows and applies the
-optimizer rule to those rows and their state in place (row-wise Adagrad computes the 16 rows'
-scales together: see [Note: row-wise Adagrad by blocks of rows] in ``csrc/backward.cpp``). No ``[unique rows, D]`` gradient is written;
+weights, which carry MEAN, applied on the way) and applies the optimizer rule to the row and its
+state in place: on fp32 rows at a dim compiled in (16-256) the row's gradient stays in registers
+and the rule runs from there, row by row (see [Note: a row's gradient in registers] in
+``csrc/backward.cpp``); otherwise it goes through a small buffer of 16 rows (row-wise Adagrad
+computes the 16 rows' scales together: [Note: row-wise Adagrad by blocks of rows]). No
+``[unique rows, D]`` gradient is written;
 the rows, their state and their gradient sources a few occurrences ahead are prefetched, so the
 loop waits on memory as little as the hardware allows. Forward is one loop over bags that sums
 rows in fp32, prefetching ahead, with per-sample weights fused, writing each bag's row where a

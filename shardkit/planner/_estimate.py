@@ -171,7 +171,7 @@ def _calibrated(
     )
     if replica and not fused:
         compute += DENSE_UPDATE_PERF_FACTOR * weights / profile.memory_bw
-    compute *= profile.compute_slowdown(local)
+    compute *= profile.oversubscription(local)
 
     def wire(kind: str, nbytes: float, size: int = world, group_local: int = local) -> float:
         """What ``nbytes`` add to one collective (its latency is paid once per step)."""

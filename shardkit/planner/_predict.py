@@ -31,14 +31,34 @@ batch's features, bags and pooled values (the modules' own Python, autograd and 
 measured on one rank). One rank alone still calls its collectives (copies of its own bytes):
 they take what calibration measured at world size 1.
 A rank's own line adds its compute and the collectives it joins; the slowest rank is the one
-whose compute is largest. CPU ranks that share cores (ranks x threads per host > cores) compute
-``ranks x threads / cores`` times slower. With the train pipeline, the input distribution of
+whose compute is largest. CPU ranks that share cores compute slower and their collectives wait
+(see [Note: oversubscribed cores]). With the train pipeline, the input distribution of
 the next batch runs during this one: hidden entirely on GPUs, and on CPUs only as far as cores
 are left over for the backend's threads.
 
 Not modelled: the overlap of DDP's all-reduce with backward, stragglers and noise, the memory
 bandwidth other ranks of the host take from a rank's kernels, skewed ids (see
 [Note: calibrated kernel model]), compressed (qcomm) collectives.
+
+[Note: oversubscribed cores]
+A CPU host whose ranks x threads exceed its cores (4 ranks of 1 thread on 2 cores) runs them
+time-shared: ``s = ranks x threads / cores`` ranks take turns on each core. The profile records
+the cores and threads per rank it was calibrated with, and the model charges two things for it:
+
+1. compute runs in sequence: every rank's kernels, dense layers, optimizer step and step
+   overhead take ``s`` times what calibration measured for one rank alone;
+2. every collective of the step waits for scheduling: its ranks are not all running when it
+   starts (the others are still computing, or another rank holds their core), so a message
+   waits until its receiver gets a core: ``switch_wait_ms x (s - 1)`` per collective call,
+   the profile's ``switch_wait_ms`` measured by calibration when it spawns more ranks than
+   cores (a loop of compute bursts and small collectives, minus the bursts and the
+   collectives timed apart; see ``shardkit.bench._calibrate``).
+
+The collectives' own bytes and latencies are the calibrated fits at that world size, which
+calibration measured with the same ranks sharing the same cores (a size it did not measure
+extrapolates from the nearest, as on any host). ``s`` is 1 on GPUs and where every rank has
+cores of its own, so nothing here changes their predictions; the simulation gives every rank
+cores of its own (see [Note: simulated scaling]).
 """
 
 from __future__ import annotations
@@ -125,7 +145,8 @@ class RankStep:
 class StepPrediction:
     """A plan's predicted step: per rank, and for the job (``step_ms``: the plain loop;
     ``pipelined_ms``: with the train pipeline). ``phases`` are the job's components (each the
-    slowest rank's), which add up to ``step_ms``."""
+    slowest rank's), which add up to ``step_ms``. ``shared_cores``: how the host's ranks
+    share its cores, when they do (see [Note: oversubscribed cores]), else empty."""
 
     ranks: tuple[RankStep, ...]
     phases: tuple[tuple[str, float], ...]
@@ -133,6 +154,7 @@ class StepPrediction:
     pipelined_ms: float
     batch_size: int
     profile: str
+    shared_cores: str = ""
 
     @property
     def world_size(self) -> int:
@@ -159,6 +181,8 @@ class StepPrediction:
         )
         if self.pipelined_ms < self.step_ms:
             line += f"; with the train pipeline {self.pipelined_ms:.4g} ms"
+        if self.shared_cores:
+            line += f"; {self.shared_cores}"
         return f"{line} [profile: {self.profile}]"
 
 
@@ -229,7 +253,8 @@ def predict_step(
     profile = topology.profile
     assert profile is not None, "predict_step needs Topology(profile=...)"
     world, local = topology.world_size, topology.intra_group_size
-    slow = profile.compute_slowdown(local)
+    slow = profile.oversubscription(local)
+    wait = profile.collective_wait_ms(local)  # per call: [Note: oversubscribed cores]
     sums = _Sums(world)
     for item in placed:
         if item.sharding_type == ShardingType.DATA_PARALLEL:
@@ -245,21 +270,25 @@ def predict_step(
     fwd = _kernels(sums, profile, forward=True) * slow
     bwd = _kernels(sums, profile, forward=False) * slow
     bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
-    in_dist = 0.0
+    in_dist, in_calls = 0.0, 0
     if any(p.sharding_type != ShardingType.DATA_PARALLEL for p in placed):
         exchange = max(sums.in_send, float(sums.in_recv.max()))
         header = 8 * 8 * world  # a few int64 per destination: latency, mostly
-        in_dist = coll("all_to_all", header) + coll("all_to_all", exchange)
-        if any(p.table.is_weighted for p in placed):
+        in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
+        in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
+        if in_calls == 3:
             in_dist += coll("all_to_all", exchange / 2)
-    out_fwd, out_bwd = _output_dists(sums.classes, topology, coll)
+    out_fwd, out_bwd, out_calls = _output_dists(sums.classes, topology, coll)
+    out_fwd += wait * out_calls[0]
+    out_bwd += wait * out_calls[1]
     flops = 2.0 * dense_parameters if dense_flops_per_example is None else dense_flops_per_example
     dense = (
         3 * flops * batch_size / profile.matmul_flops
         + DENSE_UPDATE_BYTES_PER_PARAMETER * dense_parameters / profile.memory_bw
     ) * slow
     reduce_bytes = 4 * dense_parameters + sums.dense_dp_bytes
-    all_reduce = coll("all_reduce", reduce_bytes) if reduce_bytes > 0 else 0.0
+    all_reduce = coll("all_reduce", reduce_bytes) + wait if reduce_bytes > 0 else 0.0
+    collectives = in_calls + sum(out_calls) + (1 if reduce_bytes > 0 else 0)
     features = sum(len(p.table.inputs) for p in placed)
     bags = sum(f.num_poolings * f.batch_size for p in placed for f in p.table.inputs)
     values = sum(
@@ -290,6 +319,19 @@ def predict_step(
         pipelined_ms=step - min(in_dist, step - in_dist) * _overlap(profile, local),
         batch_size=batch_size,
         profile=profile.name,
+        shared_cores=_shared_cores(profile, local, wait, collectives),
+    )
+
+
+def _shared_cores(profile: MachineProfile, local: int, wait: float, collectives: int) -> str:
+    """The oversubscription assumption in words, or "" when each rank has cores of its own."""
+    share = profile.oversubscription(local)
+    if share <= 1.0:
+        return ""
+    return (
+        f"{local} ranks x {profile.threads_per_rank} thread(s) share {profile.cores} cores: "
+        f"compute x{share:.3g} (time-shared), each of the step's {collectives} collectives "
+        f"+{wait:.3g} ms waiting for its ranks to be scheduled [Note: oversubscribed cores]"
     )
 
 
@@ -381,26 +423,33 @@ def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarr
     return total
 
 
-def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float]:
-    """(forward, backward) ms of every output class's collectives, in the job."""
+def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float, tuple[int, int]]:
+    """(forward, backward) ms of every output class's collectives, in the job, and how many
+    collective calls each direction makes."""
     local, hosts = topology.intra_group_size, topology.num_hosts
     forward = backward = 0.0
+    calls = [0, 0]
     for (route, _), (send, recv) in sorted(classes.items()):
         if route == "placed":
             size = float(max(send.max(), recv.max()))
             forward += coll("all_to_all", size)
             backward += coll("all_to_all", size)
+            calls = [calls[0] + 1, calls[1] + 1]
         elif route == "summed":
             size = float(send.max())
             forward += coll("reduce_scatter", size)
             backward += coll("all_gather", size)
+            calls = [calls[0] + 1, calls[1] + 1]
         elif route == "host_summed":
             size = float(send.max())
             forward += coll("reduce_scatter", size, local, local)
             backward += coll("all_gather", size, local, local)
+            calls = [calls[0] + 1, calls[1] + 1]
             if hosts > 1:
                 forward += coll("all_to_all", size / local, hosts, 1)
                 backward += coll("all_to_all", size / local, hosts, 1)
+                calls = [calls[0] + 1, calls[1] + 1]
         else:  # FUSED data-parallel: one all-gather in backward
             backward += coll("all_gather", float(send.max()))
-    return forward, backward
+            calls[1] += 1
+    return forward, backward, (calls[0], calls[1])

@@ -204,6 +204,11 @@ class MachineProfile:
             dense layers (the modules' Python, KJT handling, autograd, the pooled rows'
             copies): ms per step, per feature, per bag and per bag x column of one rank's
             batch.
+        switch_wait_ms: what one collective of a step waits, per extra rank sharing a core,
+            when the host's ranks x threads exceed its cores: its ranks do not all run at once,
+            so a message waits until its receiver is scheduled (see
+            [Note: oversubscribed cores]). Calibration measures it when it runs more ranks
+            than cores; 0 where it was not measured.
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -224,6 +229,7 @@ class MachineProfile:
     kernels: tuple[KernelFit, ...]
     links: tuple[LinkFit, ...]
     step_overhead: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    switch_wait_ms: float = 0.0
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -239,6 +245,11 @@ class MachineProfile:
                 f"per bag, per bag x column), got {self.step_overhead}"
             )
         object.__setattr__(self, "step_overhead", overhead)
+        if not (math.isfinite(self.switch_wait_ms) and self.switch_wait_ms >= 0):
+            raise ValueError(
+                "MachineProfile.switch_wait_ms must be a finite number >= 0 (ms a collective "
+                f"waits per extra rank sharing a core), got {self.switch_wait_ms}"
+            )
         if self.compute_device not in ("cpu", "cuda"):
             raise ValueError(f"compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}")
         for name in ("memory_bw", "matmul_flops"):
@@ -275,12 +286,18 @@ class MachineProfile:
         below = [name for name in known if _STATE_RANK.get(name, 1) <= rank]
         return by_name[(below or known)[-1]]
 
-    def compute_slowdown(self, ranks_per_host: int) -> float:
-        """How much slower compute runs when the host's ranks x threads exceed its cores (CPU);
-        1 on GPUs, where each rank has its own device."""
+    def oversubscription(self, ranks_per_host: int) -> float:
+        """How many ranks share each core: ``ranks x threads / cores`` when that exceeds 1 on a
+        CPU host, else 1 (GPUs: each rank has its own device). See
+        [Note: oversubscribed cores]."""
         if self.compute_device == "cuda":
             return 1.0
         return max(1.0, ranks_per_host * self.threads_per_rank / self.cores)
+
+    def collective_wait_ms(self, ranks_per_host: int) -> float:
+        """What each collective of a step waits for its ranks to be scheduled:
+        ``switch_wait_ms x (oversubscription - 1)``, 0 on cores that are not shared."""
+        return self.switch_wait_ms * (self.oversubscription(ranks_per_host) - 1.0)
 
     def link(self, kind: str, world_size: int, scope: str = "intra") -> LinkFit | None:
         """The fit measured for (kind, world size, scope), else the nearest world size's of that
@@ -305,6 +322,7 @@ class MachineProfile:
             "memory_bw": self.memory_bw,
             "matmul_flops": self.matmul_flops,
             "step_overhead": list(self.step_overhead),
+            "switch_wait_ms": self.switch_wait_ms,
             "kernels": [
                 {"optimizer": k.optimizer, "forward": list(k.forward), "backward": list(k.backward)}
                 for k in self.kernels
@@ -342,6 +360,7 @@ class MachineProfile:
                 memory_bw=float(data["memory_bw"]),
                 matmul_flops=float(data["matmul_flops"]),
                 step_overhead=_four(data.get("step_overhead", (0.0, 0.0, 0.0, 0.0))),
+                switch_wait_ms=float(data.get("switch_wait_ms", 0.0)),
                 kernels=tuple(
                     KernelFit(k["optimizer"], tuple(k["forward"]), tuple(k["backward"]))
                     for k in data["kernels"]

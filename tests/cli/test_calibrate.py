@@ -35,6 +35,24 @@ def test_fit_recovers_coefficients_and_keeps_them_nonnegative():
         fit_nonnegative(rows, [0.0] * len(rows))
 
 
+def test_switch_wait_is_the_wait_per_extra_rank_sharing_a_core():
+    from shardkit.bench._calibrate import fit_switch_wait
+
+    rows = [
+        {"world_size": 4, "ms": 3.0, "oversubscription": 2.0},  # 3 ms for 1 extra rank
+        {"world_size": 6, "ms": 8.0, "oversubscription": 3.0},  # 4 ms each for 2
+        {"world_size": 8, "ms": 30.0, "oversubscription": 4.0},  # 10 ms each for 3
+    ]
+    assert fit_switch_wait(rows) == pytest.approx(4.0)  # the median
+    assert fit_switch_wait([{"world_size": 2, "ms": 5.0, "oversubscription": 1.0}]) == 0.0
+    assert fit_switch_wait([]) == 0.0
+    from shardkit.bench import format_profile
+
+    said = "ranks beyond the 4 cores: each collective waits 2.00 ms per extra rank sharing a core"
+    assert said in format_profile(hand_profile(switch_wait_ms=2.0))
+    assert "beyond the" not in format_profile(hand_profile())  # not measured: nothing said
+
+
 def test_fit_leaves_out_a_point_another_process_slowed():
     rows = [[1.0, x] for x in range(1, 11)]
     times = [1.0 + 0.5 * x for x in range(1, 11)]

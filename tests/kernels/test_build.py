@@ -106,9 +106,12 @@ def test_the_grouped_update_loops_prefetch():
     loops = {}  # function name -> its disassembly
     for body in listing.split("\n\n"):
         name = re.match(r"[0-9a-f]+ <(.*)>:", body)
-        if name and "update_rows<" in name.group(1):
+        if name and re.search(r"update_rows(_lanes)?<", name.group(1)):
             loops[name.group(1)] = body
-    assert loops, "no update_rows function in the library: was it renamed? update this test"
+    for kind in ("update_rows<", "update_rows_lanes<"):  # blocks of rows; rows in registers
+        assert any(kind in name for name in loops), (
+            f"no {kind[:-1]} function in the library: was it renamed? update this test"
+        )
     without = sorted(name for name, body in loops.items() if "prefetch" not in body)
     assert not without, (
         f"{len(without)} of {len(loops)} update loops have no prefetch: {without[:3]}"

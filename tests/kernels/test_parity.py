@@ -186,6 +186,22 @@ def test_row_lengths_compiled_in_match_eager(one_thread, monkeypatch, kind, dim)
     _train_both(kind, torch.float32, batch_size=5, weighted=True, mean=False, id_dtype=torch.int64)
 
 
+@pytest.mark.parametrize("dim", [16, 64])
+@pytest.mark.parametrize("kind", OPTIMIZERS, ids=lambda k: "dense" if k is None else k.value)
+def test_rows_in_registers_unweighted_with_weight_decay_match_eager(
+    one_thread, monkeypatch, kind, dim
+):
+    """fp32 rows at a dim compiled in sum a row's gradient in registers and apply the rule from
+    there ([Note: a row's gradient in registers] in csrc/backward.cpp): the test above runs that
+    loop with per-sample weights, this one without them (its other instance) and with weight
+    decay (which also keeps one-thread SGD on the grouped path)."""
+    monkeypatch.setattr(f"{__name__}.DIM", dim)
+    _train_both(
+        kind, torch.float32, batch_size=5, weighted=False, mean=False, id_dtype=torch.int64,
+        weight_decay=0.0 if kind is None else 0.1,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", COMPILED_RULES, ids=lambda k: k.value)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

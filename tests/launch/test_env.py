@@ -98,6 +98,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # ~20 s; one node in the default run: test_torchrun_one_node
 def test_torchrun_two_nodes(tmp_path):
     """Two torchrun agents on this machine stand for two hosts with 2 ranks each."""
     script = tmp_path / "job.py"

@@ -116,7 +116,11 @@ def _raw_sleeper(rank: int, world_size: int, async_op: bool):
         work.wait()
 
 
-@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+@pytest.mark.parametrize(
+    "async_op",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # each waits out a timeout: one by default
+    ids=["blocking", "async"],
+)
 def test_raw_torch_distributed_calls_are_recorded_too(async_op):
     start = time.monotonic()
     with pytest.raises(RankFailedError) as info:
@@ -167,6 +171,7 @@ def test_a_warning_names_the_late_rank_before_the_timeout():
     ), warnings[0]
 
 
+@pytest.mark.slow  # waits out a timeout to show an absence; the watchdog's presence is tested by default
 def test_without_the_watchdog_nothing_is_recorded():
     with pytest.raises(RankFailedError, match=r"another rank did not call all_reduce") as info:
         spawn(_sleeps_before_a_collective, world_size=2, timeout=FAST, watchdog=None)

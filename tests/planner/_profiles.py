@@ -8,7 +8,9 @@ from shardkit.planner import COLLECTIVE_KINDS, KernelFit, LinkFit, MachineProfil
 LAT, BW = 0.5, 1e6  # every collective at 2 ranks: 0.5 ms + bytes / 1e6 bytes/ms
 
 
-def profile(*, latency: float = LAT, bandwidth: float = BW, cores: int = 4) -> MachineProfile:
+def profile(
+    *, latency: float = LAT, bandwidth: float = BW, cores: int = 4, switch_wait_ms: float = 0.0
+) -> MachineProfile:
     return MachineProfile(
         identity=(("cpu_model", "hand-written"), ("torch", "x")),
         compute_device="cpu",
@@ -22,4 +24,5 @@ def profile(*, latency: float = LAT, bandwidth: float = BW, cores: int = 4) -> M
         kernels=(KernelFit("exact_sgd", (0.1, 0, 1e-6, 0, 0, 0), (0.2, 1e-5, 0, 0, 0, 0)),),
         links=tuple(LinkFit(kind, 2, latency, bandwidth) for kind in COLLECTIVE_KINDS),
         step_overhead=(1.0, 0.0, 0.0, 0.0),
+        switch_wait_ms=switch_wait_ms,
     )

@@ -104,12 +104,54 @@ def test_row_wise_step_by_hand():
     assert [r.embedding for r in p.ranks] == pytest.approx([forward + backward] * 2)
 
 
-def test_ranks_beyond_the_cores_compute_slower():
-    one_core = predicted(_module_plan(table_wise(rank=0)), prof=profile(cores=1))
-    enough = predicted(_module_plan(table_wise(rank=0)))
+def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
+    # 2 ranks of 1 thread on 1 core: compute time-shared (x2), and each collective waits
+    # switch_wait_ms x (2 - 1) = 3 ms for its ranks to be scheduled
+    # (see [Note: oversubscribed cores])
+    one_core = predicted(_module_plan(table_wise(rank=0)), prof=profile(cores=1, switch_wait_ms=3))
+    enough = predicted(_module_plan(table_wise(rank=0)), prof=profile(switch_wait_ms=3))
+    shared, own = dict(one_core.phases), dict(enough.phases)
     for name in ("embedding", "dense", "overhead"):
-        assert dict(one_core.phases)[name] == pytest.approx(2 * dict(enough.phases)[name])
-    assert dict(one_core.phases)["input_dist"] == dict(enough.phases)["input_dist"]
+        assert shared[name] == pytest.approx(2 * own[name])
+    # the ids' header and ids; the pooled rows there and back; the dense all-reduce
+    assert shared["input_dist"] == pytest.approx(own["input_dist"] + 2 * 3.0)
+    assert shared["output_dist"] == pytest.approx(own["output_dist"] + 2 * 3.0)
+    assert shared["dense_all_reduce"] == pytest.approx(own["dense_all_reduce"] + 3.0)
+    assert one_core.step_ms == pytest.approx(sum(shared.values()))
+    assert "2 ranks x 1 thread(s) share 1 cores: compute x2 (time-shared), each of the " \
+        "step's 5 collectives +3 ms" in one_core.summary()  # fmt: skip
+    # cores enough: the wait is never charged, and nothing is said
+    assert own == pytest.approx(dict(predicted(_module_plan(table_wise(rank=0))).phases))
+    assert "share" not in enough.summary() and enough.shared_cores == ""
+    # 4 ranks on 1 core: 3 ranks wait ahead of each; row-wise: one collective each way
+    prof = profile(cores=1, switch_wait_ms=3)
+    assert prof.oversubscription(4) == 4 and prof.collective_wait_ms(4) == pytest.approx(9.0)
+    four = predicted(_module_plan(row_wise(), world=4), world=4, prof=prof)
+    alone = predicted(_module_plan(row_wise(), world=4), world=4, prof=profile(cores=4))
+    gained = {k: dict(four.phases)[k] - dict(alone.phases)[k] for k in dict(four.phases)}
+    assert gained["output_dist"] == pytest.approx(2 * 9.0)
+    assert gained["dense_all_reduce"] == pytest.approx(9.0)
+    assert gained["embedding"] == pytest.approx(3 * dict(alone.phases)["embedding"])
+    # GPUs never share: each rank has its own device
+    assert replace(prof, compute_device="cuda").collective_wait_ms(4) == 0.0
+
+
+def test_fused_replicas_wait_for_their_all_gather_alone():
+    from shardkit.sharding import data_parallel
+
+    plan = _module_plan(data_parallel(compute_kernel="fused"))
+    shared = dict(predicted(plan, prof=profile(cores=1, switch_wait_ms=3)).phases)
+    own = dict(predicted(plan, prof=profile(cores=2, switch_wait_ms=3)).phases)
+    assert shared["input_dist"] == own["input_dist"] == 0.0  # replicas need no ids' exchange
+    assert shared["output_dist"] == pytest.approx(own["output_dist"] + 3.0)  # backward gather
+
+
+def test_the_simulated_cluster_gives_each_rank_its_cores():
+    from shardkit.planner import ClusterShape
+
+    cluster = ClusterShape(ranks_per_host=8, inter_host_bw=1e6, inter_host_latency_ms=0.01)
+    prof = cluster.apply(profile(cores=2, switch_wait_ms=3))
+    assert prof.oversubscription(8) == 1 and prof.collective_wait_ms(8) == 0.0
 
 
 def test_one_rank_has_no_collectives():
@@ -158,11 +200,16 @@ def test_unique_rows_and_cache_misses():
 
 
 def test_profile_round_trip(tmp_path):
-    prof = replace(profile(), points={"kernel:exact_sgd": [{"ids": 1, "forward_ms": 0.5}]})
+    prof = replace(
+        profile(switch_wait_ms=1.5), points={"kernel:exact_sgd": [{"ids": 1, "forward_ms": 0.5}]}
+    )
     path = tmp_path / "p.json"
     prof.save(path)
     loaded = load_profile(path)
-    assert loaded == prof and loaded.points == prof.points
+    assert loaded == prof and loaded.points == prof.points and loaded.switch_wait_ms == 1.5
+    older = {k: v for k, v in prof.to_dict().items() if k != "switch_wait_ms"}
+    path.write_text(json.dumps(older))  # a profile from before the wait was measured
+    assert load_profile(path).switch_wait_ms == 0.0
     assert loaded.name == "hand-written"
     assert Topology.from_profile(loaded, world_size=2) == Topology.from_profile(prof, world_size=2)
 
@@ -188,6 +235,8 @@ def test_profile_errors(tmp_path):
         LinkFit("all_reduce", 2, 0.1, 0.0)
     with pytest.raises(ValueError, match="step_overhead must be 4 numbers >= 0"):
         replace(profile(), step_overhead=(1.0, -1.0, 0.0, 0.0))
+    with pytest.raises(ValueError, match="switch_wait_ms must be a finite number >= 0"):
+        replace(profile(), switch_wait_ms=-1.0)
     with pytest.raises(TypeError, match="profile must be a MachineProfile"):
         Topology(world_size=2, compute_device="cpu", profile={"memory_bw": 1})
 

@@ -73,6 +73,19 @@ __all__ = ["DEFAULT_FUSED", "DistributedInput", "ShardedCollection", "ShardedTab
 
 logger = logging.getLogger(__name__)
 
+_OUTSIDE_GRAPH: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _outside_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(fn)``, made at the first traced call rather than as a decorator:
+    the decorator imports ``torch._dynamo`` and with it ``torch.distributed.fsdp`` and sympy,
+    which made ``import shardkit`` take 1.7 s beyond torch's own import instead of 0.3 s (a
+    loaded 2-core Zen 3) in every process, compiled or not; a traced call has dynamo loaded."""
+    eager = _OUTSIDE_GRAPH.get(fn)
+    if eager is None:
+        eager = _OUTSIDE_GRAPH[fn] = torch.compiler.disable(fn)
+    return eager
+
 
 # False while a `DMPCollection` builds its groups' collections: its DENSE data-parallel tables are
 # replicas over every rank (DDP on the global group, TorchRec's 2-D semantics), which the
@@ -359,10 +372,10 @@ class ShardedCollection(nn.Module):
         that uses the input dist it started ahead (see [Note: pipelined forward] in
         `sharding._pipeline._prefetches`)."""
         if torch.compiler.is_compiling():  # see [Note: sharded collections under torch.compile]
-            return self._forward_outside_graph(features, traced=True)
+            run_eagerly = _outside_graph(type(self)._forward_outside_graph)
+            return run_eagerly(self, features, traced=True)
         return self._forward(features)
 
-    @torch.compiler.disable
     def _forward_outside_graph(self, features: KeyedJaggedTensor, *, traced: bool) -> Any:
         if traced and not getattr(self, "_said_graph_break", False):
             self._said_graph_break = True
