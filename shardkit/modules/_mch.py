@@ -246,6 +246,7 @@ class MCHManagedCollisionModule(ManagedCollisionModule):
         _check_rows(self._slots, self._name)
         self._slots.sort_buckets()
         _check_pinned(self._slots, self._name)
+        _check_id_buckets(self._slots, self._name)
         self._current_iter = -1
         self.reset_inference_mode()
 
@@ -342,6 +343,31 @@ def _check_rows(slots: Slots, name: str | None) -> None:
             f"managed-collision state of table {name!r} is damaged: _mch_remapped_ids_mapping "
             f"must give each slot a distinct row of its own bucket in [{start}, {end}); load a "
             "state_dict saved by a module with the same zch_size and buckets"
+        )
+
+
+def _check_id_buckets(slots: Slots, name: str | None) -> None:
+    """Each saved id sits in the slots of its own bucket under `bucket_of`'s rule. A state
+    saved with several buckets by shardkit before the block bucketization (a hash of the id
+    chose its bucket) breaks it, and would remap ids silently wrong: refused."""
+    held = slots.raw_ids != SENTINEL
+    if slots.num_buckets == 1 or not bool(held.any()):
+        return
+    ids = slots.raw_ids[held]
+    expected = bucket_of(ids, slots.num_buckets, slots.input_size)
+    found = slots.slot_bucket[held] + slots.first_bucket
+    wrong = (expected != found).nonzero()
+    if wrong.numel():
+        at = int(wrong[0])
+        raise ValueError(
+            f"managed-collision state of table {name!r}: raw id {int(ids[at])} is saved in "
+            f"bucket {int(found[at])} of {slots.num_buckets}, but belongs to bucket "
+            f"{int(expected[at])} (TorchRec's block bucketization: ids in blocks of "
+            f"ceil(input_hash_size / buckets) = {-(-slots.input_size // slots.num_buckets)}); "
+            "the state was saved with another bucket rule (shardkit before the block "
+            "bucketization hashed ids to buckets) or another input_hash_size; load it with the "
+            "shardkit and input_hash_size that saved it, or start the remapper afresh (load the "
+            "checkpoint without its _mch_* buffers)"
         )
 
 

@@ -108,10 +108,10 @@ class KeyedOptimizer(torch.optim.Optimizer):
                     f"{type(self).__name__}.load_state_dict: no saved state for {key!r}"
                 )
             live = self.state[param]
-            if "step" in live and "step" not in saved[key]:
-                # a fused table's dict from TorchRec (or shardkit before step counts were
-                # state): the live count stays (`FusedOptimizer.load_state_dict` does the same)
-                live = {k: v for k, v in live.items() if k != "step"}
+            # a fused table's dict from TorchRec (or shardkit before step counts were state)
+            # has no step count ("step", or "<table>.step" in TorchRec's layout): the live
+            # count stays (`FusedOptimizer.load_state_dict` does the same)
+            live = {k: v for k, v in live.items() if not _is_step(k) or k in saved[key]}
             if len(live) != len(saved[key]):
                 raise ValueError(
                     f"{type(self).__name__}.load_state_dict: {key!r} has state "
@@ -209,14 +209,45 @@ def _is_sharded_tensor(value: Any) -> bool:
     return module is not None and isinstance(value, module.ShardedTensor)
 
 
+def _is_step(key: str) -> bool:
+    return key == "step" or key.endswith(".step")
+
+
 def _copy_shards(live: Any, saved: Any, path: list[Any]) -> None:
+    """Copy into each local shard of ``live``: the saved ShardedTensor's local shard at the
+    same offsets (what a load through torch.distributed.checkpoint into this optimizer's own
+    ``state_dict()`` gives), or its block of a whole tensor of the same global shape."""
+    where = ".".join(map(str, path))
+    if isinstance(saved, torch.Tensor) and not _is_sharded_tensor(saved):
+        if tuple(saved.shape) != tuple(live.size()):
+            raise ValueError(
+                f"{where}: the saved tensor has shape {tuple(saved.shape)}, this rank's state "
+                f"is a ShardedTensor of shape {tuple(live.size())}; load a state of this "
+                "table's shape (a column-split row-wise state has one accumulator per column "
+                "block: rows x blocks)"
+            )
+        for shard in live.local_shards():
+            block = saved
+            for dim, (start, size) in enumerate(
+                zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes)
+            ):
+                block = block.narrow(dim, start, size)
+            shard.tensor.detach().copy_(block)
+        return
     if not _is_sharded_tensor(saved):
-        raise ValueError(f"{'.'.join(map(str, path))}: a ShardedTensor, saved as {type(saved)}")
-    mine, theirs = live.local_shards(), saved.local_shards()
-    if len(mine) != len(theirs):
-        raise ValueError(
-            f"{'.'.join(map(str, path))}: {len(mine)} local shard(s), the saved state has "
-            f"{len(theirs)}"
-        )
-    for shard, new in zip(mine, theirs):
-        shard.tensor.detach().copy_(new.tensor)
+        raise ValueError(f"{where}: a ShardedTensor, saved as {type(saved).__name__}")
+    theirs = {_shard_place(s): s.tensor for s in saved.local_shards()}
+    for shard in live.local_shards():
+        place = _shard_place(shard)
+        if place not in theirs:
+            raise ValueError(
+                f"{where}: the saved ShardedTensor has no local shard at offsets {place[0]} "
+                f"with sizes {place[1]} (it has {sorted(theirs)}), this rank's shard: it was "
+                "sharded by another plan; load the checkpoint with torch.distributed.checkpoint "
+                "into this optimizer's state_dict(), which reshards, and pass that"
+            )
+        shard.tensor.detach().copy_(theirs[place])
+
+
+def _shard_place(shard: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(shard.metadata.shard_offsets), tuple(shard.metadata.shard_sizes)

@@ -188,15 +188,10 @@ class DMPCollection(DistributedModelParallel):
         params = [p for n, p in self.module.named_parameters() if n in names]
         tensors = [p.data for p in params]
         if include_optimizer_state:
-            state = self.fused_optimizer.state
-            for param in params:
-                for value in state.get(param, {}).values():
-                    if (
-                        isinstance(value, torch.Tensor)
-                        and value.is_floating_point()
-                        and value.dim()
-                    ):
-                        tensors.append(value)
+            for path in self._sharded_paths:
+                optimizer = getattr(self.module.get_submodule(path), "fused_optimizer", None)
+                if optimizer is not None:
+                    tensors.extend(optimizer.local_state_tensors())
         return tensors
 
 

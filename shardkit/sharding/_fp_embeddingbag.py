@@ -23,8 +23,8 @@ from shardkit.modules.fp_embedding_modules import (
     FeatureProcessedEmbeddingBagCollection,
     apply_feature_processors_to_kjt,
 )
-from shardkit.optim import FusedOptimizer
 from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._fused_optimizer import ShardedFusedOptimizer
 from shardkit.sharding._dist._input import InputError
 from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sparse import KeyedJaggedTensor, KeyedTensor
@@ -62,7 +62,7 @@ class ShardedFeatureProcessedEmbeddingBagCollection(nn.Module):
         )
 
     @property
-    def fused_optimizer(self) -> FusedOptimizer | None:
+    def fused_optimizer(self) -> ShardedFusedOptimizer | None:
         return self._embedding_bag_collection.fused_optimizer
 
     def is_weighted(self) -> bool:

@@ -22,10 +22,10 @@ from shardkit.modules.mc_embedding_modules import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
 )
-from shardkit.optim import FusedOptimizer
 from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._collection._embedding import ShardedEmbeddingCollection
 from shardkit.sharding._collection._embeddingbag import ShardedEmbeddingBagCollection
+from shardkit.sharding._collection._fused_optimizer import ShardedFusedOptimizer
 from shardkit.sharding._collection._state import reset_rows
 from shardkit.sharding._embedding_module import ShardedEmbeddingModule
 from shardkit.sharding._embedding_sharders import _CollectionSharder
@@ -72,7 +72,7 @@ class _ShardedMc(nn.Module):
         self._configs = {c.name: c for c in mcc.embedding_configs()}
 
     @property
-    def fused_optimizer(self) -> FusedOptimizer | None:
+    def fused_optimizer(self) -> ShardedFusedOptimizer | None:
         return self._embedding_module.fused_optimizer
 
     def forward(self, features: KeyedJaggedTensor) -> tuple[Any, KeyedJaggedTensor | None]:

@@ -15,11 +15,11 @@ from shardkit.checkpoint import CheckpointError
 from shardkit.distributed import DistributedModelParallel
 from shardkit.modules import EmbeddingBagConfig
 from shardkit.optim import EmbOptimType
-from shardkit.sharding import EmbeddingBagCollectionSharder
+from shardkit.sharding import EmbeddingBagCollectionSharder, fused_state
 from shardkit.types import ShardingPlan
 from tests.devices import ALL, DEVICE_TIER
 from tests.fake_gpu import to_cpu
-from tests.sharding.common import configs, global_batch, local_part, make_plan
+from tests.sharding.common import configs, global_batch, local_fused_state, local_part, make_plan
 
 FUSED = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
 ADAM = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.1}
@@ -69,11 +69,18 @@ def _live(dmp, dense) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
                 block = value.reshape(1, 1) if value.dim() == 0 else value
                 out.setdefault(f"{name}.dense.{key}", []).append((0, 0, block.cpu().clone()))
             continue
+        entry = fused.get(f"embedding_bags.{name}.weight")
+        states = iter(local_fused_state(entry, table) if entry is not None else [])
         for k, slice_ in enumerate(table.shard_slices):
             out.setdefault(f"{name}.weight", []).append(
                 (slice_.row_start, slice_.col_start, table.shards[k].detach().cpu().clone())
             )
-            for key, value in fused[f"embedding_bags.{name}.shards.{k}"].items():
+            if entry is None or not (slice_.rows and slice_.cols):
+                continue
+            shard_state = next(states)
+            if f"{name}.step" not in shard_state:  # TorchRec's layout of a step-free rule
+                shard_state[f"{name}.step"] = fused_state(ebc)[f"{name}.step"]
+            for key, value in shard_state.items():
                 state = key.removeprefix(f"{name}.")
                 if value.dim() == 0:  # the step counter
                     block, col = value.reshape(1, 1), 0

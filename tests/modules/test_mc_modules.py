@@ -226,6 +226,23 @@ def test_loading_a_state_of_other_buckets_or_a_damaged_one_is_refused():
         _module(zch=12, buckets=2).load_state_dict(moved)
 
 
+def test_a_state_saved_with_hash_buckets_is_refused():
+    """Before the block bucketization (f70f7b2) a hash of the id chose its bucket; such a state
+    of several buckets holds ids in the slots of buckets the block rule does not give them,
+    and would remap them silently wrong: refused, naming the id and both buckets."""
+    saved = _state(_module(zch=12, buckets=2))
+    _module(zch=12, buckets=2).load_state_dict(saved)  # today's state loads
+    ids = saved["_mch_sorted_raw_ids"].clone()
+    ids[0] = SPACE - 1  # the block rule's bucket 1, in bucket 0's first slot
+    with pytest.raises(
+        ValueError,
+        match=rf"raw id {SPACE - 1} is saved in bucket 0 of 2, but belongs to bucket 1 "
+        r"\(TorchRec's block bucketization: ids in blocks of ceil\(input_hash_size / buckets\) "
+        rf"= {-(-SPACE // 2)}\); .* or start the remapper afresh",
+    ):
+        _module(zch=12, buckets=2).load_state_dict(dict(saved, _mch_sorted_raw_ids=ids))
+
+
 def test_state_dict_has_torchrec_names():
     keys = list(_module(kind="dlfu").state_dict())
     assert keys == [

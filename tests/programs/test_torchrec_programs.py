@@ -109,13 +109,6 @@ def test_dcp_model_state_resharded_on_load(tmp_path):
     assert_figures_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dmp.fused_optimizer.state_dict() is keyed by shard with this rank's plain tensors "
-    "('ebc.embedding_bags.t0.shards.0': {'momentum1', 'step'}); TorchRec's by parameter with "
-    "global ShardedTensors ('ebc.embedding_bags.t0.weight': {'t0.momentum1'}), which DCP "
-    "reshards: shardkit's fails the load into another plan with a size mismatch (issue 27)",
-)
 def test_dcp_model_and_fused_optimizer_state_resharded_on_load(tmp_path):
     ours, theirs = _both("dcp_reshard.py", tmp_path)
     assert theirs["resumed_losses"] == theirs["continued_losses"]  # model and optimizer exact

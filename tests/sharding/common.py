@@ -3,7 +3,10 @@ plans by name, and a small DLRM with its batches."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shardkit import (
     EmbeddingBagCollection,
@@ -163,8 +166,9 @@ def dlrm_batch(step: int, size: int):
 def table_pairs(sharded, reference, prefix: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """``(what, this rank's value, the unsharded module's value)``, on the CPU, for
     every table on this rank:
-    each shard's weights and fused optimizer state (step counter included) against the same
-    block of the reference's, each data-parallel replica against the whole table.
+    each shard's weights and fused optimizer state (the step counter where the rule reads it)
+    against the same block of the reference's, each data-parallel replica against the whole
+    table.
 
     ``prefix`` is the collections' table attribute: ``embedding_bags`` or ``embeddings``.
     """
@@ -176,19 +180,53 @@ def table_pairs(sharded, reference, prefix: str) -> list[tuple[str, torch.Tensor
         if not hasattr(table, "shard_slices"):
             pairs.append((f"replica of {name}", table.weight.detach().cpu(), full.clone()))
             continue
-        for k, (shard, param) in enumerate(zip(table.shard_slices, table.shards)):
+        entry = state.get(f"{prefix}.{name}.weight")
+        states = iter(local_fused_state(entry, table) if entry is not None else [])
+        for shard, param in zip(table.shard_slices, table.shards):
             rows = slice(shard.row_start, shard.row_start + shard.rows)
             cols = slice(shard.col_start, shard.col_start + shard.cols)
             where = f"{name} rows {rows.start}:{rows.stop} cols {cols.start}:{cols.stop}"
             pairs.append((where, param.detach().cpu(), full[rows, cols].clone()))
-            expected = ref_state[f"{prefix}.{name}.weight"]
-            mine = state[f"{prefix}.{name}.shards.{k}"]
+            expected = torchrec_named(ref_state[f"{prefix}.{name}.weight"], name)
+            if not (shard.rows and shard.cols):
+                continue
+            mine = next(states)
+            if f"{name}.step" not in mine:  # a rule that does not read it: TorchRec's layout
+                expected.pop(f"{name}.step")
             assert sorted(mine) == sorted(expected), (where, sorted(mine), sorted(expected))
             for key, value in expected.items():
                 block = value if value.dim() == 0 else value[rows]
                 block = block[:, cols] if value.dim() == 2 else block
                 pairs.append((f"{where}: {key}", mine[key].cpu(), block.clone()))
     return pairs
+
+
+def torchrec_named(entry: dict[str, torch.Tensor], table: str) -> dict[str, torch.Tensor]:
+    """An unsharded collection's fused state of ``table`` (shardkit's buffer names, in the
+    rule's order) under the names of TorchRec's layout that a sharded collection's fused
+    optimizer uses: the first buffer ``momentum1``, the second ``exp_avg_sq``."""
+    names = iter(("momentum1", "exp_avg_sq"))
+    return {
+        key if key == f"{table}.step" else f"{table}.{next(names)}": value
+        for key, value in entry.items()
+    }
+
+
+def local_fused_state(entry: dict[str, Any], table) -> list[dict[str, torch.Tensor]]:
+    """A sharded table's fused state (TorchRec's layout: ShardedTensors, the step counter a
+    plain tensor) as one ``{key: block}`` per shard of ``table.shard_slices`` (this rank's,
+    in order)."""
+    shards = [s for s in table.shard_slices if s.rows and s.cols]
+    out: list[dict[str, torch.Tensor]] = [{} for _ in shards]
+    for key, value in entry.items():
+        if isinstance(value, ShardedTensor):
+            blocks = [piece.tensor for piece in value.local_shards()]
+            assert len(blocks) == len(shards), (key, len(blocks), len(shards))
+        else:
+            blocks = [value] * len(shards)
+        for block, part in zip(blocks, out):
+            part[key] = block
+    return out
 
 
 def assert_pairs_close(results, *, atol: float) -> None:

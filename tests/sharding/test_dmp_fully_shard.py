@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
 from shardkit import EmbeddingBagCollection, checkpoint
@@ -64,6 +65,9 @@ def _dense(named) -> dict[str, torch.nn.Parameter]:
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value, a ShardedTensor's local shards (flattened, in order)."""
+    if isinstance(tensor, ShardedTensor):
+        return torch.cat([s.tensor.detach().flatten() for s in tensor.local_shards()])
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
 
 

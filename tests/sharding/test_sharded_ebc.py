@@ -25,6 +25,7 @@ from tests.sharding.common import (
     assert_pairs_close,
     configs,
     global_batch,
+    local_fused_state,
     local_part,
     make_plan,
     table_pairs,
@@ -181,7 +182,13 @@ def _cw_rowwise(rank: int, world_size: int):
             weight.grad = None
     shard = sharded.embedding_bags["t0"]
     (lo, hi) = blocks[rank]
-    state = sharded.fused_optimizer.state_dict()["state"]["embedding_bags.t0.shards.0"]
+    accumulators = sharded.fused_optimizer.state_dict()["state"]["embedding_bags.t0.weight"]
+    # TorchRec's layout: one block of rows per column shard, [rows * shards], in column order
+    momentum = accumulators["t0.momentum1"]
+    rows = weight.shape[0]
+    assert list(momentum.size()) == [rows * len(blocks)]
+    assert [s.metadata.shard_offsets for s in momentum.local_shards()] == [[rank * rows]]
+    state = local_fused_state(accumulators, shard)[0]
     return [
         ("t0 columns", shard.shards[0].detach().clone(), weight.detach()[:, lo:hi].clone()),
         ("t0 accumulator", state["t0.momentum1"].clone(), acc[rank].clone()),

@@ -36,12 +36,12 @@ from shardkit.modules import (
 from shardkit.sharding._collection._build import (
     DEFAULT_FUSED,
     check_row_norm_rules,
-    fused_optimizer,
     local_replica,
     mark_column_split_dense,
     shard_initialiser,
     table_keys,
 )
+from shardkit.sharding._collection._fused_optimizer import ShardedFusedOptimizer
 from shardkit.sharding._collection._grad import scale_grad
 from shardkit.sharding._collection._replicas import ReplicaGroup, ReplicaTable, build_replica_groups
 from shardkit.sharding._collection._shard_groups import (
@@ -182,10 +182,8 @@ class ShardedCollection(nn.Module):
         self._local = self._build_local(module, tables)
         self._register_tables()
         mark_column_split_dense(self, self._configs, keys, shards_of=self.table_shards)
-        self.fused_optimizer = fused_optimizer(
-            self._shard_groups, self._replica_groups, shard_key=self._shard_key,
-            tables_attr=self._TABLES,
-        )  # fmt: skip
+        fused = ShardedFusedOptimizer(self)
+        self.fused_optimizer: ShardedFusedOptimizer | None = fused if fused.params else None
         self._register_state_dict_hook(state_dict_hook)
         self._register_load_state_dict_pre_hook(self._load_state_dict_pre_hook)
         if self._ACCEPTS_VARIABLE_BATCH and self._local_or_replicated():
@@ -304,13 +302,6 @@ class ShardedCollection(nn.Module):
             else:
                 slices, params = shards.get(config.name, ([], []))
                 self.tables[config.name] = ShardedTable(slices, params)
-
-    def _shard_key(self, shard: ShardSlice) -> str:
-        """The shard's Parameter key: ``<tables>.<table>.shards.<k>``."""
-        table = self.tables[shard.table]
-        assert isinstance(table, ShardedTable)
-        index = table.shard_slices.index(shard)
-        return f"{self._TABLES}.{shard.table}.shards.{index}"
 
     # -- state dict: see [Note: sharded state dicts] --------------------------------------
 

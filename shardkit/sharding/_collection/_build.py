@@ -1,6 +1,6 @@
 """How a sharded collection builds its parts from the unsharded module: each table's kernel
-key, the initial values of its shards, the replica of its data-parallel DENSE tables and the
-fused optimizer over its FUSED shards and replicas.
+key, the initial values of its shards and the replica of its data-parallel DENSE tables (the
+fused optimizer over its FUSED shards and replicas: `_fused_optimizer`).
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardkit.modules import BaseEmbeddingConfig, data_type_to_dtype, fused_tables
-from shardkit.optim import EmbOptimType, FusedOptimizer, FusedOptimizerConfig, fused_config_of
-from shardkit.sharding._collection._replicas import ReplicaGroup
-from shardkit.sharding._collection._shard_groups import ShardGroup
+from shardkit.modules import BaseEmbeddingConfig, data_type_to_dtype
+from shardkit.optim import EmbOptimType, FusedOptimizerConfig, fused_config_of
 from shardkit.sharding._layout import ShardSlice
 from shardkit.types import EmbeddingComputeKernel, ParameterSharding
 
 __all__ = [
     "DEFAULT_FUSED",
     "check_row_norm_rules",
-    "fused_optimizer",
     "local_replica",
     "mark_column_split_dense",
     "shard_initialiser",
@@ -158,22 +155,3 @@ def local_replica(
             if source[config.name].device.type != "meta":
                 getattr(local, tables_attr)[config.name].weight.copy_(source[config.name])
     return local
-
-
-def fused_optimizer(
-    shard_groups: Sequence[ShardGroup],
-    replica_groups: Sequence[ReplicaGroup],
-    *,
-    shard_key: Callable[[ShardSlice], str],
-    tables_attr: str,
-) -> FusedOptimizer | None:
-    """One `FusedOptimizer` over every FUSED shard and replica (None if there is none); a shard's
-    state is keyed by ``shard_key(shard)``, a replica's by ``<tables_attr>.<table>.weight``."""
-    fused = []
-    for shard_group in shard_groups:
-        keys = [(shard_key(s), s.table) for s in shard_group.spec.shards]
-        fused.extend(fused_tables(shard_group.tables, keys, shard_group.params))
-    for group in replica_groups:
-        keys = [(f"{tables_attr}.{name}.weight", name) for name in group.names]
-        fused.extend(fused_tables(group.tables, keys, group.params))
-    return FusedOptimizer(fused) if fused else None

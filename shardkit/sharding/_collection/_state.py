@@ -28,20 +28,32 @@ from torch.distributed._shard.sharded_tensor.metadata import (
 
 from shardkit.sharding._layout import ShardSlice
 
-__all__ = ["block_of", "fused_state", "load_fused_state", "reset_rows", "sharded_tensor"]
+__all__ = [
+    "block_of",
+    "fused_state",
+    "load_fused_state",
+    "placement",
+    "reset_rows",
+    "sharded_tensor",
+]
+
+
+def placement(rank: int, device: torch.device, group: dist.ProcessGroup | None) -> str:
+    """torch's placement string of rank ``rank`` of ``group``: placements name global ranks
+    (in 2-D parallelism ``group`` is a subgroup)."""
+    where = "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+    if group is not None and group is not dist.group.WORLD:
+        rank = dist.get_global_rank(group, rank)
+    return f"rank:{rank}/{where}"
 
 
 def _metadata(
     shard: ShardSlice, device: torch.device, group: dist.ProcessGroup | None
 ) -> TorchShardMetadata:
-    where = "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
-    rank = shard.rank  # in ``group``; torch's placements name global ranks (2-D: a subgroup)
-    if group is not None and group is not dist.group.WORLD:
-        rank = dist.get_global_rank(group, rank)
     return TorchShardMetadata(
         shard_offsets=[shard.row_start, shard.col_start],
         shard_sizes=[shard.rows, shard.cols],
-        placement=f"rank:{rank}/{where}",
+        placement=placement(shard.rank, device, group),
     )
 
 
