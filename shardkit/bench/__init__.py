@@ -3,9 +3,9 @@
 from shardkit.bench._calibrate import (
     CalibrationConfig,
     calibrate,
-    fit_nonnegative,
     format_profile,
 )
+from shardkit.bench._fit import fit_nonnegative
 from shardkit.bench._machine import machine_identity, machine_info, machine_line
 from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
 

@@ -39,9 +39,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardkit import comm
+from shardkit.bench._fit import fit_nonnegative
+from shardkit.bench._links import (
+    SCHEDULING_WAIT,
+    collective_rank,
+    fit_links,
+    fit_switch_wait,
+    measure_collectives,
+    sync,
+)
 from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
-from shardkit.launch import current, spawn
+from shardkit.launch import spawn
 from shardkit.modules import (
     BatchedTables,
     EmbeddingBagCollection,
@@ -50,20 +58,17 @@ from shardkit.modules import (
     stack_tables,
 )
 from shardkit.optim import EmbOptimType, FusedOptimizerConfig
-from shardkit.planner import COLLECTIVE_KINDS, KernelFit, LinkFit, MachineProfile, miss_fraction
+from shardkit.planner import KernelFit, LinkFit, MachineProfile, miss_fraction
 from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = [
     "CalibrationConfig",
     "calibrate",
     "fit_kernels",
-    "fit_nonnegative",
     "format_profile",
-    "measure_collectives",
 ]
 
 _MIB = 1 << 20
-SCHEDULING_WAIT = "scheduling_wait"  # the rows of `scheduling_wait`, beside the collectives'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,54 +120,6 @@ class CalibrationConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
 
 
-def fit_nonnegative(
-    rows: Sequence[Sequence[float]], times: Sequence[float], *, outliers: bool = False
-) -> list[float]:
-    """Coefficients ``c >= 0`` minimising the relative error of ``rows @ c`` against ``times``.
-
-    Least squares on rows scaled by ``1 / time`` (a 1 ms point counts as much as a 100 ms one),
-    then, while a coefficient is negative, that feature is dropped (set to 0) and the rest
-    refitted. Features that never vary are dropped the same way. With ``outliers``, points the
-    first fit misses by more than 3 times the median miss (and 30%) are left out and the rest
-    refitted once: on a shared machine one point can catch another process's time slice.
-    """
-    a = torch.tensor(rows, dtype=torch.float64)
-    t = torch.tensor(times, dtype=torch.float64)
-    if a.dim() != 2 or a.shape[0] != t.shape[0] or a.shape[0] == 0:
-        raise ValueError(f"fit_nonnegative needs one time per row, got {a.shape} and {t.shape}")
-    if not bool((t > 0).all()):
-        raise ValueError(f"fit_nonnegative needs times > 0, got {t.tolist()}")
-    coef = _nonnegative_lstsq(a, t)
-    if outliers and a.shape[0] > a.shape[1] + 2:
-        miss = ((a @ coef) / t - 1).abs()
-        keep = miss <= torch.clamp(3 * miss.median(), min=0.3)
-        if int((~keep).sum()) > 0 and int(keep.sum()) >= a.shape[1]:
-            coef = _nonnegative_lstsq(a[keep], t[keep])
-    return coef.tolist()
-
-
-def _nonnegative_lstsq(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    weighted = a / t[:, None]
-    scale = weighted.abs().amax(dim=0)  # columns to unit size: conditioning
-    active = [j for j in range(a.shape[1]) if float(scale[j]) > 0]
-    coef = torch.zeros(a.shape[1], dtype=torch.float64)
-    while active:
-        cols = weighted[:, active] / scale[active]
-        solution = torch.linalg.lstsq(cols, torch.ones_like(t)[:, None]).solution[:, 0]
-        solution = solution / scale[active]
-        worst = int(torch.argmin(solution))
-        if float(solution[worst]) >= 0:
-            coef[active] = solution
-            break
-        del active[worst]
-    return coef
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _clock(device: torch.device) -> Callable[[], float]:
     """What times one rank's work: on a CPU running one intra-op thread, the calling thread's
     CPU time (the time other processes hold the core does not count, while the memory
@@ -179,10 +136,10 @@ def _best_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> fl
     fn()  # warm up
     samples = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         start = clock()
         fn()
-        _sync(device)
+        sync(device)
         samples.append((clock() - start) * 1e3)
     return min(samples)
 
@@ -198,10 +155,10 @@ def _best_pair(
     samples: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for fn, out in ((first, samples[0]), (second, samples[1])):
-            _sync(device)
+            sync(device)
             start = clock()
             fn()
-            _sync(device)
+            sync(device)
             out.append((clock() - start) * 1e3)
     return min(samples[0]), min(samples[1])
 
@@ -333,136 +290,6 @@ def _misses(fit: KernelFit, points: Sequence[dict], cache: int) -> list[float]:
     return sorted(errors)
 
 
-def _collective(
-    kind: str, nbytes: int, world: int, device: torch.device, group: dist.ProcessGroup | None
-) -> Callable[[], object]:
-    count = max(world, nbytes // 4 // world * world)
-    x = torch.ones(count, device=device)
-    if kind == "all_to_all":
-        out = torch.empty_like(x)
-        return lambda: dist.all_to_all_single(out, x, group=group)
-    if kind == "all_reduce":
-        return lambda: dist.all_reduce(x, group=group)
-    if kind == "reduce_scatter":  # as the sharded modules run it (gloo: all-to-all + sum)
-        return lambda: comm.reduce_scatter_tensor(x, group=group)
-    part = x[: count // world].clone()
-    return lambda: dist.all_gather_single(x, part, group=group)
-
-
-def measure_collectives(
-    sizes: Sequence[int], repeats: int, group: dist.ProcessGroup | None = None
-) -> list[dict]:
-    """Each collective at each size among ``group``'s ranks (default: the world; call on each
-    of them): the slowest rank's fastest loop, ms per call."""
-    world = dist.get_world_size(group)
-    device = current().device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    rows = []
-    for kind in COLLECTIVE_KINDS:
-        for nbytes in sizes:
-            call = _collective(kind, nbytes, world, device, group)
-            call()
-            samples = []
-            calls = 1 if nbytes >= (16 << 20) else 3 if nbytes >= (1 << 20) else 10
-            for _ in range(repeats):
-                dist.barrier(group)
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                _sync(device)
-                samples.append((time.perf_counter() - start) * 1e3 / calls)
-            ms = torch.tensor([min(samples)], dtype=torch.float64, device=device)
-            dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=group)
-            rows.append({"kind": kind, "bytes": nbytes, "world_size": world, "ms": float(ms)})
-    return rows
-
-
-def scheduling_wait(repeats: int, group: dist.ProcessGroup | None = None) -> float:
-    """ms one small collective waits for its ranks to be scheduled when they compute between
-    collectives: a loop of compute bursts (a few ms of matmuls) each followed by an
-    all-to-all, minus the bursts alone and the all-to-alls alone, per collective; every part
-    timed on all ranks at once (the slowest rank's fastest repeat). Call on every rank of
-    ``group``; 0 when the ranks have cores enough (nothing to wait for)."""
-    a = torch.randn(192, 192)
-    small = torch.ones(1024 * dist.get_world_size(group))
-    out = torch.empty_like(small)
-    loops = 8
-
-    def burst() -> None:
-        for _ in range(8):
-            torch.mm(a, a)
-
-    def exchange() -> None:
-        dist.all_to_all_single(out, small, group=group)
-
-    def both() -> None:
-        for _ in range(loops):
-            burst()
-            exchange()
-
-    def bursts() -> None:
-        for _ in range(loops):
-            burst()
-
-    def exchanges() -> None:
-        for _ in range(loops):
-            exchange()
-
-    contenders = (both, bursts, exchanges)
-    best = [float("inf")] * 3
-    for fn in contenders:
-        fn()  # warm up
-    for _ in range(repeats):
-        for i, fn in enumerate(contenders):  # in turns: a busy spell falls on all three
-            dist.barrier(group)
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], (time.perf_counter() - start) * 1e3)
-    slowest = torch.tensor(best, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    together, apart, alone = slowest.tolist()
-    return max(0.0, (together - apart - alone) / loops)
-
-
-def fit_switch_wait(rows: Sequence[dict]) -> float:
-    """The profile's ``switch_wait_ms`` from `scheduling_wait` rows (``ms`` at an
-    ``oversubscription`` above 1): the median of ``ms / (oversubscription - 1)``, 0 without
-    any (see [Note: oversubscribed cores])."""
-    per_rank = [r["ms"] / (r["oversubscription"] - 1) for r in rows if r["oversubscription"] > 1]
-    return statistics.median(per_rank) if per_rank else 0.0
-
-
-def fit_links(rows: Sequence[dict], scope: str) -> list[LinkFit]:
-    """``latency + bytes / bandwidth`` per (kind, world size) of measured rows."""
-    fits = []
-    keys = sorted(
-        {(r["kind"], r["world_size"]) for r in rows},
-        key=lambda k: (COLLECTIVE_KINDS.index(k[0]), k[1]),
-    )
-    for kind, world in keys:
-        mine = [r for r in rows if r["kind"] == kind and r["world_size"] == world]
-        latency, per_byte = fit_nonnegative(
-            [[1.0, r["bytes"]] for r in mine], [r["ms"] for r in mine]
-        )
-        if per_byte <= 0:  # all sizes cost the same: no bandwidth limit seen; the largest size
-            biggest = max(mine, key=lambda r: r["bytes"])
-            per_byte = biggest["ms"] / biggest["bytes"]
-            latency = 0.0
-        fits.append(LinkFit(kind, world, latency, 1.0 / per_byte, scope))
-    return fits
-
-
-def _collective_rank(
-    rank: int, world_size: int, sizes: tuple[int, ...], repeats: int
-) -> list[dict]:
-    rows = measure_collectives(sizes, repeats)
-    share = world_size * torch.get_num_threads() / cores()
-    if share > 1:  # more ranks than cores: what their collectives wait to be scheduled
-        wait = scheduling_wait(repeats)
-        rows.append({"kind": SCHEDULING_WAIT, "world_size": world_size, "ms": wait,
-                     "oversubscription": share})  # fmt: skip
-    return rows
-
-
 class _TinyModel(torch.nn.Module):
     """Pooled embeddings [B, T * D] -> a scalar: the least dense work a sharded step can do."""
 
@@ -568,7 +395,7 @@ def _spawned_links(config: CalibrationConfig, log: Callable[[str], None]) -> lis
     rows: list[dict] = []
     for world in config.world_sizes:
         rows += spawn(
-            _collective_rank, world_size=world, args=(tuple(config.sizes), config.repeats),
+            collective_rank, world_size=world, args=(tuple(config.sizes), config.repeats),
             backend=_backend(config), threads_per_rank=config.threads_per_rank, timeout=300,
         )[0]  # fmt: skip
     for row in rows:

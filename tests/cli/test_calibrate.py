@@ -36,7 +36,7 @@ def test_fit_recovers_coefficients_and_keeps_them_nonnegative():
 
 
 def test_switch_wait_is_the_wait_per_extra_rank_sharing_a_core():
-    from shardkit.bench._calibrate import fit_switch_wait
+    from shardkit.bench._links import fit_switch_wait
 
     rows = [
         {"world_size": 4, "ms": 3.0, "oversubscription": 2.0},  # 3 ms for 1 extra rank
