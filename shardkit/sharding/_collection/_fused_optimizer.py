@@ -33,7 +33,7 @@ entries. A saved state without step counts (TorchRec's) loads, and the counts st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed._shard.metadata import ShardMetadata
@@ -70,17 +70,14 @@ def torchrec_state_names(optimizer: RowOptimizer) -> dict[str, str]:
     return dict(zip(names, _TORCHREC_NAMES))
 
 
-class _Local:
-    """One local piece of a table: its slice of the table, the stack it lives in, its rows
-    there, and its Parameter."""
+class _Local(NamedTuple):
+    """One local piece of a table: its slice of the table, the stack's rule it lives under,
+    its rows' start in that stack, and its Parameter."""
 
-    def __init__(
-        self, slice_: ShardSlice, optimizer: RowOptimizer, start: int, param: torch.Tensor
-    ) -> None:
-        self.slice = slice_
-        self.optimizer = optimizer
-        self.start = start
-        self.param = param
+    slice: ShardSlice
+    optimizer: RowOptimizer
+    start: int
+    param: torch.Tensor
 
 
 class ShardedFusedOptimizer(KeyedOptimizer):
