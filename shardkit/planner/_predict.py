@@ -52,7 +52,7 @@ the cores and threads per rank it was calibrated with, and the model charges two
    waits until its receiver gets a core: ``switch_wait_ms x (s - 1)`` per collective call,
    the profile's ``switch_wait_ms`` measured by calibration when it spawns more ranks than
    cores (a loop of compute bursts and small collectives, minus the bursts and the
-   collectives timed apart; see ``shardkit.bench._calibrate``).
+   collectives timed apart; see ``shardkit.bench._links.scheduling_wait``).
 
 The collectives' own bytes and latencies are the calibrated fits at that world size, which
 calibration measured with the same ranks sharing the same cores (a size it did not measure
