@@ -172,7 +172,10 @@ class Fitter:
         per_table: dict[str, list[tuple[Any, np.ndarray]]] = {}
         for table, (values, lengths) in zip(self.table_of, columns.bags):
             if table in self.counts:
-                per_table.setdefault(table, []).append((values, np.repeat(train, lengths)))
+                one_each = len(values) == len(lengths) and bool((lengths == 1).all())
+                per_table.setdefault(table, []).append(
+                    (values, train if one_each else np.repeat(train, lengths))
+                )
         counts = {table: self._count(parts) for table, parts in per_table.items()}
         dense = columns.dense[train]
         dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))

@@ -179,10 +179,11 @@ def test_exact_sums_are_exact_in_any_order():
 @pytest.mark.parametrize("whole_seconds", [True, False])
 def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
     """The time split's sort (packed integer keys for whole seconds, else stable sorts) is the
-    order of (user, time, position) tuples."""
+    order of (user, time, position) tuples, and the rows it picks by rank (from the sorted keys
+    unpacked, for whole seconds) are that order's."""
     import numpy as np
 
-    from shardkit.data._table_split import _by_user_time_position
+    from shardkit.data._table_split import _by_user_time_position, _ranked
 
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 50, 3000)
@@ -193,6 +194,10 @@ def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
     order = _by_user_time_position(codes, times, positions)
     expected = sorted(range(3000), key=lambda i: (codes[i], times[i], positions[i]))
     assert order.tolist() == expected
+    ranks = rng.integers(0, 3000, 40)
+    picked_times, picked_positions = _ranked(codes, times, positions, ranks)
+    assert picked_times.tolist() == [times[expected[r]] for r in ranks]
+    assert picked_positions.tolist() == [expected[r] for r in ranks]
 
 
 def test_strings_with_spaces_at_either_end_are_found():
