@@ -33,10 +33,27 @@ def main() -> None:
         help="a profile written before fresh pages were measured: measure them here (one "
         "thread) and refit its links from its own points as calibrate now does",
     )
+    parser.add_argument(
+        "--fresh-ms-per-mib",
+        type=float,
+        help="with --fresh-pages: this cost instead of measuring it here",
+    )
+    parser.add_argument(
+        "--without-fresh-pages",
+        action="store_true",
+        help="the model before fresh pages were charged: the profile's links refitted from its "
+        "points as they were timed, and no fresh-page cost",
+    )
     args = parser.parse_args()
     profile = load_profile(args.profile)
-    if args.fresh_pages:
+    if args.fresh_pages and args.fresh_ms_per_mib is not None:
+        from shardkit.bench._calibrate import FRESH_BUFFER_BYTES
+
+        profile = _refit(profile, FRESH_BUFFER_BYTES, args.fresh_ms_per_mib / (1 << 20))
+    elif args.fresh_pages:
         profile = _with_fresh_pages(profile)
+    if args.without_fresh_pages:
+        profile = _refit(profile, 0, 0.0)
     with open(args.report) as f:
         report = json.load(f)
     print(
@@ -68,17 +85,25 @@ def main() -> None:
 
 
 def _with_fresh_pages(profile):
-    """``profile`` with this machine's fresh-page cost and its links refitted without the
-    sizes that cost includes (see [Note: fresh pages])."""
-    from dataclasses import replace
-
+    """``profile`` with this machine's fresh-page cost and its links refitted without it (see
+    [Note: fresh pages])."""
     import torch
 
     from shardkit.bench._calibrate import CalibrationConfig, fresh_pages
-    from shardkit.bench._links import fit_links
 
     torch.set_num_threads(profile.threads_per_rank)
     threshold, cost = fresh_pages(CalibrationConfig(), torch.device("cpu"))
+    print(f"fresh pages from {threshold >> 20} MiB: {cost * (1 << 20):.3f} ms per MiB")
+    return _refit(profile, threshold, cost)
+
+
+def _refit(profile, threshold: int, cost: float):
+    """``profile`` with fresh pages from ``threshold`` bytes at ``cost`` ms per byte (0: none)
+    and its links fitted from its own points as calibrate fits them with that cost."""
+    from dataclasses import replace
+
+    from shardkit.bench._links import fit_links
+
     rows = [r for r in profile.points.get("collectives", []) if r["kind"] != "scheduling_wait"]
     links = tuple(
         link
@@ -90,7 +115,6 @@ def _with_fresh_pages(profile):
             profile.threads_per_rank / profile.cores,
         )
     )
-    print(f"fresh pages from {threshold >> 20} MiB: {cost * (1 << 20):.3f} ms per MiB")
     return replace(
         profile,
         links=links or profile.links,
