@@ -7,7 +7,8 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
 
 1. input distribution: the ids' all-to-all (a header, then lengths and ids; per-id weights when
    a table is weighted); a rank sends its batch's ids to every column block of every table and
-   receives the ids of the shards it holds;
+   receives the ids of the shards it holds (with only data-parallel tables the header and an
+   empty exchange still run: every batch is checked);
 2. embedding forward: per rank, one kernel call per shard group (same route, columns,
    optimizer; see [Note: kernel groups and output classes] in the sharded modules), timed by
    the profile's `KernelFit` (see [Note: calibrated kernel model]);
@@ -19,7 +20,8 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
    parameter, gradient and two moments and writes three) at its memory bandwidth;
 5. output distribution backward: each class's adjoint (all-to-all back; all-gather for
    reduce-scatter); data-parallel tables with the FUSED kernel all-gather every rank's ids and
-   output gradients instead (see [Note: sparse data-parallel tables]);
+   output gradients instead, after an all-gather of the id counts in forward (see
+   [Note: sparse data-parallel tables]);
 6. embedding backward with the fused update, per group; data-parallel FUSED replicas run it
    over the global batch;
 7. the dense all-reduce (DDP; DENSE data-parallel tables add their whole gradient to it, and a
@@ -299,14 +301,14 @@ def predict_step(
     fwd = (_kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)) * slow
     bwd = _kernels(sums, profile, forward=False) * slow
     bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
-    in_dist, in_calls = 0.0, 0
-    if any(p.sharding_type != ShardingType.DATA_PARALLEL for p in placed):
-        exchange = max(sums.in_send, float(sums.in_recv.max()))
-        header = 8 * 8 * world  # a few int64 per destination: latency, mostly
-        in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
-        in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
-        if in_calls == 3:
-            in_dist += coll("all_to_all", exchange / 2)
+    # the headers' exchange and the ids' run whatever the tables (every batch is checked),
+    # empty when all are data-parallel replicas
+    exchange = max(sums.in_send, float(sums.in_recv.max()))
+    header = 8 * 8 * world  # a few int64 per destination: latency, mostly
+    in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
+    in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
+    if in_calls == 3:
+        in_dist += coll("all_to_all", exchange / 2)
     out_fwd, out_bwd, out_calls = _output_dists(sums.classes, topology, coll)
     out_fwd += wait * out_calls[0]
     out_bwd += wait * out_calls[1] + _output_fresh_pages(sums.classes, topology) * slow
@@ -527,7 +529,8 @@ def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float
                 forward += coll("all_to_all", size / local, hosts, 1)
                 backward += coll("all_to_all", size / local, hosts, 1)
                 calls = [calls[0] + 1, calls[1] + 1]
-        else:  # FUSED data-parallel: one all-gather in backward
+        else:  # FUSED data-parallel: the id counts' all-gather, then the batch's in backward
+            forward += coll("all_gather", 8.0 * topology.world_size)
             backward += coll("all_gather", float(send.max()))
-            calls[1] += 1
+            calls = [calls[0] + 1, calls[1] + 1]
     return forward, backward, (calls[0], calls[1])
