@@ -104,38 +104,14 @@ def _ddp_hook(recorder: _Recorder):
 
 
 def trace_rank(rank: int, world: int, case: str, kind: str, plan_json: str, args) -> dict:
-    from bench_dmp import Batch, Model, _Optimizers, _optimizers
-    from bench_predict import CASES, _batches, _fused, configs
+    from bench_predict import training_step
     from torch.nn.parallel import DistributedDataParallel
 
-    from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
-    from shardkit.distributed import DistributedModelParallel
-    from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from shardkit.types import ShardingPlan
-
-    torch.set_num_threads(1)
     recorder = _Recorder()
-    tables = configs(case)
-    ebc = EmbeddingBagCollection(tables=tables, device="meta", validate_ids=False)
-    model = Model(ebc, sum(t.dim for t in CASES[case]))
-    sharders = [EmbeddingBagCollectionSharder(fused_params=_fused(kind))]
-    dmp = DistributedModelParallel(model, plan=ShardingPlan.from_json(plan_json), sharders=sharders)
+    dmp, step = training_step(rank, case, kind, plan_json, args.batch)
     wrapped = dmp._dmp_wrapped_module
     if isinstance(wrapped, DistributedDataParallel):
         wrapped.register_comm_hook(None, _ddp_hook(recorder))
-    opt = _Optimizers(_optimizers(dmp, torch.optim.Adagrad))
-    keys = [f"f{i}" for i in range(len(tables))]
-    batches = [
-        Batch(KeyedJaggedTensor(keys=keys, values=v, lengths=n), y)
-        for v, n, y in _batches(rank, case, args.batch)
-    ]
-
-    def step(i: int) -> None:
-        opt.zero_grad()
-        loss, _ = dmp(batches[i % len(batches)])
-        loss.backward()
-        opt.step()
-
     for i in range(args.warmup):
         step(i)
     plain, step_faults = [], []
