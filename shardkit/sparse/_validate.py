@@ -192,20 +192,27 @@ def _check_lengths_only(
     where: Where,
 ) -> list[int]:
     """`_check_keyed_bags` for bags given by lengths alone (a batch's usual form) with one
-    device->host read: the smallest length and the cumulative sum at each key's bounds. The
-    checks, their order and their messages are the general path's (negative lengths first,
-    then ``length_per_key``, then the total); the failing ones re-run it for the message."""
-    cumsum = lengths.new_zeros(lengths.numel() + 1, dtype=torch.int64)  # int64: no wrap-around
-    torch.cumsum(lengths, 0, dtype=torch.int64, out=cumsum[1:])
-    index = host_list_to(bounds, lengths.device)
-    read = torch.cat([lengths.amin().view(1).long(), cumsum.index_select(0, index)]).tolist()
+    device->host read: the smallest length and each key's ids. The checks, their order and
+    their messages are the general path's (negative lengths first, then ``length_per_key``,
+    then the total); a failing one re-runs the general check for its message."""
+    smallest = lengths.amin().view(1).long()
+    stride = bounds[1]
+    if stride and bounds == list(range(0, bounds[-1] + 1, stride)):  # one batch size: [F, B]
+        counts = lengths.view(len(bounds) - 1, stride).sum(1, dtype=torch.int64)
+        read = torch.cat([smallest, counts]).tolist()
+        per_key = read[1:]
+    else:  # a batch size per key (VBE): the cumulative sum at each key's first bag
+        cumsum = lengths.new_zeros(lengths.numel() + 1, dtype=torch.int64)  # int64: no wrap
+        torch.cumsum(lengths, 0, dtype=torch.int64, out=cumsum[1:])
+        index = host_list_to(bounds, lengths.device)
+        read = torch.cat([smallest, cumsum.index_select(0, index)]).tolist()
+        per_key = [end - start for start, end in itertools.pairwise(read[1:])]
     if read[0] < 0:
         check_bags(owner, lengths, None, where)  # raises, naming the first negative length
-    per_key = [end - start for start, end in itertools.pairwise(read[1:])]
     if length_per_key is not None:
         _compare_per_key(owner, keys, ("lengths sum to", per_key),
                          ("length_per_key says", length_per_key))  # fmt: skip
-    if read[-1] != num_values:
+    if sum(per_key) != num_values:
         detail = f" (per key: {dict(zip(keys, per_key))})"
         check_total(owner, lengths, None, num_values, detail)  # raises
     return per_key
