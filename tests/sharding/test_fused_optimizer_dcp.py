@@ -35,7 +35,7 @@ from tests.sharding.common import (
     torchrec_named,
 )
 
-LOCAL_BATCH = 3
+GLOBAL_BATCH = 6  # split over the ranks; the unsharded module trains on all of it
 # (rule, the plan saved, the plan loaded): each of TW, RW, CW, TWRW, DP on one side at least.
 # Column shards keep their own row-wise accumulators (unlike the unsharded module), so the
 # column-wise plans go with Adam, whose state is per element.
@@ -73,7 +73,7 @@ def _train(models, rank: int, world_size: int, steps: range) -> None:
     losses whose gradients agree (the sharded tables' are averaged over the ranks)."""
     dmp, reference = models
     for step in steps:
-        kjt = global_batch(step, LOCAL_BATCH * world_size, False)
+        kjt = global_batch(step, GLOBAL_BATCH, False)
         dmp(local_part(kjt, rank, world_size)).values().sum(1).pow(2).mean().backward()
         reference(kjt).values().sum(1).pow(2).mean().backward()
 
@@ -133,42 +133,74 @@ def test_fused_optimizer_state_resharded_by_dcp_equals_the_unsharded_module(
     assert_pairs_close(run_ranks(_save_and_reshard, 2, case, str(tmp_path)), atol=1e-6)
 
 
-def _save_at(rank: int, world_size: int, root: str) -> None:
-    """Adam, trained on 2 ranks (column-wise, table-wise, row-wise, table-row-wise), saved."""
-    kind, saved_plan, _ = CASES["adam"]
+def _ebc(kind: EmbOptimType) -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(tables=configs(), fused_params={"optimizer": kind, "eps": 1e-8})
+
+
+def _reference(kind: EmbOptimType, steps: int) -> EmbeddingBagCollection:
+    """The unsharded module (seed 0) trained on the first ``steps`` global batches."""
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(tables=configs(), fused_params={"optimizer": kind, "eps": 1e-8})
-    saved = _dmp(ebc, saved_plan, world_size)
+    reference = _ebc(kind)
+    for step in range(steps):
+        reference(global_batch(step, GLOBAL_BATCH, False)).values().sum(1).pow(2).mean().backward()
+    return reference
+
+
+def _save_at(rank: int, world_size: int, root: str, case: str) -> None:
+    """Trained 3 steps under the case's plan for ``world_size`` ranks (seed 0, as
+    `_reference`), saved with DCP."""
+    kind = CASES[case][0]
+    torch.manual_seed(0)
+    ebc = _ebc(kind)
+    saved = _dmp(ebc, TWO_AND_ONE[case][2 - world_size], world_size)
     _train((saved, copy.deepcopy(ebc)), rank, world_size, range(3))
     state = {"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}
     dcp.save(state, checkpoint_id=root)
 
 
-def _load_at_one_rank(rank: int, world_size: int, root: str) -> list:
-    """The checkpoint of 2 ranks loaded by 1 (two column blocks of t0 on it, the rest
-    table-wise and row-wise): the state equals the unsharded module trained on the same
-    global batches."""
-    kind = CASES["adam"][0]
-    torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(tables=configs(), fused_params={"optimizer": kind, "eps": 1e-8})
-    reference = copy.deepcopy(ebc)
-    for step in range(3):
-        reference(global_batch(step, LOCAL_BATCH * 2, False)).values().sum(1).pow(
-            2
-        ).mean().backward()
+def _load_at(rank: int, world_size: int, root: str, case: str) -> list:
+    """The checkpoint loaded by a model of other weights (seed 1) sharded by the case's plan
+    for ``world_size`` ranks: its state equals the unsharded module trained on the same global
+    batches, after the load and after one more step."""
+    kind = CASES[case][0]
+    reference = _reference(kind, 3)
     torch.manual_seed(1)
-    fresh = EmbeddingBagCollection(tables=configs(), fused_params={"optimizer": kind, "eps": 1e-8})
-    one_rank = {"t0": column_wise(ranks=[0, 0]), "t1": table_wise(rank=0), "t2": row_wise(),
-                "t3": data_parallel(compute_kernel="fused")}  # fmt: skip
-    loaded = _dmp(fresh, one_rank, world_size)
+    loaded = _dmp(_ebc(kind), TWO_AND_ONE[case][2 - world_size], world_size)
     state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
     dcp.load(state, checkpoint_id=root)
     loaded.load_state_dict(state["model"])
     loaded.fused_optimizer.load_state_dict(state["optim"])
-    return _whole_state(loaded, reference)
+    pairs = [(f"loaded: {w}", a.clone(), b.clone()) for w, a, b in _whole_state(loaded, reference)]
+    _train((loaded, reference), rank, world_size, range(3, 4))
+    return pairs + [(f"stepped: {w}", a, b) for w, a, b in _whole_state(loaded, reference)]
+
+
+# (the plan at 2 ranks, the plan at 1 rank) of each case: table-wise, row-wise,
+# table-row-wise, column-wise (Adam's) and data-parallel on one side at least
+TWO_AND_ONE = {
+    "rowwise_adagrad": (
+        {"t0": row_wise(), "t1": table_wise(rank=1), "t2": row_wise(), "t3": table_wise(rank=0)},
+        {"t0": table_wise(rank=0), "t1": row_wise(), "t2": table_row_wise(host_index=0),
+         "t3": data_parallel(compute_kernel="fused")},
+    ),
+    "adam": (
+        {"t0": column_wise(ranks=[0, 1]), "t1": table_wise(rank=1), "t2": row_wise(),
+         "t3": table_row_wise(host_index=0)},
+        {"t0": column_wise(ranks=[0, 0]), "t1": table_wise(rank=0), "t2": row_wise(),
+         "t3": data_parallel(compute_kernel="fused")},
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.slow  # two rank pools (2, then 1 rank): ~10 s on a loaded 2-core machine
-def test_fused_optimizer_state_saved_by_two_ranks_loads_on_one(run_ranks, tmp_path):
-    run_ranks(_save_at, 2, str(tmp_path))
-    assert_pairs_close(run_ranks(_load_at_one_rank, 1, str(tmp_path)), atol=1e-6)
+@pytest.mark.parametrize("case", sorted(TWO_AND_ONE))
+def test_fused_optimizer_state_saved_by_two_ranks_loads_on_one(run_ranks, tmp_path, case):
+    run_ranks(_save_at, 2, str(tmp_path), case)
+    assert_pairs_close(run_ranks(_load_at, 1, str(tmp_path), case), atol=1e-6)
+
+
+@pytest.mark.slow  # two rank pools (1, then 2 ranks)
+@pytest.mark.parametrize("case", sorted(TWO_AND_ONE))
+def test_fused_optimizer_state_saved_by_one_rank_loads_on_two(run_ranks, tmp_path, case):
+    run_ranks(_save_at, 1, str(tmp_path), case)
+    assert_pairs_close(run_ranks(_load_at, 2, str(tmp_path), case), atol=1e-6)
