@@ -61,9 +61,17 @@ def run_once(library: str, case: tuple[str, str, str], args, scratch: Path) -> d
         launcher + program, capture_output=True, text=True, timeout=900, cwd=scratch, env=env
     )
     if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-3:]
-        return {"failed": " / ".join(tail)[-300:]}
-    return json.loads(out.read_text())
+        tail = " / ".join(done.stderr.strip().splitlines()[-3:])[-300:]
+        try:  # rank 0 writes its figures after the last step, before the processes exit
+            got = json.loads(out.read_text())
+        except (OSError, ValueError):
+            return {"failed": tail}
+        # Every step ran and was timed; the launcher then saw a rank die on the way out (torch's
+        # gloo-at-exit abort, `shardkit.comm.watch_torch_collectives`): kept, and said so
+        got["exit_abort"] = tail
+    else:
+        got = json.loads(out.read_text())
+    return got
 
 
 def ms(runs: list[dict]) -> str:
@@ -90,6 +98,7 @@ def render(results: dict, args, machine: str) -> str:
         "| type | loop | optimizer | TorchRec ms | shardkit ms | wall ratio (rounds) | CPU ratio (rounds) | first loss (TorchRec / shardkit) |",
         "|---|---|---|---:|---:|---:|---:|---|",
     ]  # fmt: skip
+    exits: list[str] = []
     for case, runs in results.items():
         kind, loop, optimizer = case
         theirs, ours = runs["torchrec"], runs["shardkit"]
@@ -103,14 +112,25 @@ def render(results: dict, args, machine: str) -> str:
         walls = [o["median_ms"] / t["median_ms"] for o, t in zip(ours, theirs)]
         cpus = [max(o["cpu_ms_per_rank"]) / max(t["cpu_ms_per_rank"]) for o, t in zip(ours, theirs)]
 
-        def spread(xs: list[float]) -> str:
-            return f"**{statistics.median(xs):.2f}**" if statistics.median(xs) > 1 else (
-                f"{statistics.median(xs):.2f}") + f" ({min(xs):.2f}-{max(xs):.2f})"  # fmt: skip
+        def spread(xs: list[float]) -> str:  # the median in bold where shardkit is slower
+            median = f"{statistics.median(xs):.2f}"
+            shown = f"**{median}**" if statistics.median(xs) > 1 else median
+            return f"{shown} ({min(xs):.2f}-{max(xs):.2f})"
 
         lines.append(
             f"| {kind} | {loop} | {optimizer} | {ms(theirs)} | {ms(ours)} | {spread(walls)} | "
             f"{spread(cpus)} | {theirs[0]['losses'][0]:.4f} / {ours[0]['losses'][0]:.4f} |"
         )  # fmt: skip
+        for library, runs_of in (("TorchRec", theirs), ("shardkit", ours)):
+            aborted = [r["exit_abort"] for r in runs_of if "exit_abort" in r]
+            if aborted:
+                exits.append(
+                    f"- {kind} {loop} {optimizer}: {library}'s run finished its steps and wrote its "
+                    f"figures, then a rank aborted at exit in {len(aborted)} of {len(runs_of)} "
+                    f"round(s) ({aborted[0]})"
+                )
+    if exits:
+        lines += ["", "Runs kept though a process aborted after the last step:", *exits]
     return "\n".join(lines) + "\n"
 
 
