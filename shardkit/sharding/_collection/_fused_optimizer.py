@@ -27,7 +27,11 @@ One difference from TorchRec, deliberately: rules whose update reads the step co
 LAMB, the partial row-wise ones, LARS) also carry ``"<table>.step"``, the live 0-d counter
 (replicated), so their bias correction resumes where it stopped after a load; TorchRec's
 restarts it. SGD and the Adagrads, whose update does not read it, carry exactly TorchRec's
-entries. A saved state without step counts (TorchRec's) loads, and the counts stay.
+entries. A saved state without step counts (TorchRec's) loads, and the counts stay; through
+``torch.distributed.checkpoint`` a strict load of such a checkpoint names the missing
+``"<table>.step"`` key, and ``DefaultLoadPlanner(allow_partial_load=True)`` loads the rest. The
+unsharded collection's fused optimizer (`shardkit.optim.FusedOptimizer`) saves the same names,
+so DCP loads either module's checkpoint into the other.
 """
 
 from __future__ import annotations
