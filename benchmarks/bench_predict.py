@@ -147,10 +147,9 @@ def _batches(rank: int, case: str, batch: int, count: int = 4):
     return out
 
 
-def run_rank(
-    rank: int, world: int, case: str, kind: str, plan_json: str, args
-) -> tuple[list[float], list[float]]:
-    """(wall ms, CPU-derived ms) of each timed step; see `_record`."""
+def training_step(rank: int, case: str, kind: str, plan_json: str, batch: int):
+    """(the DMP model of ``case`` sharded by ``plan_json``, one training step ``step(i)`` on
+    this rank's i-th batch): the step `run_rank` times."""
     from shardkit import EmbeddingBagCollection, KeyedJaggedTensor
     from shardkit.distributed import DistributedModelParallel
     from shardkit.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -167,7 +166,7 @@ def run_rank(
     keys = [f"f{i}" for i in range(len(tables))]
     batches = [
         Batch(KeyedJaggedTensor(keys=keys, values=v, lengths=n), y)
-        for v, n, y in _batches(rank, case, args.batch)
+        for v, n, y in _batches(rank, case, batch)
     ]
 
     def step(i: int) -> None:
@@ -176,6 +175,14 @@ def run_rank(
         loss.backward()
         opt.step()
 
+    return dmp, step
+
+
+def run_rank(
+    rank: int, world: int, case: str, kind: str, plan_json: str, args
+) -> tuple[list[float], list[float]]:
+    """(wall ms, CPU-derived ms) of each timed step; see `_record`."""
+    _, step = training_step(rank, case, kind, plan_json, args.batch)
     for i in range(args.warmup):
         step(i)
     times, cpu = [], []

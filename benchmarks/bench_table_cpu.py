@@ -8,6 +8,9 @@ JSON line per run.
     for r in 1 2 3; do for tree in /tmp/before /tmp/after; do
         PYTHONPATH=$tree python benchmarks/bench_table_cpu.py criteo.tsv criteo.json; done; done
     # criteo.tsv and its schema: bench_table.write_criteo / criteo_schema
+    # the scan only, and a second scan in the same process (pyarrow's compute module and
+    # memory already loaded): a third argument "scan"
+    PYTHONPATH=$tree python benchmarks/bench_table_cpu.py movielens.parquet movielens.toml scan
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def _cpu(fn: Any) -> tuple[Any, float]:
 def _pyarrow(path: Path) -> int:
     import pyarrow.csv as pcsv
 
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.read_table(path).num_rows)
     if path.suffix in (".tsv", ".tab"):
         reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(autogenerate_column_names=True),
                                parse_options=pcsv.ParseOptions(delimiter="\t"))  # fmt: skip
@@ -48,6 +55,13 @@ def main() -> None:
     torch.set_num_threads(1)
     rows, pyarrow_cpu = _cpu(lambda: _pyarrow(path))
     data, scan_cpu = _cpu(lambda: scan_table([path], load_schema(schema), threads=1))
+    if sys.argv[3:] == ["scan"]:
+        _, again_cpu = _cpu(lambda: scan_table([path], load_schema(schema), threads=1))
+        print(json.dumps({"tree": str(Path(shardkit.__file__).parent.parent), "file": path.name,
+                          "rows": rows, "pyarrow_cpu_s": pyarrow_cpu, "scan_cpu_s": scan_cpu,
+                          "scan_again_cpu_s": again_cpu,
+                          "load": Path("/proc/loadavg").read_text().split()[0]}), flush=True)  # fmt: skip
+        return
 
     def read(cache: Path | None = None) -> int:
         reader = TableReader(data, split="train", batch_size=1024, rank=0, world_size=2,

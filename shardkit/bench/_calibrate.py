@@ -11,7 +11,9 @@ add time), one rank's own work in its thread's CPU time when it runs one thread 
   apart; then a least-squares fit per optimizer (`fit_nonnegative`), and the cache size the
   kernel effectively has (`fit_kernels`);
 - memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
-  layer's forward and backward);
+  layer's forward and backward), and what a buffer too large for the allocator to keep costs
+  in page faults each time it is allocated (`fresh_pages`; see [Note: fresh pages] in the
+  planner);
 - each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
   ranks of each world size, on the backend they will train on, as the sharded modules call it
   (`shardkit.comm`: on gloo a reduce-scatter is an all-to-all and a local sum), fitted to
@@ -170,6 +172,33 @@ def memory_bandwidth(config: CalibrationConfig, device: torch.device) -> float:
     dst = torch.empty_like(src)
     ms = _best_ms(lambda: dst.copy_(src), config.repeats, device)
     return 2 * n * 4 / ms
+
+
+# glibc's largest threshold for serving a buffer from memory it keeps (DEFAULT_MMAP_THRESHOLD_MAX
+# on 64-bit): a buffer this large or larger (with its header, above the threshold) is mapped
+# afresh at each allocation and unmapped when freed.
+# Smaller ones are kept or not by its history (it raises the threshold to the largest buffer
+# freed so far); a training loop's repeated sizes are mostly kept.
+FRESH_BUFFER_BYTES = 32 * _MIB
+_FRESH_PROBE_BYTES = 48 * _MIB
+
+
+def fresh_pages(config: CalibrationConfig, device: torch.device) -> tuple[int, float]:
+    """(the smallest buffer that gets fresh pages each time it is allocated, the ms per byte
+    those add), or (0, 0.0) where the allocator keeps freed memory (GPUs' caching allocator,
+    or a CPU allocator that does): a new 48 MiB buffer written and dropped against a kept one
+    written as much, in turns. See [Note: fresh pages]."""
+    if device.type != "cpu":
+        return 0, 0.0
+    n = _FRESH_PROBE_BYTES // 4
+    src = torch.ones(n)
+    kept = torch.empty(n)
+    new, old = _best_pair(
+        lambda: torch.empty(n).copy_(src), lambda: kept.copy_(src), config.repeats, device
+    )
+    if new - old < 0.25 * old:  # within a copy's noise: the allocator kept the memory
+        return 0, 0.0
+    return FRESH_BUFFER_BYTES, (new - old) / _FRESH_PROBE_BYTES
 
 
 def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
@@ -453,6 +482,12 @@ def _calibrate_host(
     log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s")
     flops = matmul_throughput(config, device)
     log(f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s")
+    fresh_bytes, fresh_cost = fresh_pages(config, device)
+    if fresh_bytes:
+        log(
+            f"buffers of {fresh_bytes >> 20} MiB or more get fresh pages each time: "
+            f"{fresh_cost * _MIB:.2f} ms per MiB more than writing a buffer already mapped"
+        )
     measured = {name: kernel_points(config, name, device, nominal) for name in config.optimizers}
     cache, kernels = fit_kernels(measured, nominal)
     log(f"last-level cache: {nominal >> 20} MiB, of which the kernel sees {cache >> 20} MiB")
@@ -464,7 +499,10 @@ def _calibrate_host(
         link
         for scope in ("intra", "inter")
         for link in fit_links(
-            [r for r in rows if r["scope"] == scope and r["kind"] != SCHEDULING_WAIT], scope
+            [r for r in rows if r["scope"] == scope and r["kind"] != SCHEDULING_WAIT],
+            scope,
+            (fresh_bytes, fresh_cost),
+            config.threads_per_rank / cores(),
         )
     ]
     switch_wait = fit_switch_wait(waits)
@@ -507,6 +545,8 @@ def _calibrate_host(
         links=tuple(links),
         step_overhead=overhead,
         switch_wait_ms=switch_wait,
+        fresh_buffer_bytes=fresh_bytes,
+        fresh_page_ms_per_byte=fresh_cost,
         points=points,
     )
     log(f"calibrated in {time.perf_counter() - started:.1f} s")
@@ -543,6 +583,11 @@ def format_profile(profile: MachineProfile) -> str:
         lines.append(
             f"  {link.kind} x {link.world_size} ({link.scope}): {link.latency_ms * 1e3:.0f} us + "
             f"bytes / {link.bytes_per_ms / 1e6:.2f} GB/s"
+        )
+    if profile.fresh_buffer_bytes > 0:
+        lines.append(
+            f"  buffers of {profile.fresh_buffer_bytes >> 20} MiB or more: fresh pages, "
+            f"{profile.fresh_page_ms_per_byte * _MIB:.2f} ms per MiB"
         )
     if profile.switch_wait_ms > 0:
         lines.append(

@@ -18,6 +18,7 @@ from shardkit.launch import current
 from shardkit.planner import COLLECTIVE_KINDS, LinkFit
 
 __all__ = [
+    "FRESH_BUFFERS",
     "SCHEDULING_WAIT",
     "collective_rank",
     "fit_links",
@@ -133,8 +134,33 @@ def fit_switch_wait(rows: Sequence[dict]) -> float:
     return statistics.median(per_rank) if per_rank else 0.0
 
 
-def fit_links(rows: Sequence[dict], scope: str) -> list[LinkFit]:
-    """``latency + bytes / bandwidth`` per (kind, world size) of measured rows."""
+# Buffers of a message's size that a calibrated collective allocates afresh per call (on gloo,
+# as `measure_collectives` calls it): the reduce-scatter's all-to-all receives into a new one,
+# gloo's all-gather gathers into a flat one of its own before the output.
+FRESH_BUFFERS = {"all_to_all": 0, "all_reduce": 0, "reduce_scatter": 1, "all_gather": 1}
+
+
+def fit_links(
+    rows: Sequence[dict], scope: str, fresh: tuple[int, float] = (0, 0.0), share: float = 1.0
+) -> list[LinkFit]:
+    """``latency + bytes / bandwidth`` per (kind, world size) of measured rows.
+
+    ``fresh``: the profile's (``fresh_buffer_bytes``, ``fresh_page_ms_per_byte``). A size at
+    least that large was timed with the page faults of the buffers the collective allocated
+    (`FRESH_BUFFERS`), which the prediction charges apart (see [Note: fresh pages]): they are
+    taken out of its time first, at ``share`` (ranks x threads / cores, when more than 1 rank
+    shares a core: their faults are computed in turns) per world size, so that the fit is the
+    wire's alone and nothing is charged twice."""
+    threshold, per_byte = fresh
+    if threshold > 0:
+        adjusted = []
+        for r in rows:
+            if r["bytes"] >= threshold and r.get("world_size", 1) > 1:
+                ranks_share = max(1.0, share * r["world_size"])
+                faults = FRESH_BUFFERS.get(r["kind"], 0) * r["bytes"] * per_byte * ranks_share
+                r = {**r, "ms": max(r["ms"] - faults, 0.1 * r["ms"])}  # kept > 0
+            adjusted.append(r)
+        rows = adjusted
     fits = []
     keys = sorted(
         {(r["kind"], r["world_size"]) for r in rows},

@@ -258,7 +258,11 @@ class ColumnParser:
             parents = np.asarray(pc.list_parent_indices(column))
             values = self._text(pc.list_flatten(column))
         elif spec.type is ColumnType.MULTI_HOT:
-            parts = pc.split_pattern(self._text(column), pattern=spec.separator)
+            text = self._text(column)
+            encoded = pc.dictionary_encode(text)
+            if n and 4 * len(encoded.dictionary) <= n:  # few distinct bags: each split once
+                return self._split(encoded.dictionary, np.asarray(encoded.indices), spec)
+            parts = pc.split_pattern(text, pattern=spec.separator)
             parents = np.asarray(pc.list_parent_indices(parts))
             values = pc.utf8_trim_whitespace(pc.list_flatten(parts))
         else:
@@ -267,6 +271,18 @@ class ColumnParser:
         if not keep.all():
             values, parents = values.filter(pa.array(keep)), parents[keep]
         return values, np.bincount(parents, minlength=n).astype(np.int64)
+
+    def _split(self, texts: Any, codes: np.ndarray, spec: Any) -> tuple[Any, np.ndarray]:
+        """`_bag` of a multi-hot column given as its distinct ``texts`` and each row's code:
+        each distinct text split, trimmed and checked once, then each row's values taken
+        from its text's (the same values in the same order as splitting every row)."""
+        pa = self.pa
+        values, lengths = self._bag(texts, spec, {})
+        starts = np.cumsum(lengths) - lengths
+        per_row = lengths[codes]
+        total = int(per_row.sum())
+        first = np.repeat(starts[codes] - (np.cumsum(per_row) - per_row), per_row)
+        return values.take(pa.array(first + np.arange(total))), per_row
 
 
 def _offsets(values: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -302,8 +318,10 @@ def _may_have_spaces(values: Any) -> bool:
 
 
 def _array(column: Any) -> Any:
-    """One Arrow array of a (chunked) column."""
-    return column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    """One Arrow array of a (chunked) column (a column of one chunk: that chunk, not a copy)."""
+    if not hasattr(column, "combine_chunks"):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _floats(column: Any) -> np.ndarray:

@@ -38,8 +38,8 @@ from shardkit.data._table_columns import Columns, _offsets
 from shardkit.data._table_fitted import DenseFit, FittedSchema, TableFit, table_order
 from shardkit.data._table_schema import ColumnSpec, TableSchema
 
-__all__ = ["Fitter", "exact_square_sum", "exact_square_sums", "exact_sum", "exact_sums",
-           "packed_keys", "unpacked_strings"]  # fmt: skip
+__all__ = ["Fitter", "decimal_ids", "exact_square_sum", "exact_square_sums", "exact_sum",
+           "exact_sums", "packed_keys", "unpacked_strings"]  # fmt: skip
 
 _SAMPLE = 65_536
 _COMPACT = 1 << 22  # counted values held before they are summed per value
@@ -172,7 +172,10 @@ class Fitter:
         per_table: dict[str, list[tuple[Any, np.ndarray]]] = {}
         for table, (values, lengths) in zip(self.table_of, columns.bags):
             if table in self.counts:
-                per_table.setdefault(table, []).append((values, np.repeat(train, lengths)))
+                one_each = len(values) == len(lengths) and bool((lengths == 1).all())
+                per_table.setdefault(table, []).append(
+                    (values, train if one_each else np.repeat(train, lengths))
+                )
         counts = {table: self._count(parts) for table, parts in per_table.items()}
         dense = columns.dense[train]
         dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))
@@ -202,6 +205,9 @@ class Fitter:
             joined = np.concatenate(packed) if len(packed) > 1 else packed[0]
             distinct, counts = np.unique(joined[train], return_counts=True)
             return Keyed(distinct, counts.astype(np.int64))
+        numbers = [decimal_ids(v) for v, _ in parts]
+        if all(k is not None for k in numbers):
+            return Numbered.counted(np.concatenate(numbers)[train])  # type: ignore[arg-type]
         dictionary, codes = _encode([v for v, _ in parts])
         counts = np.bincount(codes[train], minlength=len(dictionary))
         seen = counts > 0
@@ -229,8 +235,9 @@ class Fitter:
         pa = self.pa
         if len(counted) == 1:
             return counted[0]
-        if all(isinstance(c, Keyed) for c in counted):
-            return Keyed.summed(counted)
+        kinds = {type(c) for c in counted}
+        if len(kinds) == 1 and kinds <= {Keyed, Numbered}:
+            return kinds.pop().summed(counted)
         counted = [c.strings() if isinstance(c, Keyed) else c for c in counted]
         counts = np.concatenate([np.asarray(c.field("counts")) for c in counted])
         dictionary, codes = _encode([c.field("values") for c in counted])
@@ -267,6 +274,8 @@ class Fitter:
         kept: list[str] = []
         if counted:
             summed = self._compact(counted)
+            if isinstance(summed, Numbered):  # few distinct values: sorted as strings below
+                summed = summed.strings()
             if isinstance(summed, Keyed):
                 often = summed.counts >= first.min_count  # only these can be kept: sorted
                 keys, counts = summed.keys[often], summed.counts[often]
@@ -330,15 +339,15 @@ class Keyed:
     def __len__(self) -> int:
         return len(self.keys)
 
-    @staticmethod
-    def summed(parts: Sequence[Keyed]) -> Keyed:
+    @classmethod
+    def summed(cls, parts: Sequence[Keyed]) -> Keyed:
         """The parts' counts summed per key (a sort, then a sum over each run of one key)."""
         keys = np.concatenate([p.keys for p in parts])
         counts = np.concatenate([p.counts for p in parts])
         order = np.argsort(keys, kind="stable")
         keys, counts = keys[order], counts[order]
         starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-        return Keyed(keys[starts], np.add.reduceat(counts, starts) if len(keys) else counts)
+        return cls(keys[starts], np.add.reduceat(counts, starts) if len(keys) else counts)
 
     def strings(self) -> Any:
         """The same counts as a struct array of ``values`` (strings) and ``counts``."""
@@ -346,6 +355,54 @@ class Keyed:
 
         return pa.StructArray.from_arrays([unpacked_strings(self.keys), pa.array(self.counts)],
                                           names=["values", "counts"])  # fmt: skip
+
+
+class Numbered(Keyed):
+    """Value counts of decimal ids (`decimal_ids`) as their numbers: ``keys`` int64 sorted
+    and distinct (the numbers' order, not the strings'), ``counts`` int64."""
+
+    @staticmethod
+    def counted(numbers: np.ndarray) -> Numbered:
+        """The counts of ``numbers`` (int64, >= 0): a `bincount` when they are small enough
+        (ids such as MovieLens's 1 to 6040), else a sort."""
+        if len(numbers) and int(numbers.max()) < 4 * len(numbers) + (1 << 16):
+            counts = np.bincount(numbers)
+            distinct = np.flatnonzero(counts)
+            return Numbered(distinct.astype(np.int64), counts[distinct].astype(np.int64))
+        distinct, counts = np.unique(numbers, return_counts=True)
+        return Numbered(distinct.astype(np.int64), counts.astype(np.int64))
+
+    def strings(self) -> Any:
+        import pyarrow as pa
+
+        return pa.StructArray.from_arrays(
+            [pa.array(self.keys).cast(pa.string()), pa.array(self.counts)],
+            names=["values", "counts"],
+        )
+
+
+def decimal_ids(values: Any) -> np.ndarray | None:
+    """Each string of an Arrow string array as the number it writes (int64), when every one is
+    a decimal id written one way only: 1 to 18 ASCII digits, no leading zero but in "0" itself
+    (so strings and numbers are one-to-one and the strings come back as the numbers' decimal
+    text); else None (a null, a sign, a space, "007", "1.0", "": counted as strings)."""
+    n = len(values)
+    if values.null_count:
+        return None
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    offsets, text = _offsets(values)
+    lengths = np.diff(offsets)
+    if int(lengths.min()) < 1 or int(lengths.max()) > 18:
+        return None
+    digits = text[int(offsets[0]) : int(offsets[-1])] - np.uint8(48)  # '0'..'9' -> 0..9
+    if int(digits.max()) > 9:
+        return None
+    if bool(((text[offsets[:-1]] == 48) & (lengths > 1)).any()):  # a leading zero
+        return None
+    import pyarrow as pa
+
+    return np.asarray(values.cast(pa.int64())).astype(np.int64, copy=False)
 
 
 def packed_keys(values: Any, *, any_length: bool = False) -> np.ndarray | None:

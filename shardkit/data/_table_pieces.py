@@ -191,12 +191,15 @@ def _gzip_cut(
                 found = buffer.find(b"\n", max(target - 1 - base, 0))
                 if found >= 0 or eof:
                     break
-                chunk = stream.read(PIECE_BYTES)
-                eof = not chunk
-                buffer += chunk
+                chunk = stream.read_buffer(PIECE_BYTES)  # from Arrow's pool: no fresh pages
+                eof = not chunk.size
+                buffer += memoryview(chunk)
             end = base + found + 1 if found >= 0 else base + len(buffer)
             if end > base:
-                data = bytes(buffer[: end - base]) if wanted(k) else None
+                data = None
+                if wanted(k):
+                    with memoryview(buffer) as view:  # one copy, not a slice's and then bytes'
+                        data = view[: end - base].tobytes()
                 yield k, base, end, data
                 del buffer[: end - base]
                 base = end

@@ -132,18 +132,48 @@ class SplitRule:
         return "the validation files validate"
 
 
+def _packed(codes: np.ndarray, times: np.ndarray, positions: np.ndarray
+            ) -> tuple[np.ndarray, int, int, float] | None:  # fmt: skip
+    """(user, time, position) packed into one int64 key each, when whole seconds, users and
+    positions fit in 63 bits (MovieLens: 13 + 26 + 20): ``(keys, time bits, position bits,
+    first time)``; else None."""
+    if not len(times) or not bool(np.isfinite(times).all()):
+        return None
+    if not bool((times == np.floor(times)).all()):
+        return None
+    first = float(times.min())
+    offset = times - first
+    bits = [int(np.max(a, initial=0)).bit_length() for a in (codes, offset, positions)]
+    if sum(bits) > 63:
+        return None
+    key = (codes << (bits[1] + bits[2])) | (offset.astype(np.int64) << bits[2]) | positions
+    return key, bits[1], bits[2], first
+
+
 def _by_user_time_position(codes: np.ndarray, times: np.ndarray, positions: np.ndarray
                            ) -> np.ndarray:  # fmt: skip
-    """The rows' order by (user, time, position): one sort of packed integer keys when whole
-    seconds, users and positions fit in 63 bits (MovieLens: 13 + 26 + 20), else three."""
-    if len(times) and bool(np.isfinite(times).all()) and bool((times == np.floor(times)).all()):
-        offset = times - times.min()
-        bits = [int(np.max(a, initial=0)).bit_length() for a in (codes, offset, positions)]
-        if sum(bits) <= 63:
-            key = (codes << (bits[1] + bits[2])) | (offset.astype(np.int64) << bits[2]) | positions
-            return np.argsort(key)  # the keys are distinct: any sort gives the one order
+    """The rows' order by (user, time, position): one sort of packed integer keys (`_packed`),
+    else three."""
+    packed = _packed(codes, times, positions)
+    if packed is not None:
+        return np.argsort(packed[0])  # the keys are distinct: any sort gives the one order
     order = np.argsort(times, kind="stable")  # rows come in pos order: ties stay in it
     return order[np.argsort(codes[order], kind="stable")]
+
+
+def _ranked(codes: np.ndarray, times: np.ndarray, positions: np.ndarray, ranks: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The time and position of the rows at ``ranks`` of the order by (user, time, position):
+    for packed keys one sort of the keys themselves (no argsort), the picked keys unpacked."""
+    packed = _packed(codes, times, positions)
+    if packed is None:
+        rows = _by_user_time_position(codes, times, positions)[ranks]
+        return times[rows], positions[rows]
+    key, time_bits, position_bits, first = packed
+    key.sort()
+    picked = key[ranks]
+    offset = (picked >> position_bits) & ((1 << time_bits) - 1)
+    return offset.astype(np.float64) + first, picked & ((1 << position_bits) - 1)
 
 
 def fit_times(spec: SplitSpec, times: np.ndarray, users: Any, positions: np.ndarray) -> SplitRule:
@@ -151,9 +181,10 @@ def fit_times(spec: SplitSpec, times: np.ndarray, users: Any, positions: np.ndar
     ``[N]`` of every good row of the training files, with (for ``per``) ``users`` (Arrow
     strings ``[N]``) and ``positions`` int64 ``[N]``, in any order."""
     fraction = spec.validation_fraction
-    order = np.argsort(positions, kind="stable")
-    times, positions = times[order], positions[order]
-    users = users.take(order) if users is not None else None
+    if not bool((positions[1:] > positions[:-1]).all()):  # pieces in file order need no sort
+        order = np.argsort(positions, kind="stable")
+        times, positions = times[order], positions[order]
+        users = users.take(order) if users is not None else None
     if spec.per is None:
         train = math.ceil((1.0 - fraction) * len(times))  # rows before the cut
         cut = float(np.partition(times, train)[train]) if train < len(times) else math.inf
@@ -164,12 +195,12 @@ def fit_times(spec: SplitSpec, times: np.ndarray, users: Any, positions: np.ndar
 
     encoded = pc.dictionary_encode(users)  # an Array: one dictionary
     codes = np.asarray(encoded.indices, dtype=np.int64)
-    order = _by_user_time_position(codes, times, positions)
     counts = np.bincount(codes, minlength=len(encoded.dictionary))
     starts = np.cumsum(counts) - counts
     last = np.floor(fraction * counts + 0.5).astype(np.int64)  # validating rows per user
     users_with = np.flatnonzero(last)
-    rows = order[starts[users_with] + counts[users_with] - last[users_with]]
+    ranks = starts[users_with] + counts[users_with] - last[users_with]
+    cut_times, cut_positions = _ranked(codes, times, positions, ranks)
     names = encoded.dictionary.take(users_with).to_pylist()
-    cutoffs = dict(zip(names, zip(times[rows].tolist(), positions[rows].tolist())))
+    cutoffs = dict(zip(names, zip(cut_times.tolist(), cut_positions.tolist())))
     return SplitRule("per", cutoffs=cutoffs)

@@ -7,12 +7,17 @@ allocator aligns), so a backward that allocates and frees each layer's weight gr
 keeps growing the heap: hundreds of MB of free but resident memory on a 100 M-parameter model.
 Unit-sized buffers (see [Note: flat buckets]) are large enough to be mapped and unmapped as a
 whole; for the rest, ``malloc_trim(0)`` hands the free pages back, so the resident set follows
-what the ranks really hold. Trimming has a price: pages handed back fault in again when reused.
-So backward trims once the gradients it released since the last trim reach
-``TRIM_BUDGET_BYTES`` (every other block of the 100 M-parameter benchmark), and once at its end:
-the heap never holds much more than that budget of free memory, at a fraction of the cost of
-trimming after every unit. It is skipped where there is no glibc, and for units computing on a
-GPU (the CUDA caching allocator manages device memory).
+what the ranks really hold. Trimming has a price: a call walks the whole heap, and pages handed
+back fault in again when reused (the next forward's activations among them). So backward trims
+once the gradients it released since the last trim reach ``TRIM_BUDGET_BYTES`` (every other
+block of the 100 M-parameter benchmark), counting across iterations: the heap never holds much
+more than that budget of free memory, at a fraction of the cost of trimming after every unit.
+It does not also trim at the end of every backward: on seed 004's 1.2 M-parameter CNN that trim
+cost more than a tenth of the step (0.236-0.267 s against 0.190-0.202 s without it, 2 ranks on a
+Zen 3 EPYC, `bench_fsdp.py --model cnn`; peak RSS 0.40 -> 0.42 GB, torch FSDP1's 0.42-0.43),
+half of it the call itself and half the next step's convolutions faulting their buffers in
+again. It is skipped where there is no glibc, and for units computing on a GPU (the CUDA caching
+allocator manages device memory).
 
 Writing into freshly mapped memory costs a page fault per 4 KiB page, four times the cost of the
 copy itself for a 32 MiB buffer here. The buffers shardkit fills itself (gathered parameters,
@@ -122,7 +127,8 @@ class BufferPool:
 
 
 class FreedMemory:
-    """Counts the bytes backward freed since the last trim. See [Note: returning memory]."""
+    """Counts the bytes backward freed since the last trim, across iterations, and trims when
+    they reach ``TRIM_BUDGET_BYTES``. See [Note: returning memory]."""
 
     def __init__(self) -> None:
         self._freed = 0
@@ -130,10 +136,6 @@ class FreedMemory:
     def add(self, nbytes: int) -> None:
         self._freed += nbytes
         if self._freed >= TRIM_BUDGET_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._freed:
             release_free_memory()
             self._freed = 0
 

@@ -242,7 +242,6 @@ class TreeContext:
         if not self._pending_reduce:
             self.reduce_buffers.clear()
         UNSHARDED_POOL.clear()  # See [Note: unsharded memory pool]
-        self.freed.flush()
 
     def reset(self) -> None:
         """Forget a forward or backward that raised: free everything, drop its reductions."""

@@ -198,19 +198,36 @@ def check_ids(kjt: KeyedJaggedTensor, plan: InputPlan) -> None:
     """Every id of key k must be in ``[0, num_embeddings of k's table)``; name the first that isn't."""
     values = kjt.values()
     offsets = kjt.offset_per_key()
-    keys = [k for k in range(len(offsets) - 1) if offsets[k + 1] > offsets[k]]
-    if not keys:
-        return
-    # One pass per key, no [N] tensor of limits; one host read for all keys (a GPU syncs once).
-    bounds = torch.stack(
-        [torch.stack(torch.aminmax(values[offsets[k] : offsets[k + 1]])) for k in keys]
-    ).tolist()
-    for key, (low, high) in zip(keys, bounds):
-        limit = plan.num_embeddings_per_key[key]
-        if low >= 0 and high < limit:
+    limits = plan.num_embeddings_per_key
+    # Keys with one limit next to each other in values (a table's features, tables of one size;
+    # keys with no ids between them) are one run: one pass per run, no [N] tensor of limits, one
+    # host read for all runs (a GPU syncs once).
+    runs: list[list[int]] = []  # [first key, end key), keys with ids, one limit
+    for k in range(len(offsets) - 1):
+        if offsets[k + 1] == offsets[k]:
             continue
-        ids = values[offsets[key] : offsets[key + 1]]
-        position = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
+        if runs and limits[runs[-1][0]] == limits[k]:
+            runs[-1][1] = k + 1
+        else:
+            runs.append([k, k + 1])
+    if not runs:
+        return
+    bounds = torch.stack(
+        [torch.stack(torch.aminmax(values[offsets[a] : offsets[b]])) for a, b in runs]
+    ).tolist()
+    for (first, end), (low, high) in zip(runs, bounds):
+        if low >= 0 and high < limits[first]:
+            continue
+        for key in range(first, end):  # the run's first key holding an id out of range
+            _check_key_ids(values[offsets[key] : offsets[key + 1]], key, plan)
+
+
+def _check_key_ids(ids: torch.Tensor, key: int, plan: InputPlan) -> None:
+    """Raise, naming the first of ``ids`` (key ``key``'s) outside its table, if one is."""
+    limit = plan.num_embeddings_per_key[key]
+    outside = (ids < 0) | (ids >= limit)
+    if ids.numel() and bool(outside.any()):
+        position = int(outside.nonzero()[0, 0])
         raise ValueError(
             f"feature '{plan.keys[key]}' (table '{plan.table_per_key[key]}'): id "
             f"{int(ids[position])} at position {position} of the feature's values is "

@@ -193,9 +193,12 @@ class _Lookup(torch.autograd.Function):
         if offsets is None:
             return F.embedding(ids, tables.weight)
         if ctx.compiled:
-            out = kernels.pooled_forward(
-                tables.weight, ids, offsets, per_sample_weights, batch_size=batch_size
-            )  # rows already example-major when batch_size > 0
+            # this Function is the autograd of the lookup: call the operator below autograd,
+            # skipping the Python autograd formula it carries for programs that call it alone
+            with torch._C._AutoDispatchBelowAutograd():
+                out = kernels.pooled_forward(
+                    tables.weight, ids, offsets, per_sample_weights, batch_size=batch_size
+                )  # rows already example-major when batch_size > 0
             return out.view(batch_size, out.numel() // batch_size) if batch_size else out
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(tables.weight.dtype)

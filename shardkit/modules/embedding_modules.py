@@ -262,7 +262,9 @@ class EmbeddingBagCollection(_Collection):
             dim = group.tables.dim
             out = lookup(
                 group.tables, inputs.ids, inputs.offsets, weights, group.params, batch_size=stride
-            ).view(stride, spec.num_keys * dim)  # [B, K_g * D], example-major
+            )  # [B, K_g * D], example-major (a batch of 0: [0, D])
+            if out.shape != (stride, spec.num_keys * dim):
+                out = out.view(stride, spec.num_keys * dim)  # (no view node in the usual case)
             if len(self._stack.groups) == 1 and plan.keys == tuple(self._feature_names):
                 return KeyedTensor(self._feature_names, self._dims, out)
             for position in range(spec.num_keys):

@@ -7,7 +7,8 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
 
 1. input distribution: the ids' all-to-all (a header, then lengths and ids; per-id weights when
    a table is weighted); a rank sends its batch's ids to every column block of every table and
-   receives the ids of the shards it holds;
+   receives the ids of the shards it holds (with only data-parallel tables the header and an
+   empty exchange still run: every batch is checked);
 2. embedding forward: per rank, one kernel call per shard group (same route, columns,
    optimizer; see [Note: kernel groups and output classes] in the sharded modules), timed by
    the profile's `KernelFit` (see [Note: calibrated kernel model]);
@@ -19,7 +20,8 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
    parameter, gradient and two moments and writes three) at its memory bandwidth;
 5. output distribution backward: each class's adjoint (all-to-all back; all-gather for
    reduce-scatter); data-parallel tables with the FUSED kernel all-gather every rank's ids and
-   output gradients instead (see [Note: sparse data-parallel tables]);
+   output gradients instead, after an all-gather of the id counts in forward (see
+   [Note: sparse data-parallel tables]);
 6. embedding backward with the fused update, per group; data-parallel FUSED replicas run it
    over the global batch;
 7. the dense all-reduce (DDP; DENSE data-parallel tables add their whole gradient to it, and a
@@ -35,6 +37,8 @@ whose compute is largest. CPU ranks that share cores compute slower and their co
 (see [Note: oversubscribed cores]). With the train pipeline, the input distribution of
 the next batch runs during this one: hidden entirely on GPUs, and on CPUs only as far as cores
 are left over for the backend's threads.
+
+Large step buffers on CPUs add their page faults (see [Note: fresh pages]).
 
 Not modelled: the overlap of DDP's all-reduce with backward, stragglers and noise, the memory
 bandwidth other ranks of the host take from a rank's kernels, skewed ids (see
@@ -59,6 +63,33 @@ calibration measured with the same ranks sharing the same cores (a size it did n
 extrapolates from the nearest, as on any host). ``s`` is 1 on GPUs and where every rank has
 cores of its own, so nothing here changes their predictions; the simulation gives every rank
 cores of its own (see [Note: simulated scaling]).
+
+[Note: fresh pages]
+A CPU step allocates some buffers afresh every time, and the first write to a freshly mapped
+page faults: the kernel maps and zeroes it. glibc's allocator hands buffers of 32 MiB or more
+(the largest threshold it adapts to) back to the system when they are freed and maps new ones
+at the next allocation, so a step that allocates a 40 MiB buffer pays its page faults every
+step: on the 2-core EPYC VM 0.6-0.9 ms per MiB of one rank's CPU time, 5-7 times what writing
+an already-mapped MiB costs (issue 29's measurement: row-wise types of the small case at 4
+ranks fault 180 MiB of fresh pages per rank per step, data-parallel 203 MiB, table-wise 10;
+their steps took 35-48% longer than predicted without this term). The profile's
+``fresh_buffer_bytes`` and ``fresh_page_ms_per_byte`` are calibrate's measurement of it (0:
+none, as on GPUs, whose caching allocator keeps its memory), and the prediction charges
+``fresh_page_ms_per_byte`` for every byte of each step buffer at least ``fresh_buffer_bytes``
+large, as compute (times ``s`` when ranks share cores):
+
+- the kernel's pooled output, one buffer per kernel call (in the embedding phase);
+- per output class (`output_buffers`, in the output distribution): all-to-all, its output
+  and its adjoint's; reduce-scatter (row-wise types, through an all-to-all on gloo), the
+  all-to-all's receive buffer, then in backward the all-gather's output and the flat buffer
+  gloo gathers into first; FUSED data-parallel replicas, the all-gather's output, gloo's flat
+  buffer, the uneven ranks' chunks joined and the output gradients unpacked.
+
+Smaller buffers are reused from the allocator's own memory (mostly: its threshold follows the
+sizes freed before, so a buffer just under 32 MiB may fault too). Calibration times its
+collectives with the buffers they allocate, so the link fit subtracts those buffers' faults
+from the sizes at or above the threshold before fitting (see `shardkit.bench._links.fit_links`)
+and each fault is charged once.
 """
 
 from __future__ import annotations
@@ -267,20 +298,20 @@ def predict_step(
             kind, nbytes, world_size=size, local_world_size=group_local, profile=profile
         )
 
-    fwd = _kernels(sums, profile, forward=True) * slow
+    fwd = (_kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)) * slow
     bwd = _kernels(sums, profile, forward=False) * slow
     bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
-    in_dist, in_calls = 0.0, 0
-    if any(p.sharding_type != ShardingType.DATA_PARALLEL for p in placed):
-        exchange = max(sums.in_send, float(sums.in_recv.max()))
-        header = 8 * 8 * world  # a few int64 per destination: latency, mostly
-        in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
-        in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
-        if in_calls == 3:
-            in_dist += coll("all_to_all", exchange / 2)
+    # the headers' exchange and the ids' run whatever the tables (every batch is checked),
+    # empty when all are data-parallel replicas
+    exchange = max(sums.in_send, float(sums.in_recv.max()))
+    header = 8 * 8 * world  # a few int64 per destination: latency, mostly
+    in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
+    in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
+    if in_calls == 3:
+        in_dist += coll("all_to_all", exchange / 2)
     out_fwd, out_bwd, out_calls = _output_dists(sums.classes, topology, coll)
     out_fwd += wait * out_calls[0]
-    out_bwd += wait * out_calls[1]
+    out_bwd += wait * out_calls[1] + _output_fresh_pages(sums.classes, topology) * slow
     flops = 2.0 * dense_parameters if dense_flops_per_example is None else dense_flops_per_example
     dense = (
         3 * flops * batch_size / profile.matmul_flops
@@ -423,6 +454,55 @@ def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarr
     return total
 
 
+def _kernel_fresh_pages(sums: _Sums, profile: MachineProfile) -> np.ndarray:
+    """Per rank, ms of the page faults of its kernels' outputs (one buffer per group call, its
+    pooled rows). See [Note: fresh pages]."""
+    total = np.zeros(sums.world)
+    for (_, cols, _, _), (_, bags, _, _, _) in sums.groups.items():
+        for rank, rows in enumerate(bags.tolist()):
+            total[rank] += profile.fresh_page_ms([rows * cols * 4])
+    return total
+
+
+def output_buffers(
+    route: str, send: float, recv: float, cols: int, hosts: int, local: int
+) -> list[float]:
+    """The buffers one output class allocates on a rank per step, bytes each (beyond the
+    kernel's output), as the sharded modules run on a backend without a reduce-scatter that
+    beats an all-to-all (gloo); see [Note: fresh pages]. ``send``: the rank's pooled rows of
+    the class; ``recv``: what it receives (all-to-all), or for FUSED replicas the all-gather's
+    output."""
+    if route == "placed":  # the all-to-all's output, and its adjoint's (the rows' gradients)
+        return [recv, send]
+    if route in _ROW_SPLIT:
+        # forward: the reduce-scatter's all-to-all receives as much as it sends; backward: the
+        # all-gather's output and the backend's flat buffer it gathers into first
+        buffers = [send, send, send]
+        if route == "host_summed" and hosts > 1:  # the sums' exchange across hosts, and back
+            buffers += [send / local, send / local]
+        return buffers
+    # FUSED replicas: the all-gather's output, the backend's flat buffer, the uneven ranks'
+    # chunks joined, and the output gradients unpacked from it (all but the ids' words)
+    return [recv, recv, recv, recv * cols / (cols + 1)]
+
+
+def _output_fresh_pages(classes: dict, topology: Topology) -> float:
+    """The page faults of the output distributions' buffers, on the rank with the most."""
+    profile = topology.profile
+    assert profile is not None
+    hosts, local = topology.num_hosts, topology.intra_group_size
+    per_rank = np.zeros(topology.world_size)
+    for (route, cols), (send, recv) in classes.items():
+        # FUSED replicas' class holds the all-gather's output where the others hold what they send
+        received = send if route == "local" else recv
+        for rank in range(per_rank.size):
+            buffers = output_buffers(
+                route, float(send[rank]), float(received[rank]), cols, hosts, local
+            )
+            per_rank[rank] += profile.fresh_page_ms(buffers)
+    return float(per_rank.max())
+
+
 def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float, tuple[int, int]]:
     """(forward, backward) ms of every output class's collectives, in the job, and how many
     collective calls each direction makes."""
@@ -449,7 +529,8 @@ def _output_dists(classes: dict, topology: Topology, coll) -> tuple[float, float
                 forward += coll("all_to_all", size / local, hosts, 1)
                 backward += coll("all_to_all", size / local, hosts, 1)
                 calls = [calls[0] + 1, calls[1] + 1]
-        else:  # FUSED data-parallel: one all-gather in backward
+        else:  # FUSED data-parallel: the id counts' all-gather, then the batch's in backward
+            forward += coll("all_gather", 8.0 * topology.world_size)
             backward += coll("all_gather", float(send.max()))
-            calls[1] += 1
+            calls = [calls[0] + 1, calls[1] + 1]
     return forward, backward, (calls[0], calls[1])

@@ -209,6 +209,12 @@ class MachineProfile:
             so a message waits until its receiver is scheduled (see
             [Note: oversubscribed cores]). Calibration measures it when it runs more ranks
             than cores; 0 where it was not measured.
+        fresh_buffer_bytes: buffers at least this large get freshly mapped pages every time
+            they are allocated (the allocator hands them back to the system when freed: glibc
+            does above 32 MiB); 0 where none do (a caching allocator, GPUs). See
+            [Note: fresh pages].
+        fresh_page_ms_per_byte: what writing such a buffer the first time adds per byte (the
+            page faults that map and zero its pages), beyond writing a buffer already mapped.
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -230,6 +236,8 @@ class MachineProfile:
     links: tuple[LinkFit, ...]
     step_overhead: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     switch_wait_ms: float = 0.0
+    fresh_buffer_bytes: int = 0
+    fresh_page_ms_per_byte: float = 0.0
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -249,6 +257,17 @@ class MachineProfile:
             raise ValueError(
                 "MachineProfile.switch_wait_ms must be a finite number >= 0 (ms a collective "
                 f"waits per extra rank sharing a core), got {self.switch_wait_ms}"
+            )
+        if not (
+            isinstance(self.fresh_buffer_bytes, int)
+            and self.fresh_buffer_bytes >= 0
+            and math.isfinite(self.fresh_page_ms_per_byte)
+            and self.fresh_page_ms_per_byte >= 0
+        ):
+            raise ValueError(
+                "MachineProfile.fresh_buffer_bytes must be an int >= 0 and "
+                "fresh_page_ms_per_byte a finite number >= 0 (see [Note: fresh pages]), got "
+                f"{self.fresh_buffer_bytes!r} and {self.fresh_page_ms_per_byte!r}"
             )
         if self.compute_device not in ("cpu", "cuda"):
             raise ValueError(f"compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}")
@@ -299,6 +318,15 @@ class MachineProfile:
         ``switch_wait_ms x (oversubscription - 1)``, 0 on cores that are not shared."""
         return self.switch_wait_ms * (self.oversubscription(ranks_per_host) - 1.0)
 
+    def fresh_page_ms(self, buffers: Sequence[float]) -> float:
+        """What the page faults of ``buffers`` (bytes each, allocated once) cost: those at
+        least ``fresh_buffer_bytes`` large, at ``fresh_page_ms_per_byte``. See
+        [Note: fresh pages]."""
+        if self.fresh_buffer_bytes <= 0:
+            return 0.0
+        big = sum(b for b in buffers if b >= self.fresh_buffer_bytes)
+        return big * self.fresh_page_ms_per_byte
+
     def link(self, kind: str, world_size: int, scope: str = "intra") -> LinkFit | None:
         """The fit measured for (kind, world size, scope), else the nearest world size's of that
         kind and scope, else None."""
@@ -323,6 +351,8 @@ class MachineProfile:
             "matmul_flops": self.matmul_flops,
             "step_overhead": list(self.step_overhead),
             "switch_wait_ms": self.switch_wait_ms,
+            "fresh_buffer_bytes": self.fresh_buffer_bytes,
+            "fresh_page_ms_per_byte": self.fresh_page_ms_per_byte,
             "kernels": [
                 {"optimizer": k.optimizer, "forward": list(k.forward), "backward": list(k.backward)}
                 for k in self.kernels
@@ -361,6 +391,8 @@ class MachineProfile:
                 matmul_flops=float(data["matmul_flops"]),
                 step_overhead=_four(data.get("step_overhead", (0.0, 0.0, 0.0, 0.0))),
                 switch_wait_ms=float(data.get("switch_wait_ms", 0.0)),
+                fresh_buffer_bytes=int(data.get("fresh_buffer_bytes", 0)),
+                fresh_page_ms_per_byte=float(data.get("fresh_page_ms_per_byte", 0.0)),
                 kernels=tuple(
                     KernelFit(k["optimizer"], tuple(k["forward"]), tuple(k["backward"]))
                     for k in data["kernels"]

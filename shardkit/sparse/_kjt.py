@@ -413,14 +413,17 @@ class KeyedJaggedTensor:
 
     def validate(self) -> KeyedJaggedTensor:
         """Check the data against the metadata; raises ValueError naming the key. Syncs with
-        the device; returns ``self``."""
-        validate_kjt(
+        the device; returns ``self``, with ``length_per_key`` computed (the check counts each
+        key's ids, so a later `length_per_key` costs no second sync)."""
+        per_key = validate_kjt(
             _OWNER, self._keys, self._values, self._weights, self._lengths, self._offsets,
             stride=self._stride, stride_per_key_per_rank=self._stride_per_key_per_rank,
             length_per_key=self._length_per_key, offset_per_key=self._offset_per_key,
             lengths_offset_per_key=self.lengths_offset_per_key(),
             stride_per_key=self.stride_per_key(), inverse_indices=self._inverse_indices,
         )  # fmt: skip
+        if self._length_per_key is None and per_key is not None:
+            self._length_per_key = per_key
         return self
 
     def __str__(self) -> str:

@@ -8,12 +8,13 @@ the bag to fix. `validate_kjt` is a KeyedJaggedTensor's ``validate()``: its free
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
 
 from shardkit.sparse._checks import check_inverse_indices, check_kjt, check_per_key, num_rows
-from shardkit.sparse._segments import boundary_diffs, complete_cumsum
+from shardkit.sparse._segments import boundary_diffs, complete_cumsum, host_list_to
 
 __all__ = [
     "check_bags",
@@ -115,24 +116,29 @@ def validate_kjt(
     lengths_offset_per_key: list[int],
     stride_per_key: list[int],
     inverse_indices: tuple[list[str], torch.Tensor] | None,
-) -> None:
+) -> list[int] | None:
     """A KeyedJaggedTensor's fields (as it holds them: metadata None if not computed), then its
     data against them; data messages start with ``<owner>.validate`` and name the key.
 
     Args:
         lengths_offset_per_key: ``[F + 1]`` the first bag of each key, then the number of bags.
         stride_per_key: the bags of each key, the range of its ``inverse_indices`` row.
+
+    Returns:
+        The ids of each key as the data say (``length_per_key``, checked), or None when there
+        are no bags to count.
     """
     check_kjt(owner, keys, values, weights, lengths, offsets, stride, stride_per_key_per_rank,
               None, unique_keys=False)  # fmt: skip
     check_per_key(owner, keys, values.size(0), num_rows(lengths, offsets), length_per_key,
                   offset_per_key, lengths_offset_per_key)  # fmt: skip
     check_inverse_indices(owner, inverse_indices)
-    _check_keyed_bags(f"{owner}.validate", keys, values.size(0), lengths, offsets,
-                      lengths_offset_per_key, length_per_key)  # fmt: skip
+    per_key = _check_keyed_bags(f"{owner}.validate", keys, values.size(0), lengths, offsets,
+                                lengths_offset_per_key, length_per_key)  # fmt: skip
     if inverse_indices is not None:
         _check_inverse_range(f"{owner}.validate", dict(zip(keys, stride_per_key)),
                              *inverse_indices)  # fmt: skip
+    return per_key
 
 
 def _check_keyed_bags(
@@ -143,14 +149,17 @@ def _check_keyed_bags(
     offsets: torch.Tensor | None,
     lengths_offset_per_key: list[int],
     length_per_key: list[int] | None,
-) -> None:
-    """The bags of every key agree however they are described; messages name the key."""
+) -> list[int] | None:
+    """The bags of every key agree however they are described; messages name the key. Returns
+    the ids of each key (None when there are no bags to count)."""
     bounds = lengths_offset_per_key
 
     def where(bag: int) -> str:
         index = sum(1 for bound in bounds[1:] if bound <= bag)
         return f"key {keys[index]!r}: " if index < len(keys) else ""
 
+    if offsets is None and lengths is not None and _lengths_only(bounds, lengths):
+        return _check_lengths_only(owner, keys, num_values, lengths, bounds, length_per_key, where)
     check_bags(owner, lengths, offsets, where)
     per_key = None
     if offsets is not None and offsets.numel():
@@ -164,6 +173,49 @@ def _check_keyed_bags(
         _compare_per_key(owner, keys, per_key, ("length_per_key says", length_per_key))
     detail = f" (per key: {dict(zip(keys, per_key[1]))})" if keys and per_key else ""
     check_total(owner, lengths, offsets, num_values, detail)
+    return None if per_key is None else per_key[1]
+
+
+def _lengths_only(bounds: list[int], lengths: torch.Tensor) -> bool:
+    """Whether `_check_lengths_only` serves: keys, bags, and key bounds that end at the last bag
+    (the free checks make them so; anything else takes the general path)."""
+    return len(bounds) >= 2 and lengths.numel() > 0 and bounds[-1] == lengths.numel()
+
+
+def _check_lengths_only(
+    owner: str,
+    keys: list[str],
+    num_values: int,
+    lengths: torch.Tensor,
+    bounds: list[int],
+    length_per_key: list[int] | None,
+    where: Where,
+) -> list[int]:
+    """`_check_keyed_bags` for bags given by lengths alone (a batch's usual form) with one
+    device->host read: the smallest length and each key's ids. The checks, their order and
+    their messages are the general path's (negative lengths first, then ``length_per_key``,
+    then the total); a failing one re-runs the general check for its message."""
+    smallest = lengths.amin().view(1).long()
+    stride = bounds[1]
+    if stride and bounds == list(range(0, bounds[-1] + 1, stride)):  # one batch size: [F, B]
+        counts = lengths.view(len(bounds) - 1, stride).sum(1, dtype=torch.int64)
+        read = torch.cat([smallest, counts]).tolist()
+        per_key = read[1:]
+    else:  # a batch size per key (VBE): the cumulative sum at each key's first bag
+        cumsum = lengths.new_zeros(lengths.numel() + 1, dtype=torch.int64)  # int64: no wrap
+        torch.cumsum(lengths, 0, dtype=torch.int64, out=cumsum[1:])
+        index = host_list_to(bounds, lengths.device)
+        read = torch.cat([smallest, cumsum.index_select(0, index)]).tolist()
+        per_key = [end - start for start, end in itertools.pairwise(read[1:])]
+    if read[0] < 0:
+        check_bags(owner, lengths, None, where)  # raises, naming the first negative length
+    if length_per_key is not None:
+        _compare_per_key(owner, keys, ("lengths sum to", per_key),
+                         ("length_per_key says", length_per_key))  # fmt: skip
+    if sum(per_key) != num_values:
+        detail = f" (per key: {dict(zip(keys, per_key))})"
+        check_total(owner, lengths, None, num_values, detail)  # raises
+    return per_key
 
 
 def _compare_per_key(

@@ -53,6 +53,36 @@ def test_switch_wait_is_the_wait_per_extra_rank_sharing_a_core():
     assert "beyond the" not in format_profile(hand_profile())  # not measured: nothing said
 
 
+def test_link_fit_takes_out_the_page_faults_it_timed():
+    from shardkit.bench._links import fit_links
+
+    # the wire: 1 ms + bytes / 1e6 bytes/ms; at 4e7 bytes (past a 3e7-byte threshold) the
+    # reduce-scatter also faulted its receive buffer: 4e7 x 1e-6 ms per byte, twice over for
+    # 4 ranks of 1 thread on 2 cores (see [Note: fresh pages])
+    rows = [
+        {"kind": kind, "bytes": n, "world_size": 4, "ms": 1.0 + n / 1e6 + extra}
+        for kind, faults in (("reduce_scatter", 80.0), ("all_to_all", 0.0))
+        for n, extra in ((1e5, 0.0), (1e6, 0.0), (4e7, faults))
+    ]
+    fits = {f.kind: f for f in fit_links(rows, "intra", (30_000_000, 1e-6), 1 / 2)}
+    for kind in ("reduce_scatter", "all_to_all"):
+        assert (fits[kind].latency_ms, fits[kind].bytes_per_ms) == pytest.approx((1.0, 1e6))
+    # without the fresh-page cost the faults bend the fit
+    bent = {f.kind: f for f in fit_links(rows, "intra")}
+    assert bent["reduce_scatter"].bytes_per_ms < 0.7e6
+
+
+def test_fresh_pages_line_in_the_profile():
+    from dataclasses import replace
+
+    from shardkit.bench import format_profile
+
+    said = "buffers of 32 MiB or more: fresh pages, 0.60 ms per MiB"
+    prof = replace(hand_profile(), fresh_buffer_bytes=32 << 20, fresh_page_ms_per_byte=0.6 / 2**20)
+    assert said in format_profile(prof)
+    assert "fresh pages" not in format_profile(hand_profile())
+
+
 def test_fit_leaves_out_a_point_another_process_slowed():
     rows = [[1.0, x] for x in range(1, 11)]
     times = [1.0 + 0.5 * x for x in range(1, 11)]

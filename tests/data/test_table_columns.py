@@ -179,10 +179,11 @@ def test_exact_sums_are_exact_in_any_order():
 @pytest.mark.parametrize("whole_seconds", [True, False])
 def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
     """The time split's sort (packed integer keys for whole seconds, else stable sorts) is the
-    order of (user, time, position) tuples."""
+    order of (user, time, position) tuples, and the rows it picks by rank (from the sorted keys
+    unpacked, for whole seconds) are that order's."""
     import numpy as np
 
-    from shardkit.data._table_split import _by_user_time_position
+    from shardkit.data._table_split import _by_user_time_position, _ranked
 
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 50, 3000)
@@ -193,6 +194,10 @@ def test_the_per_user_order_is_by_user_time_and_position(whole_seconds):
     order = _by_user_time_position(codes, times, positions)
     expected = sorted(range(3000), key=lambda i: (codes[i], times[i], positions[i]))
     assert order.tolist() == expected
+    ranks = rng.integers(0, 3000, 40)
+    picked_times, picked_positions = _ranked(codes, times, positions, ranks)
+    assert picked_times.tolist() == [times[expected[r]] for r in ranks]
+    assert picked_positions.tolist() == [expected[r] for r in ranks]
 
 
 def test_strings_with_spaces_at_either_end_are_found():
@@ -279,3 +284,78 @@ def test_short_values_counted_as_keys_fit_what_counting_strings_fits(tmp_path, m
     assert keyed.fitted.to_dict() == strings.fitted.to_dict()
     vocabulary = {t.name: t.vocabulary for t in keyed.fitted.tables}
     assert len(vocabulary["code"]) == 29 and "long-code-1" in vocabulary["code"]
+
+
+def test_decimal_ids_counted_as_numbers_fit_what_counting_strings_fits(tmp_path, monkeypatch):
+    """Ids of several lengths written as decimal numbers one way only ("1" to "6040", as
+    MovieLens's) are counted as their numbers (`decimal_ids`: a `bincount`, or a sort for large
+    ones); "007", "+5", "1.0", "-1" and spaces are not such ids, so a piece holding one counts
+    strings, and pieces of either kind merge. The fitted schema (vocabulary values, order by
+    count then string, ``min_count``, ``num_embeddings``) is the one counting strings fits and
+    the one a Python count gives."""
+    import collections
+
+    import pyarrow as pa
+
+    import shardkit.data._table_fit as table_fit
+    import shardkit.data._table_pieces as table_pieces
+
+    assert table_fit.decimal_ids(pa.array(["7", "0", "10", "6040"])).tolist() == [7, 0, 10, 6040]
+    for odd in ("007", "+5", "1.0", "-1", " 3", "", "1e3", "\u0663", "1234567890123456789"):
+        assert table_fit.decimal_ids(pa.array(["12", odd])) is None, odd
+    assert table_fit.decimal_ids(pa.array(["12", None])) is None
+    assert table_fit.decimal_ids(pa.array(["x", "12", "3"]).slice(1)).tolist() == [12, 3]
+
+    odd = {300: "007", 310: "007", 320: "007", 301: "7", 302: "+5", 312: "+5", 900: "05",
+           910: "05"}  # fmt: skip
+    rows = [[odd.get(i, str((i * 37) % 1013 % (5 + i % 97))),
+             str(10**12 + i % 7 if i % 2 else i % 11), str(i % 3 == 0)] for i in range(1200)]  # fmt: skip
+    path, other = tmp_path / "ids.csv", tmp_path / "validation.csv"
+    for file, part in ((path, rows), (other, rows[:50])):
+        file.write_text("user,item,clicked\n" + "".join(",".join(r) + "\n" for r in part))
+    schema = schema_from_dict({"label": "clicked", "columns": {
+        "user": {"type": "categorical", "min_count": 2},
+        "item": {"type": "categorical", "num_embeddings": 12}}})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(table_fit, "_COMPACT", 20)
+    decimal = table_fit.decimal_ids
+    seen = []
+    monkeypatch.setattr(table_fit, "decimal_ids", lambda v: seen.append(decimal(v)) or seen[-1])
+    numbered = scan_table([path], schema, validation_paths=[other], threads=1)
+    assert any(k is None for k in seen) and sum(k is not None for k in seen) > 4
+    monkeypatch.setattr(table_fit, "decimal_ids", lambda v: None)
+    strings = scan_table([path], schema, validation_paths=[other], threads=1)
+    assert len(numbered.pieces) > 4
+    assert numbered.fitted.to_dict() == strings.fitted.to_dict()
+    vocabulary = {t.name: t.vocabulary for t in numbered.fitted.tables}
+    for column, min_count, most in (("user", 2, None), ("item", 1, 11)):
+        counts = collections.Counter(r[column == "item"] for r in rows)
+        expected = sorted((v for v, c in counts.items() if c >= min_count),
+                          key=lambda v: (-counts[v], v.encode()))[:most]  # fmt: skip
+        assert list(vocabulary[column]) == expected
+    assert {"007", "7", "+5", "05"} <= set(vocabulary["user"])
+
+
+def test_multi_hot_bags_split_once_per_distinct_text_are_each_rows_split():
+    """A multi-hot column of few distinct texts is split, trimmed and checked once per text,
+    each row then taking its text's values: the same values, lengths and order as splitting
+    every row (Python's split of the stripped text, stripped parts, missing ones dropped)."""
+    import pyarrow as pa
+
+    from shardkit.data._table_columns import ColumnParser
+
+    schema = schema_from_dict(ODD)
+    parser = ColumnParser(schema, ("user", "tags", "zip"))
+    spec = next(c for c in schema.columns if c.name == "tags")
+    texts = [r[1] for r in ROWS]
+    split_once = []
+    split = parser._split
+    parser._split = lambda *a: split_once.append(1) or split(*a)  # type: ignore[method-assign]
+    for rows, once in ((texts, 0), (texts * 5, 1), ((texts * 5)[3:], 1)):
+        values, lengths = parser._bag(pa.array(rows), spec, {})
+        bags = [[p.strip() for p in r.strip().split(";") if p.strip() not in spec.missing]
+                for r in rows]  # fmt: skip
+        assert lengths.tolist() == [len(b) for b in bags]
+        assert values.to_pylist() == [v for b in bags for v in b]
+        assert len(split_once) == once
+        split_once.clear()

@@ -44,6 +44,34 @@ def test_ids_out_of_range(values, pattern):
         EmbeddingBagCollection(tables=TABLES)(_kjt(values))
 
 
+SAME_SIZE = [
+    EmbeddingBagConfig(name="a_t", embedding_dim=4, num_embeddings=8, feature_names=["a", "b"]),
+    EmbeddingBagConfig(name="c_t", embedding_dim=4, num_embeddings=8, feature_names=["c"]),
+    EmbeddingBagConfig(name="d_t", embedding_dim=4, num_embeddings=9, feature_names=["d"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "lengths", "pattern"),
+    [
+        # keys a, b, c share a limit (one pass over their ids): the message still names the key
+        ([1, 2, 8, 3], [1, 0, 1, 0, 1, 0, 1, 0], r"feature 'c' \(table 'c_t'\): id 8 at position 0"),
+        ([1, -2, 7, 8], [1, 0, 1, 0, 1, 0, 1, 0], r"feature 'b' \(table 'a_t'\): id -2 at position 0"),
+        ([1, 2, 3, 9], [1, 1, 0, 0, 1, 0, 0, 1], r"feature 'd' \(table 'd_t'\): id 9 at position 0 .* = 9"),
+    ],
+)  # fmt: skip
+def test_ids_out_of_range_among_tables_of_one_size(values, lengths, pattern):
+    kjt = KeyedJaggedTensor(
+        ["a", "b", "c", "d"], torch.tensor(values), lengths=torch.tensor(lengths)
+    )
+    with pytest.raises(ValueError, match=pattern):
+        EmbeddingBagCollection(tables=SAME_SIZE)(kjt)
+    ok = KeyedJaggedTensor(
+        ["a", "b", "c", "d"], torch.tensor([7, 0, 7, 8]), lengths=torch.tensor(lengths)
+    )
+    assert EmbeddingBagCollection(tables=SAME_SIZE)(ok).values().shape == (2, 16)
+
+
 def test_id_check_can_be_switched_off():
     ebc = EmbeddingBagCollection(tables=TABLES, validate_ids=False)
     assert ebc(_kjt([1, 2, 3, 4])).values().shape == (2, 8)

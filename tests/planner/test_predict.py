@@ -136,14 +136,68 @@ def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     assert replace(prof, compute_device="cuda").collective_wait_ms(4) == 0.0
 
 
-def test_fused_replicas_wait_for_their_all_gather_alone():
+def test_large_step_buffers_pay_their_page_faults():
+    # See [Note: fresh pages]. Row-wise on 4 ranks, batch 100, dim 16: each rank's kernel
+    # writes partial sums for all 400 bags (25,600 bytes), and its output class allocates the
+    # reduce-scatter's all-to-all buffer, the all-gather's output and gloo's flat buffer (3 x
+    # 25,600); with buffers of 10,000 bytes or more getting fresh pages at 1e-5 ms per byte,
+    # that adds 0.256 ms to the embedding and 0.768 ms to the output distribution
+    fresh = replace(profile(cores=4), fresh_buffer_bytes=10_000, fresh_page_ms_per_byte=1e-5)
+    plan = _module_plan(row_wise(), world=4)
+    base = dict(predicted(plan, world=4, prof=profile(cores=4)).phases)
+    paid = dict(predicted(plan, world=4, prof=fresh).phases)
+    gained = {k: paid[k] - base[k] for k in base}
+    assert gained["embedding"] == pytest.approx(25_600 * 1e-5)
+    assert gained["output_dist"] == pytest.approx(3 * 25_600 * 1e-5)
+    assert gained["input_dist"] == gained["dense"] == gained["overhead"] == 0.0
+    # buffers under the threshold are the allocator's own memory: nothing to pay
+    small = replace(fresh, fresh_buffer_bytes=25_601)
+    assert dict(predicted(plan, world=4, prof=small).phases) == pytest.approx(base)
+    # ranks sharing cores fault in turns, as they compute (2 ranks per core here)
+    shared = replace(fresh, cores=2)
+    unpaid = dict(predicted(plan, world=4, prof=profile(cores=2)).phases)
+    twice = dict(predicted(plan, world=4, prof=shared).phases)
+    assert twice["output_dist"] - unpaid["output_dist"] == pytest.approx(2 * 3 * 25_600 * 1e-5)
+    # table-wise on rank 0: its kernel's 400 bags (25,600 bytes) and the adjoint all-to-all's
+    # rows of them; each rank receives only its own 100 bags (6,400 bytes: no faults)
+    tw = _module_plan(table_wise(rank=0), world=4)
+    base_tw = dict(predicted(tw, world=4, prof=profile(cores=4)).phases)
+    paid_tw = dict(predicted(tw, world=4, prof=fresh).phases)
+    assert paid_tw["embedding"] - base_tw["embedding"] == pytest.approx(25_600 * 1e-5)
+    assert paid_tw["output_dist"] - base_tw["output_dist"] == pytest.approx(25_600 * 1e-5)
+
+
+def test_fused_replicas_pay_the_page_faults_of_their_gathered_batch():
     from shardkit.sharding import data_parallel
 
+    # 4 ranks gather 100 bags x (16 + 1) words and 1,000 ids each: 4 x 2,700 x 4 = 43,200
+    # bytes, held 3 times (the output, gloo's flat buffer, the uneven chunks joined) and the
+    # gradients unpacked from it (16 of every 17 words of the bags)
+    plan = _module_plan(data_parallel(compute_kernel="fused"), world=4)
+    fresh = replace(profile(cores=4), fresh_buffer_bytes=10_000, fresh_page_ms_per_byte=1e-5)
+    base = dict(predicted(plan, world=4, prof=profile(cores=4)).phases)
+    paid = dict(predicted(plan, world=4, prof=fresh).phases)
+    gathered = 4 * (100 * 17 + 1000) * 4
+    assert paid["output_dist"] - base["output_dist"] == pytest.approx(
+        (3 + 16 / 17) * gathered * 1e-5
+    )
+    assert paid["embedding"] == pytest.approx(base["embedding"])  # 100 bags x 64 B: none
+
+
+def test_fused_replicas_count_every_collective_their_step_makes():
+    from shardkit.sharding import data_parallel
+
+    # measured (issue 29's trace of the small case): with only replicas, the input
+    # distribution still exchanges its headers and an empty batch (2 calls), and the replicas
+    # gather the id counts in forward and the batch in backward (2 more)
     plan = _module_plan(data_parallel(compute_kernel="fused"))
     shared = dict(predicted(plan, prof=profile(cores=1, switch_wait_ms=3)).phases)
     own = dict(predicted(plan, prof=profile(cores=2, switch_wait_ms=3)).phases)
-    assert shared["input_dist"] == own["input_dist"] == 0.0  # replicas need no ids' exchange
-    assert shared["output_dist"] == pytest.approx(own["output_dist"] + 3.0)  # backward gather
+    assert own["input_dist"] == pytest.approx((LAT + 128 / BW) + LAT)  # header, nothing else
+    assert shared["input_dist"] == pytest.approx(own["input_dist"] + 2 * 3.0)
+    gathered = 2 * (100 * 17 + 1000) * 4  # 2 ranks' bags x (16 + 1) words and 1,000 ids
+    assert own["output_dist"] == pytest.approx((LAT + 16 / BW) + (LAT + gathered / BW))
+    assert shared["output_dist"] == pytest.approx(own["output_dist"] + 2 * 3.0)
 
 
 def test_the_simulated_cluster_gives_each_rank_its_cores():
@@ -210,6 +264,9 @@ def test_profile_round_trip(tmp_path):
     older = {k: v for k, v in prof.to_dict().items() if k != "switch_wait_ms"}
     path.write_text(json.dumps(older))  # a profile from before the wait was measured
     assert load_profile(path).switch_wait_ms == 0.0
+    fresh = replace(prof, fresh_buffer_bytes=32 << 20, fresh_page_ms_per_byte=6e-7)
+    fresh.save(path)
+    assert load_profile(path) == fresh and load_profile(path).fresh_buffer_bytes == 32 << 20
     assert loaded.name == "hand-written"
     assert Topology.from_profile(loaded, world_size=2) == Topology.from_profile(prof, world_size=2)
 
@@ -237,6 +294,8 @@ def test_profile_errors(tmp_path):
         replace(profile(), step_overhead=(1.0, -1.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="switch_wait_ms must be a finite number >= 0"):
         replace(profile(), switch_wait_ms=-1.0)
+    with pytest.raises(ValueError, match=r"fresh_buffer_bytes must be an int >= 0 and fresh_page"):
+        replace(profile(), fresh_page_ms_per_byte=-1e-6)
     with pytest.raises(TypeError, match="profile must be a MachineProfile"):
         Topology(world_size=2, compute_device="cpu", profile={"memory_bw": 1})
 

@@ -111,3 +111,18 @@ def test_valid_vbe_kjts_pass(name):
     table, strides = VBE_TABLES[name]
     kjt = make_kjt(table, weighted=True, stride_per_key_per_rank=strides)
     assert kjt.validate().permute([1, 0]).validate().to_dict()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("use_offsets", [False, True])
+def test_validate_leaves_length_per_key_computed(dtype, use_offsets):
+    # validate() counts each key's ids anyway; the module's length_per_key() then reuses them
+    vbe_table, strides = VBE_TABLES[sorted(VBE_TABLES)[0]]
+    cases = [(TABLES[name], None) for name in sorted(TABLES)] + [(vbe_table, strides)]
+    for table, vbe in cases:
+        case = make_kjt(table, dtype=dtype, use_offsets=use_offsets, stride_per_key_per_rank=vbe)
+        expected = make_kjt(table, dtype=dtype, stride_per_key_per_rank=vbe).length_per_key()
+        assert case.length_per_key_or_none() is None
+        assert case.validate().length_per_key_or_none() == expected
+    given = kjt(length_per_key=[3, 3])
+    assert given.validate().length_per_key_or_none() == [3, 3]
