@@ -16,11 +16,21 @@ from typing import Any
 
 import torch
 
-from shardkit.optim._config import FusedOptimizerConfig
+from shardkit.optim._config import EmbOptimType, FusedOptimizerConfig
 from shardkit.optim._keyed import KeyedOptimizer
 from shardkit.optim._rules import apply_rule, new_state, reset_state
 
 __all__ = ["FusedOptimizer", "FusedTable", "RowOptimizer"]
+
+# FBGEMM's names of a rule's state buffers, by position, as TorchRec's fused optimizers show
+# them (TorchRec renames the first momentum1)
+_TORCHREC_NAMES = ("momentum1", "exp_avg_sq")
+# rules whose update does not read the step count: their state is exactly TorchRec's
+_STEP_FREE = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+)
 
 
 class RowOptimizer:
@@ -71,6 +81,22 @@ class RowOptimizer:
         reset_state(self.kind, self.state, self.config.initial_accumulator_value)
         self.step = 0
 
+    @property
+    def reads_step(self) -> bool:
+        """Whether the rule's update reads the step count (Adam's bias correction does; SGD
+        and the Adagrads do not, and TorchRec's state of them has no count)."""
+        return self.kind not in _STEP_FREE
+
+    def torchrec_state_names(self) -> dict[str, str]:
+        """``{state buffer name: TorchRec's}`` (e.g. Adam's ``exp_avg`` is ``momentum1``)."""
+        names = list(self.state)
+        if len(names) > len(_TORCHREC_NAMES):
+            raise ValueError(
+                f"the fused rule {self.kind.name} has {len(names)} state buffers {names}; "
+                f"TorchRec's layout names at most {len(_TORCHREC_NAMES)}"
+            )
+        return dict(zip(names, _TORCHREC_NAMES))
+
     def state_rows(self, start: int, end: int) -> dict[str, torch.Tensor]:
         """Views of the state of rows ``[start, end)`` (one table of the buffer)."""
         return {name: t[start:end] for name, t in self.state.items()}
@@ -101,10 +127,10 @@ class FusedOptimizer(KeyedOptimizer):
     """The optimizer of embedding tables whose update runs fused into backward.
 
     One param group per distinct `RowOptimizer`; change ``param_groups[i]["lr"]`` (or attach an
-    LR scheduler) to change the learning rate. ``state_dict()`` is keyed by parameter name:
-    ``{"state": {name: {"<table>.momentum1": tensor, ..., "<table>.step": tensor}},
-    "param_groups": [...]}``. ``state[param]`` holds the table's rows of each state buffer and
-    ``"step"``, the live step counter, so wrappers that read ``state`` (`CombinedOptimizer`,
+    LR scheduler) to change the learning rate. ``state_dict()`` is keyed by parameter name in
+    TorchRec's layout (a sharded collection's, see `state_dict`). ``state[param]`` holds the
+    table's rows of each state buffer by its own name (Adam's ``exp_avg``) and ``"step"``, the
+    live step counter, so wrappers that read ``state`` (`CombinedOptimizer`,
     ``dmp.fused_optimizer``) save and restore the step count too.
     """
 
@@ -134,9 +160,21 @@ class FusedOptimizer(KeyedOptimizer):
         """Nothing to do: fused tables never hold a gradient."""
 
     def state_dict(self) -> dict[str, Any]:
+        """TorchRec's layout, as a sharded collection's fused optimizer saves it (so
+        ``torch.distributed.checkpoint`` loads one into the other): ``{"state": {name:
+        {"<table>.momentum1": ..., "<table>.exp_avg_sq": ..., "<table>.step": ...}}}``, the
+        buffers named by position, the step count only for rules that read it, and
+        ``"param_groups"`` (parameters by name) when ``save_param_groups(True)``."""
         state = {}
         for name, table in self._tables.items():
-            state[name] = {f"{table.table}.{k}": v for k, v in self.state[table.param].items()}
+            live = self.state[table.param]
+            renamed = table.optimizer.torchrec_state_names()
+            entry = {f"{table.table}.{renamed[k]}": v for k, v in live.items() if k != "step"}
+            if table.optimizer.reads_step:
+                entry[f"{table.table}.step"] = live["step"]
+            state[name] = entry
+        if not self.defaults["_save_param_groups"]:
+            return {"state": state}
         groups = []
         for group in self.param_groups:
             names = [
@@ -146,23 +184,27 @@ class FusedOptimizer(KeyedOptimizer):
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Copy saved state into the live buffers (in place: the kernel keeps its references)."""
+        """Copy saved state into the live buffers (in place: the kernel keeps its references).
+        Takes TorchRec's names or the buffers' own (``exp_avg``; shardkit before the layout
+        was TorchRec's); a state without step counts (TorchRec's) keeps the live ones."""
         saved_state = state_dict["state"]
         missing = sorted(set(self._tables) - set(saved_state))
         if missing:
             raise ValueError(f"fused optimizer state has no entry for {missing}")
         for name, table in self._tables.items():
             saved = saved_state[name]
+            renamed = table.optimizer.torchrec_state_names()
             for key, live in self.state[table.param].items():
-                full_key = f"{table.table}.{key}"
-                if full_key not in saved and key == "step":
-                    continue  # a state dict without step counts (TorchRec's): keep ours
-                if full_key not in saved:
+                keys = [f"{table.table}.{n}" for n in (renamed.get(key, key), key)]
+                found = next((k for k in keys if k in saved), None)
+                if found is None and key == "step":
+                    continue
+                if found is None:
                     raise ValueError(
-                        f"fused optimizer state of {name!r} lacks {full_key!r} (it has "
+                        f"fused optimizer state of {name!r} lacks {keys[0]!r} (it has "
                         f"{sorted(saved)}): load a state dict saved from a collection with the "
                         "same tables and optimizer"
                     )
-                live.copy_(saved[full_key])
-        for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):
+                live.copy_(saved[found])
+        for group, saved_group in zip(self.param_groups, state_dict.get("param_groups", [])):
             group.update({k: v for k, v in saved_group.items() if k != "params"})

@@ -168,17 +168,19 @@ def test_fused_optimizer_state_dict_round_trip(kind):
     ebc = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
     for seed in range(2):
         ebc(_batch(seed, False)).values().sum().backward()
+    ebc.fused_optimizer.save_param_groups(True)
     state = ebc.fused_optimizer.state_dict()
     assert sorted(state["state"]) == [f"embedding_bags.t{i}.weight" for i in range(3)]
     t1 = state["state"]["embedding_bags.t1.weight"]
-    expected = {"t1.step"} | {f"t1.{name}" for name in _STATE_NAMES[kind]}
-    assert set(t1) == expected and t1["t1.step"].item() == 2
+    assert set(t1) == {f"t1.{name}" for name in _STATE_NAMES[kind]}
+    assert "t1.step" not in t1 or t1["t1.step"].item() == 2
     if kind == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
         assert t1["t1.momentum1"].shape == (7,)
     assert state["param_groups"][0]["lr"] == 0.1
     other = EmbeddingBagCollection(tables=_configs(), fused_params=fused)
     other.load_state_dict(ebc.state_dict())
     other.fused_optimizer.load_state_dict(state)
+    other.fused_optimizer.save_param_groups(True)
     _assert_same_state(other.fused_optimizer.state_dict(), state)
     kjt = _batch(2, False)
     ebc(kjt).values().sum().backward()
@@ -190,20 +192,22 @@ def test_fused_optimizer_state_dict_round_trip(kind):
     _assert_same_state(other.fused_optimizer.state_dict(), ebc.fused_optimizer.state_dict())
 
 
+# TorchRec's names (a sharded collection's): the buffers by position, the step count where the
+# rule reads it
 _STATE_NAMES = {
     EmbOptimType.EXACT_SGD: [],
     EmbOptimType.EXACT_ADAGRAD: ["momentum1"],
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: ["momentum1"],
-    EmbOptimType.ADAM: ["exp_avg", "exp_avg_sq"],
-    EmbOptimType.LAMB: ["momentum1", "momentum2"],
-    EmbOptimType.LARS_SGD: ["momentum1"],
-    EmbOptimType.PARTIAL_ROWWISE_ADAM: ["momentum1", "momentum2"],
-    EmbOptimType.PARTIAL_ROWWISE_LAMB: ["momentum1", "momentum2"],
+    EmbOptimType.ADAM: ["momentum1", "exp_avg_sq", "step"],
+    EmbOptimType.LAMB: ["momentum1", "exp_avg_sq", "step"],
+    EmbOptimType.LARS_SGD: ["momentum1", "step"],
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: ["momentum1", "exp_avg_sq", "step"],
+    EmbOptimType.PARTIAL_ROWWISE_LAMB: ["momentum1", "exp_avg_sq", "step"],
 }
 
 
 def _assert_same_state(actual: dict, expected: dict) -> None:
-    assert actual["param_groups"] == expected["param_groups"]
+    assert actual.get("param_groups") == expected.get("param_groups")
     assert sorted(actual["state"]) == sorted(expected["state"])
     for name, tensors in expected["state"].items():
         assert sorted(actual["state"][name]) == sorted(tensors), name

@@ -187,29 +187,16 @@ def table_pairs(sharded, reference, prefix: str) -> list[tuple[str, torch.Tensor
             cols = slice(shard.col_start, shard.col_start + shard.cols)
             where = f"{name} rows {rows.start}:{rows.stop} cols {cols.start}:{cols.stop}"
             pairs.append((where, param.detach().cpu(), full[rows, cols].clone()))
-            expected = torchrec_named(ref_state[f"{prefix}.{name}.weight"], name)
+            expected = ref_state[f"{prefix}.{name}.weight"]  # the same names (TorchRec's)
             if not (shard.rows and shard.cols):
                 continue
             mine = next(states)
-            if f"{name}.step" not in mine:  # a rule that does not read it: TorchRec's layout
-                expected.pop(f"{name}.step")
             assert sorted(mine) == sorted(expected), (where, sorted(mine), sorted(expected))
             for key, value in expected.items():
                 block = value if value.dim() == 0 else value[rows]
                 block = block[:, cols] if value.dim() == 2 else block
                 pairs.append((f"{where}: {key}", mine[key].cpu(), block.clone()))
     return pairs
-
-
-def torchrec_named(entry: dict[str, torch.Tensor], table: str) -> dict[str, torch.Tensor]:
-    """An unsharded collection's fused state of ``table`` (shardkit's buffer names, in the
-    rule's order) under the names of TorchRec's layout that a sharded collection's fused
-    optimizer uses: the first buffer ``momentum1``, the second ``exp_avg_sq``."""
-    names = iter(("momentum1", "exp_avg_sq"))
-    return {
-        key if key == f"{table}.step" else f"{table}.{next(names)}": value
-        for key, value in entry.items()
-    }
 
 
 def local_fused_state(entry: dict[str, Any], table) -> list[dict[str, torch.Tensor]]:

@@ -27,7 +27,11 @@ One difference from TorchRec, deliberately: rules whose update reads the step co
 LAMB, the partial row-wise ones, LARS) also carry ``"<table>.step"``, the live 0-d counter
 (replicated), so their bias correction resumes where it stopped after a load; TorchRec's
 restarts it. SGD and the Adagrads, whose update does not read it, carry exactly TorchRec's
-entries. A saved state without step counts (TorchRec's) loads, and the counts stay.
+entries. A saved state without step counts (TorchRec's) loads, and the counts stay; through
+``torch.distributed.checkpoint`` a strict load of such a checkpoint names the missing
+``"<table>.step"`` key, and ``DefaultLoadPlanner(allow_partial_load=True)`` loads the rest. The
+unsharded collection's fused optimizer (`shardkit.optim.FusedOptimizer`) saves the same names,
+so DCP loads either module's checkpoint into the other.
 """
 
 from __future__ import annotations
@@ -43,31 +47,11 @@ from torch.distributed._shard.sharded_tensor.metadata import (
     TensorProperties,
 )
 
-from shardkit.optim import EmbOptimType, KeyedOptimizer, RowOptimizer
+from shardkit.optim import KeyedOptimizer, RowOptimizer
 from shardkit.sharding._collection._state import placement, quiet_sharded_tensor, sharded_tensor
 from shardkit.sharding._layout import ShardSlice
 
-__all__ = ["ShardedFusedOptimizer", "torchrec_state_names"]
-
-# FBGEMM's names of a rule's state buffers, by position (TorchRec renames the first momentum1)
-_TORCHREC_NAMES = ("momentum1", "exp_avg_sq")
-# rules whose update does not read the step count: their state is exactly TorchRec's
-_STEP_FREE = (
-    EmbOptimType.EXACT_SGD,
-    EmbOptimType.EXACT_ADAGRAD,
-    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-)
-
-
-def torchrec_state_names(optimizer: RowOptimizer) -> dict[str, str]:
-    """``{shardkit's state buffer name: TorchRec's}`` for the rule of ``optimizer``."""
-    names = list(optimizer.state)
-    if len(names) > len(_TORCHREC_NAMES):
-        raise ValueError(
-            f"the fused rule {optimizer.kind.name} has {len(names)} state buffers {names}; "
-            f"TorchRec's layout names at most {len(_TORCHREC_NAMES)}"
-        )
-    return dict(zip(names, _TORCHREC_NAMES))
+__all__ = ["ShardedFusedOptimizer"]
 
 
 class _Local(NamedTuple):
@@ -169,7 +153,7 @@ class ShardedFusedOptimizer(KeyedOptimizer):
     def _table_state(self, name: str) -> dict[str, Any]:
         pieces = self._pieces[name]
         optimizer = pieces[0].optimizer
-        renamed = torchrec_state_names(optimizer)
+        renamed = optimizer.torchrec_state_names()
         entries: dict[str, Any] = {}
         for ours, theirs in renamed.items():
             blocks = [p.optimizer.state[ours][p.start : p.start + p.slice.rows] for p in pieces]
@@ -177,7 +161,7 @@ class ShardedFusedOptimizer(KeyedOptimizer):
                 entries[f"{name}.{theirs}"] = blocks[0]
             else:
                 entries[f"{name}.{theirs}"] = self._sharded_state(name, blocks)
-        if optimizer.kind not in _STEP_FREE:
+        if optimizer.reads_step:
             entries[f"{name}.step"] = optimizer.step_count
         return entries
 
