@@ -150,20 +150,24 @@ def _frees(rank, ws):
     from shardkit.fsdp._state import get_state
 
     trims = []
-    _memory.release_free_memory = lambda: trims.append(1)  # this rank's process only
-    with _direct_from(1):
-        model = _shard("wrapper", "FULL_SHARD")
-        opt = torch.optim.Adam(model.parameters())
-        for batch in batches(ws, steps=2):
-            x, y = local(batch, rank, ws)
-            opt.zero_grad()
-            loss_fn(model, x, y).backward()
-            opt.step()
-            for block in model.blocks:
-                for bucket in get_state(block).group.buckets:
-                    assert bucket.flat_full.untyped_storage().nbytes() == 0  # resharded: freed
-            assert len(_memory.UNSHARDED_POOL._free) <= _memory.UNSHARDED_POOL_ENTRIES
-        _memory.UNSHARDED_POOL.clear()
+    trim = _memory.release_free_memory
+    _memory.release_free_memory = lambda: trims.append(1)  # the pooled rank process's: restored
+    try:
+        with _direct_from(1):
+            model = _shard("wrapper", "FULL_SHARD")
+            opt = torch.optim.Adam(model.parameters())
+            for batch in batches(ws, steps=2):
+                x, y = local(batch, rank, ws)
+                opt.zero_grad()
+                loss_fn(model, x, y).backward()
+                opt.step()
+                for block in model.blocks:
+                    for bucket in get_state(block).group.buckets:
+                        assert bucket.flat_full.untyped_storage().nbytes() == 0  # resharded
+                assert len(_memory.UNSHARDED_POOL._free) <= _memory.UNSHARDED_POOL_ENTRIES
+            _memory.UNSHARDED_POOL.clear()
+    finally:
+        _memory.release_free_memory = trim
     # A few hundred bytes of gradients freed: far below the trim budget, so no trim (one at the
     # end of each backward cost a tenth of a small model's step, [Note: returning memory])
     assert trims == []
