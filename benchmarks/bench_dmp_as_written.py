@@ -68,10 +68,8 @@ def run_once(library: str, case: tuple[str, str, str], args, scratch: Path) -> d
             return {"failed": tail}
         # Every step ran and was timed; the launcher then saw a rank die on the way out (torch's
         # gloo-at-exit abort, `shardkit.comm.watch_torch_collectives`): kept, and said so
-        got["exit_abort"] = tail
-    else:
-        got = json.loads(out.read_text())
-    return got
+        return {**got, "exit_abort": tail}
+    return json.loads(out.read_text())
 
 
 def ms(runs: list[dict]) -> str:
