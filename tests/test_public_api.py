@@ -285,6 +285,7 @@ PUBLIC = {
         "pooled_forward",
         "set_huge_pages",
         "set_kernel",
+        "steady_heap",
         "unsupported",
         "use_kernel",
     ],

@@ -40,7 +40,8 @@ their first write: [Note: huge pages from the first write] in ``_pages.py``) and
 use ([Note: huge pages for tables] in ``csrc/ops_cpu.cpp``): otherwise nearly every row costs a
 TLB miss. One INFO line at load says
 whether they are on; ``SHARDKIT_HUGE_PAGES=0`` or `set_huge_pages` turns them off, and
-`huge_page_bytes` says how much of a tensor sits on them.
+`huge_page_bytes` says how much of a tensor sits on them. A process training on the CPU keeps
+its step's memory mapped between steps (`steady_heap`: [Note: a steady heap] in ``_heap.py``).
 
 Which one runs is chosen once per process, at the first lookup: ``SHARDKIT_KERNEL`` =
 ``auto`` (the default: compiled if it builds and loads, else eager), ``compiled`` (an error if it
@@ -50,6 +51,7 @@ and the path of the compiler's output included). A lookup the compiled operators
 (e.g. a CUDA table without a CUDA build) runs eager, with one INFO line per reason.
 """
 
+from shardkit.kernels._heap import steady_heap
 from shardkit.kernels._ops import (
     bucket_rows,
     dense_backward,
@@ -77,6 +79,7 @@ __all__ = [
     "pooled_forward",
     "set_huge_pages",
     "set_kernel",
+    "steady_heap",
     "unsupported",
     "use_kernel",
 ]

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardkit import comm, launch
 from shardkit.compat import resolve_device
+from shardkit.kernels import steady_heap
 from shardkit.optim import CombinedOptimizer
 from shardkit.planner import EmbeddingShardingPlanner, Topology
 from shardkit.sharding._data_parallel import DataParallelWrapper, wrap_data_parallel
@@ -97,6 +98,8 @@ class DistributedModelParallel(nn.Module):
         if init_parameters:
             _materialize(module, self.device)
         module.to(self.device)  # the dense rest; the sharded collections are there already
+        if self.device.type == "cpu":
+            steady_heap()  # after the tables: see [Note: a steady heap] in shardkit.kernels
         self._dmp_wrapped_module = module
         if init_data_parallel:
             self.init_data_parallel()

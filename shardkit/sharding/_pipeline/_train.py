@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardkit.compat import resolve_device
+from shardkit.kernels import steady_heap
 from shardkit.sharding._collection._base import ShardedCollection
 from shardkit.sharding._dist._header import TagMismatchError
 from shardkit.sharding._pipeline._agreement import (
@@ -133,6 +134,10 @@ class _Pipeline(TrainPipeline):
         device = resolve_device(device)  # See [Note: cuda on cpu] in shardkit.compat
         self._device = None if device is None else torch.device(device)
         self._streams = SideStreams.on(self._device)  # See [Note: pipeline streams]
+        where = self._device if self._device is not None else getattr(model, "device", None)
+        self._compute_device = torch.device(where if where is not None else "cpu")
+        if self._compute_device.type == "cpu":
+            steady_heap()  # See [Note: a steady heap] in shardkit.kernels
         self._model_fwd = custom_model_fwd or model
         self._group = group
         self._lead = lead_collection(model, group)  # None: flags ([Note: deferred agreement])
@@ -388,9 +393,7 @@ class TrainPipelineSparseDist(_Pipeline):
         super().__init__(model, optimizer, device, custom_model_fwd, group)
         self._context_type = context_type
         self.contexts: list[TrainPipelineContext] = []
-        where = self._device if self._device is not None else getattr(model, "device", None)
-        device = torch.device(where if where is not None else "cpu")
-        self._overlap = agreed_overlap(overlap, device=device, group=self._group)
+        self._overlap = agreed_overlap(overlap, device=self._compute_device, group=self._group)
 
     def detach(self) -> nn.Module:
         """The model with its sharded collections' own forwards back (TorchRec's ``detach``):
