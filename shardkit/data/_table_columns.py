@@ -99,8 +99,9 @@ class ColumnParser:
         self.missing = {c.name: pa.array(list(c.missing), pa.string()) for c in schema.columns}
 
     def parse(self, table: Any, records: np.ndarray) -> tuple[Columns, list[BadRow]]:
-        """``table``: the needed columns of a piece (binary for CSV); ``records``: each row's
-        record number. Returns the good rows and the refused ones (in record order)."""
+        """``table``: the needed columns of a piece (CSV: strings, or binary when not UTF-8);
+        ``records``: each row's record number. Returns the good rows and the refused ones (in
+        record order)."""
         pa = self.pa
         n = table.num_rows
         raw = {name: _array(table.column(name)) for name in self.needed}
