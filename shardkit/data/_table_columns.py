@@ -97,6 +97,7 @@ class ColumnParser:
         self.file_order = sorted(self.needed, key=lambda n: order.get(n, len(order)))
         self.words = (pa.array(TRUE_WORDS), pa.array(FALSE_WORDS))
         self.missing = {c.name: pa.array(list(c.missing), pa.string()) for c in schema.columns}
+        self.ones = np.ones(0, dtype=np.int64)
 
     def parse(self, table: Any, records: np.ndarray) -> tuple[Columns, list[BadRow]]:
         """``table``: the needed columns of a piece (CSV: strings, or binary when not UTF-8);
@@ -267,12 +268,26 @@ class ColumnParser:
             parts = pc.split_pattern(text, pattern=spec.separator)
             parents = np.asarray(pc.list_parent_indices(parts))
             values = pc.utf8_trim_whitespace(pc.list_flatten(parts))
-        else:
-            values, parents = self._text(column, texts, spec.name), np.arange(n)
+        else:  # one value per row: each row's length is whether its value is kept
+            values = self._text(column, texts, spec.name)
+            keep = ~self._missing(values, spec.name)
+            if keep.all():
+                return values, self._ones(n)
+            return values.filter(pa.array(keep)), keep.astype(np.int64)
         keep = ~self._missing(values, spec.name)
         if not keep.all():
             values, parents = values.filter(pa.array(keep)), parents[keep]
         return values, np.bincount(parents, minlength=n).astype(np.int64)
+
+    def _ones(self, n: int) -> np.ndarray:
+        """``n`` ones (int64), read-only: the lengths of every categorical column of a piece
+        with no missing value (one array, not one per column; any thread)."""
+        ones = self.ones
+        if len(ones) != n:
+            ones = np.ones(n, dtype=np.int64)
+            ones.flags.writeable = False
+            self.ones = ones
+        return ones
 
     def _split(self, texts: Any, codes: np.ndarray, spec: Any) -> tuple[Any, np.ndarray]:
         """`_bag` of a multi-hot column given as its distinct ``texts`` and each row's code:
