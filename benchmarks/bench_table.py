@@ -176,7 +176,7 @@ def train(args: argparse.Namespace, path: Path, schema: Path, folder: Path) -> d
     base = TrainConfig(data="table", data_path=path, schema=schema, batch_size=1024,
                        epochs=args.epochs, progress=False, nproc=2)  # fmt: skip
     contenders = {"files": {}, "cache": {"table_cache": folder / "cache"}, "in_memory": {}}
-    contenders = {k: v for k, v in contenders.items() if k in args.train_contenders.split(",")}
+    contenders = {k: contenders[k] for k in args.train_contenders.split(",")}  # in this order
     runs: dict[str, list[Any]] = {name: [] for name in contenders}
     for round_ in range(args.train_rounds):
         for name, changes in contenders.items():
