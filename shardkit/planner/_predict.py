@@ -86,16 +86,17 @@ large, as compute (times ``s`` when ranks share cores):
   buffer, the uneven ranks' chunks joined and the output gradients unpacked.
 
 Smaller buffers are mostly reused from the allocator's own memory, with one exception measured
-(issue 29's traces at 4 ranks, `benchmarks/trace_collectives.py`: the faults of each collective
-call counted): the output distribution's backward collective faults its output every step
-whatever its size (dmp's table-wise adjoint all-to-all 2.0 of its 2 MiB, its row-wise
-all-gather 7.9 of 8 MiB, the small case's table-wise adjoint 10 of 10 MiB), while the forward
-collectives of the same sizes fault nothing: when the step's buffers are freed at its end the
-heap's top is handed back (glibc trims it past twice its adaptive threshold), and the first
-large allocation of the backward maps it again. So each output class also pays, per rank, its
-backward collective's output (what the rank's kernel wrote: the adjoint's rows, the
-all-gather's output, FUSED replicas' gathered batch) when it is below the threshold (above it,
-it is among the buffers listed). Calibration times its
+(issue 29's traces, `benchmarks/trace_collectives.py`: the faults of each collective call
+counted): every step, one buffer of an output class's size faults whatever its size. At 1 and
+4 ranks it is the backward collective's output (the table-wise adjoint's 2 MiB (dmp) and 10
+MiB (small), the row-wise all-gather's 8 and 10 MiB); at 2 ranks the small case's table-wise
+forward all-to-all's 10 MiB instead, and its row-wise reduce-scatter and all-gather both (20
+MiB each), while the other collectives of those sizes fault nothing. The heap freed at the end
+of a step is handed back (glibc trims its top past twice its adaptive threshold) and the first
+large allocation after maps it again. So each output class also pays, per rank, one buffer of
+what its kernel wrote (FUSED replicas: the gathered batch) when that is below the threshold
+(above it, it is among the buffers listed); the 2-rank row-wise case's second buffer is not
+charged. Calibration times its
 collectives with the buffers they allocate, so the link fit subtracts those buffers' faults
 from the sizes at or above the threshold before fitting (see `shardkit.bench._links.fit_links`)
 and each fault is charged once.
@@ -511,7 +512,7 @@ def _output_fresh_pages(classes: dict, topology: Topology) -> float:
                 route, float(send[rank]), float(received[rank]), cols, hosts, local
             )
             per_rank[rank] += profile.fresh_page_ms(buffers)
-            # the backward collective's output faults at any size (measured; see the note)
+            # one buffer of the class's size faults every step, at any size (measured; see the note)
             first = float(send[rank])
             if 0 < first < threshold:
                 per_rank[rank] += first * per_byte
