@@ -232,3 +232,18 @@ def test_kernel_fit_recovers_its_coefficients_and_the_miss_curve():
     assert fit.backward == pytest.approx(truth.backward, rel=1e-6)  # b6, the bags' gradients
     assert [p[0] for p in fit.miss_curve] == [p["touched"] for p in curve]
     assert [p[1:] for p in fit.miss_curve] == [pytest.approx((0.1, 0.3)), pytest.approx((0.6, 0.9))]
+
+
+def test_a_kernel_point_whose_output_faults_fresh_pages_has_them_taken_out():
+    import torch
+
+    from shardkit.bench._calibrate import CalibrationConfig, _kernel_point
+
+    # 128 bags x 8 columns x 4 bytes = 4,096 bytes of pooled output per call; see
+    # [Note: fresh pages]: at 1 ms per byte from 1,000 bytes that is 4,096 ms of faults, more
+    # than the call took, so its forward is left at the floor; under a higher threshold, none
+    config = CalibrationConfig(repeats=1)
+    point = _kernel_point(config, "exact_sgd", torch.device("cpu"), 256, 64, 8, 2, (1000, 1.0))
+    assert point["fresh_ms"] == 4096.0 and point["forward_ms"] == 1e-4
+    kept = _kernel_point(config, "exact_sgd", torch.device("cpu"), 256, 64, 8, 2, (4097, 1.0))
+    assert kept["fresh_ms"] == 0.0 and kept["forward_ms"] > 1e-4
