@@ -27,7 +27,10 @@ two sizes (a table a few times the cache still hits partly in it, prefetchers an
 some sizes more than others), so calibration also times the kernel at tables of a few sizes
 between (``miss_curve``: per working set, the ``m`` each direction measured there, against
 the fitted coefficients) and the prediction interpolates ``m`` between them in log size (see
-`KernelFit.miss`). A profile without that curve uses the first form.
+`KernelFit.miss`). A profile without that curve uses the first form. The working set is the
+group's, though the kernel walks a group table by table: each table's own working set matches
+the kernel timed alone better, but issue 29's measured steps follow the group's (the rest of a
+step evicts what a kernel call leaves in the cache; benchmarks/results/predict_12ranks_miss_curve.md).
 
 The backward also reads the output gradient's rows, one per bag: ``b6 * bags * cols`` (a
 profile written before it was fitted has ``b6 = 0``). ``unique`` is the number of
