@@ -67,7 +67,8 @@ def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
     assert [x["kind"] for x in lines][-1] == "validation" and abs(lines[-1]["auc"] - auc) < 1e-4
 
     exported = tmp_path / "model.pt"
-    assert "wrote" in _shardkit("export", str(run), str(exported), cwd=tmp_path)
+    code, out, _ = shardkit_here("export", run, exported)  # the train went through the entry point
+    assert code == 0 and "wrote" in out
     state = torch.load(exported, weights_only=True)
     config = TrainConfig(nproc=1, checkpoint_dir=run)
     plain = build_model(config, build_data(config, 0, 1)).to_empty(device="cpu")
@@ -76,7 +77,7 @@ def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
     assert len(tables) == 8 and all(state[k].abs().sum() > 0 for k in tables)
 
     imported = tmp_path / "imported"
-    assert shardkit_here("import", exported, imported)[0] == 0  # export: the entry point's turn
+    assert shardkit_here("import", exported, imported)[0] == 0
     # learning rates so small that 4 more steps change nothing: the AUC is the exported model's
     resumed = _shardkit(
         "train", *QUICK, "--nproc", "1", "--checkpoint-dir", str(imported), "--resume",
