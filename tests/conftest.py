@@ -60,9 +60,11 @@ def _ranks_fork_from_a_server(_embedding_kernel: None) -> Iterator[None]:
     the default run starts ranks ~50 times). The server starts here, before any test changes the
     environment or working directory it would keep. Scripts and the CLI, which tests run in
     fresh processes, still start theirs with ``spawn`` (tests/launch/test_pickle.py, tests/cli,
-    tests/compat). Not preloaded: tests.fake_gpu, which must not leak into the CPU ranks."""
+    tests/compat). Preloaded too: torch._dynamo, which the fake GPU's first tensor imports in
+    every fakegpu rank (torch's dispatch path; 3-5 s a rank). Not preloaded: tests.fake_gpu,
+    which must not leak into the CPU ranks."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["shardkit", "shardkit.launch._worker"])
+    context.set_forkserver_preload(["shardkit", "shardkit.launch._worker", "torch._dynamo"])
     multiprocessing.forkserver.ensure_running()
     previous, _pool._START_METHOD = _pool._START_METHOD, "forkserver"
     yield
