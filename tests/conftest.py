@@ -57,12 +57,16 @@ def _embedding_kernel() -> None:
 def _ranks_fork_from_a_server(_embedding_kernel: None) -> Iterator[None]:
     """Rank processes (`spawn`, `RankPool`) fork from one server that imported shardkit once,
     instead of each importing torch and shardkit (4-8 s a start on 2 busy cores, ~0.2 s forked;
-    the default run starts ranks ~50 times). The server starts here, before any test changes the
-    environment or working directory it would keep. Scripts and the CLI, which tests run in
-    fresh processes, still start theirs with ``spawn`` (tests/launch/test_pickle.py, tests/cli,
-    tests/compat). Preloaded too: torch._dynamo, which the fake GPU's first tensor imports in
-    every fakegpu rank (torch's dispatch path; 3-5 s a rank). Not preloaded: tests.fake_gpu,
-    which must not leak into the CPU ranks."""
+    the default run starts ranks dozens of times). The server starts here, before any test
+    changes the environment: a forked rank has the server's environment, not the test's (a test
+    whose ranks need a variable sets it in the rank function). Scripts and the CLI, which tests
+    run in fresh processes, still start theirs with ``spawn`` (tests/launch/test_pickle.py,
+    tests/cli, tests/compat). Preloaded too: torch._dynamo, which the fake GPU's first tensor
+    imports in every fakegpu rank (torch's dispatch path; 3-5 s a rank). Not preloaded:
+    tests.fake_gpu, which must not leak into the CPU ranks."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # not on Windows
+        yield
+        return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["shardkit", "shardkit.launch._worker", "torch._dynamo"])
     multiprocessing.forkserver.ensure_running()
