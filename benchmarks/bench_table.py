@@ -176,6 +176,7 @@ def train(args: argparse.Namespace, path: Path, schema: Path, folder: Path) -> d
     base = TrainConfig(data="table", data_path=path, schema=schema, batch_size=1024,
                        epochs=args.epochs, progress=False, nproc=2)  # fmt: skip
     contenders = {"files": {}, "cache": {"table_cache": folder / "cache"}, "in_memory": {}}
+    contenders = {k: contenders[k] for k in args.train_contenders.split(",")}  # in this order
     runs: dict[str, list[Any]] = {name: [] for name in contenders}
     for round_ in range(args.train_rounds):
         for name, changes in contenders.items():
@@ -309,6 +310,8 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="also time shardkit train")
     parser.add_argument("--train-rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--train-contenders", default="files,cache,in_memory",
+                        help="which of files, cache, in_memory train (in_memory: the reference)")  # fmt: skip
     parser.add_argument("--criteo-rows", type=int, default=0, help="a Criteo-shaped table instead")
     parser.add_argument("--criteo-path", type=Path, help="an existing Criteo-shaped TSV to reuse")
     parser.add_argument("--ranks", type=int, default=2, help="ranks of the Criteo scan")
@@ -332,7 +335,7 @@ def main() -> None:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
     report["machine"]["load_average_after"] = os.getloadavg()
-    if args.out and args.rounds:
+    if args.out and (args.rounds or args.train):
         args.out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
         args.out.write_text(_markdown(report))
         print(f"wrote {args.out}")
@@ -366,9 +369,10 @@ def movielens(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         for name, path in files.items():
             runs[name].append(measure(path, schema))
             print(name, {k: round(v, 2) for k, v in runs[name][-1].items()}, flush=True)
-    out: dict[str, Any] = {"source": source, "runs": runs}
+    out: dict[str, Any] = {"source": source, "runs": runs} if args.rounds else {"source": source}
     if args.train:
         out["train"] = train(args, files["csv.gz"], schema, folder)
+        out["train_file"] = f"{source}, gzip CSV"
     return out
 
 

@@ -1,6 +1,7 @@
 """CPU-seconds of reading one table file, one thread, for comparing two checkouts in turns on a
 loaded machine (CPU time, unlike wall time, is little changed by other jobs): pyarrow's own
-read of the file (a TSV streamed, a CSV read whole), the scan (`scan_table(threads=1)`), and
+read of the file (a TSV streamed, a CSV read whole; multithreaded, and in the scan mode also
+with ``use_threads=False``; wall seconds beside), the scan (`scan_table(threads=1)`), and
 rank 0 of 2's training batches of 1,024 from the files and from the cache (`prefetch=0`). One
 JSON line per run.
 
@@ -35,31 +36,45 @@ def _cpu(fn: Any) -> tuple[Any, float]:
     return result, time.process_time() - start
 
 
-def _pyarrow(path: Path) -> int:
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """The result, CPU-seconds (every thread of the process) and wall seconds."""
+    wall, start = time.perf_counter(), time.process_time()
+    result = fn()
+    return result, time.process_time() - start, time.perf_counter() - wall
+
+
+def _pyarrow(path: Path, threads: bool = True) -> int:
     import pyarrow.csv as pcsv
 
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.read_table(path).num_rows)
+        return int(pq.read_table(path, use_threads=threads).num_rows)
+    options = pcsv.ReadOptions(use_threads=threads)
     if path.suffix in (".tsv", ".tab"):
-        reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(autogenerate_column_names=True),
+        options.autogenerate_column_names = True
+        reader = pcsv.open_csv(path, read_options=options,
                                parse_options=pcsv.ParseOptions(delimiter="\t"))  # fmt: skip
     else:  # read whole: a streaming read infers types from its first block only
-        return int(pcsv.read_csv(path).num_rows)
+        return int(pcsv.read_csv(path, read_options=options).num_rows)
     return sum(batch.num_rows for batch in reader)
 
 
 def main() -> None:
     path, schema = Path(sys.argv[1]), sys.argv[2]
     torch.set_num_threads(1)
-    rows, pyarrow_cpu = _cpu(lambda: _pyarrow(path))
-    data, scan_cpu = _cpu(lambda: scan_table([path], load_schema(schema), threads=1))
+    rows, pyarrow_cpu, pyarrow_wall = _timed(lambda: _pyarrow(path))
+    data, scan_cpu, scan_wall = _timed(lambda: scan_table([path], load_schema(schema), threads=1))
     if sys.argv[3:] == ["scan"]:
-        _, again_cpu = _cpu(lambda: scan_table([path], load_schema(schema), threads=1))
+        _, again_cpu, again_wall = _timed(
+            lambda: scan_table([path], load_schema(schema), threads=1)
+        )
+        _, one_cpu, one_wall = _timed(lambda: _pyarrow(path, threads=False))
         print(json.dumps({"tree": str(Path(shardkit.__file__).parent.parent), "file": path.name,
                           "rows": rows, "pyarrow_cpu_s": pyarrow_cpu, "scan_cpu_s": scan_cpu,
-                          "scan_again_cpu_s": again_cpu,
+                          "scan_again_cpu_s": again_cpu, "pyarrow_wall_s": pyarrow_wall,
+                          "scan_wall_s": scan_wall, "scan_again_wall_s": again_wall,
+                          "pyarrow_1thread_cpu_s": one_cpu, "pyarrow_1thread_wall_s": one_wall,
                           "load": Path("/proc/loadavg").read_text().split()[0]}), flush=True)  # fmt: skip
         return
 

@@ -4,6 +4,8 @@ so torch is imported once per rank rather than once per test."""
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
+import multiprocessing.forkserver
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from shardkit.kernels import kernel_path
-from shardkit.launch import RankPool
+from shardkit.launch import RankPool, _pool
 from tests.devices import GPU_SKIP_REASON, OnDevice, backend_of, cuda_ready
 
 # Tiers the default run skips (one summary line each): run them with `pytest -m <name>`.
@@ -49,6 +51,28 @@ def _embedding_kernel() -> None:
     build this builds the compiled kernel (20-40 s on 2 cores), which no rank should wait for
     inside a collective."""
     kernel_path()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ranks_fork_from_a_server(_embedding_kernel: None) -> Iterator[None]:
+    """Rank processes (`spawn`, `RankPool`) fork from one server that imported shardkit once,
+    instead of each importing torch and shardkit (4-8 s a start on 2 busy cores, ~0.2 s forked;
+    the default run starts ranks dozens of times). The server starts here, before any test
+    changes the environment: a forked rank has the server's environment, not the test's (a test
+    whose ranks need a variable sets it in the rank function). Scripts and the CLI, which tests
+    run in fresh processes, still start theirs with ``spawn`` (tests/launch/test_pickle.py,
+    tests/cli, tests/compat). Preloaded too: torch._dynamo, which the fake GPU's first tensor
+    imports in every fakegpu rank (torch's dispatch path; 3-5 s a rank). Not preloaded:
+    tests.fake_gpu, which must not leak into the CPU ranks."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # not on Windows
+        yield
+        return
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["shardkit", "shardkit.launch._worker", "torch._dynamo"])
+    multiprocessing.forkserver.ensure_running()
+    previous, _pool._START_METHOD = _pool._START_METHOD, "forkserver"
+    yield
+    _pool._START_METHOD = previous
 
 
 @pytest.fixture(scope="session")

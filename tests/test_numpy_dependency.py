@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 _DCP_ROUND_TRIP = """
 import sys, warnings, torch
 import torch.distributed.checkpoint as dcp
@@ -29,14 +31,35 @@ for name, value in model.state_dict().items():
 """
 
 
-def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-W", "error", "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Both checks' fresh interpreters, started at once (each is mostly the import of torch and
+    shardkit); by name, with the checkpoint folder of the DCP one in ``args``."""
+    checkpoint = str(tmp_path_factory.mktemp("dcp") / "ckpt")
+    commands = {
+        "quiet": ["import shardkit, torch; torch.zeros(2).numpy()"],
+        "dcp": [_DCP_ROUND_TRIP, checkpoint],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-W", "error", "-c", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, command in commands.items()
+    }
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            results[name] = subprocess.CompletedProcess(commands[name], proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
 
 
 def test_numpy_is_importable_and_declared() -> None:
@@ -47,15 +70,15 @@ def test_numpy_is_importable_and_declared() -> None:
     assert int(numpy.__version__.split(".")[0]) >= 1
 
 
-def test_import_shardkit_is_quiet_with_warnings_as_errors() -> None:
-    result = _run("import shardkit, torch; torch.zeros(2).numpy()")
+def test_import_shardkit_is_quiet_with_warnings_as_errors(ran) -> None:
+    result = ran["quiet"]
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
 
 
-def test_plain_dcp_save_and_load_work_beside_shardkit(tmp_path: Path) -> None:
+def test_plain_dcp_save_and_load_work_beside_shardkit(ran) -> None:
     """The program issue 14 quotes: torch's DCP called directly, outside shardkit's own calls."""
-    result = _run(_DCP_ROUND_TRIP, str(tmp_path / "ckpt"))
+    result = ran["dcp"]
     assert result.returncode == 0, result.stderr
     assert "numpy" not in result.stderr.lower(), result.stderr
-    assert (tmp_path / "ckpt" / ".metadata").exists()
+    assert (Path(result.args[1]) / ".metadata").exists()

@@ -9,7 +9,10 @@ add time), one rank's own work in its thread's CPU time when it runs one thread 
   and backward with the fused update, per optimizer, at ``ids x rows x dim`` points chosen so
   that ids, bags, touched rows, columns and table size (inside or far outside the cache) vary
   apart; then a least-squares fit per optimizer (`fit_nonnegative`), and the cache size the
-  kernel effectively has (`fit_kernels`);
+  kernel effectively has (`fit_kernels`); then at tables of a few sizes between, what a missed
+  row costs there (the fit's ``miss_curve``, see [Note: calibrated kernel model]). A point
+  whose pooled output is large enough to get fresh pages has their cost (measured first) taken
+  out of its forward: the prediction charges those apart;
 - memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
   layer's forward and backward), and what a buffer too large for the allocator to keep costs
   in page faults each time it is allocated (`fresh_pages`; see [Note: fresh pages] in the
@@ -35,7 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -83,6 +86,8 @@ class CalibrationConfig:
         ids: ids per call of the kernel points.
         big_table_bytes: the table far outside the cache (the small one: ids / 4 rows, many
             repeats, inside it); at most 8 times the cache is used.
+        miss_sizes: the tables between, as fractions of that big table, timed at the middle
+            dim and the most ids, 20 ids per bag, for the miss curve.
         world_sizes: ranks to time the collectives among (each spawned fresh on this host; 1:
             what one rank's collectives, copies of its own bytes, take).
         sizes: collective message sizes, bytes.
@@ -96,6 +101,8 @@ class CalibrationConfig:
     dims: tuple[int, ...] = (16, 64, 128)
     ids: tuple[int, ...] = (16_384, 131_072)
     big_table_bytes: int = 256 * _MIB
+    # 4, 16, 32, 64, 128 and 256 MiB tables with a 32 MiB last-level cache
+    miss_sizes: tuple[float, ...] = (1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
     world_sizes: tuple[int, ...] = (1, 2, 4)
     # up to 32 MiB: a step's output distributions reach tens of MiB, past the last-level cache
     sizes: tuple[int, ...] = (16 << 10, 512 << 10, 4 << 20, 32 << 20)
@@ -120,6 +127,10 @@ class CalibrationConfig:
             )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if not all(0 < f <= 1 for f in self.miss_sizes):
+            raise ValueError(
+                f"miss_sizes are fractions of the big table, in (0, 1], got {self.miss_sizes}"
+            )
 
 
 def _clock(device: torch.device) -> Callable[[], float]:
@@ -217,50 +228,77 @@ def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
 
 
 def kernel_points(
-    config: CalibrationConfig, optimizer: str, device: torch.device, cache_bytes: int
+    config: CalibrationConfig,
+    optimizer: str,
+    device: torch.device,
+    cache_bytes: int,
+    fresh: tuple[int, float] = (0, 0.0),
 ) -> list[dict]:
     """Forward and backward+update ms of the batched kernel at each (ids, table, dim) point:
     bags of 20 or 2 ids, one table inside the cache and one far outside it, the compiled kernel
-    where it serves (as training runs)."""
+    where it serves (as training runs); then the miss curve's tables (``"curve": True``).
+    ``fresh``: `fresh_pages`' (threshold bytes, ms per byte), taken out of the forward of a
+    point whose pooled output reaches the threshold (``"fresh_ms"``)."""
     points = []
-    rule = FusedOptimizerConfig(optimizer=EmbOptimType.parse(optimizer), learning_rate=0.01)
-    g = torch.Generator().manual_seed(0)
     big_bytes = min(config.big_table_bytes, 8 * cache_bytes)
+    shapes = []
     for d, dim in enumerate(config.dims):
         for i, num_ids in enumerate(config.ids):
             # 20 ids per bag, or 2: bags vary apart from ids, so the fit can tell them apart
             pooling = 20 if (d + i) % 2 == 0 else 2
             for rows in (max(16, num_ids // 4), max(16, big_bytes // (4 * dim))):
-                tables = stack_tables(
-                    [rows], dim, dtype=torch.float32, device=device, optimizer=rule
-                )
-                tables.weight.uniform_(-0.01, 0.01)
-                params = [torch.nn.Parameter(v) for v in tables.table_views()]
-                # fresh ids every call: rows a previous call touched would still be in cache
-                batches = [
-                    torch.randint(0, rows, (num_ids,), generator=g).to(device)
-                    for _ in range(2 * config.repeats + 2)
-                ]
-                fresh = iter(batches)
-                bags = max(1, num_ids // pooling)
-                offsets = torch.linspace(0, num_ids, bags + 1).long().to(device)
-                grad = torch.full((bags, dim), 1e-3, device=device)
-
-                def forward(tables=tables, fresh=fresh, offsets=offsets, params=params):
-                    with torch.no_grad():
-                        lookup(tables, next(fresh), offsets, None, params)
-
-                def step(tables=tables, fresh=fresh, offsets=offsets, params=params, grad=grad):
-                    lookup(tables, next(fresh), offsets, None, params).backward(grad)
-
-                fwd, total = _best_pair(forward, step, config.repeats, device)
-                points.append(
-                    {"ids": num_ids, "rows": rows, "unique": int(torch.unique(batches[0]).numel()),
-                     "bags": bags, "dim": dim, "touched": _touched(tables, bags),
-                     "forward_ms": fwd, "backward_ms": max(total - fwd, 1e-4)}
-                )  # fmt: skip
-                del tables, params
+                shapes.append((num_ids, rows, dim, pooling, False))
+    dim, num_ids = config.dims[len(config.dims) // 2], config.ids[-1]
+    for fraction in config.miss_sizes:
+        shapes.append((num_ids, max(16, int(big_bytes * fraction) // (4 * dim)), dim, 20, True))
+    for num_ids, rows, dim, pooling, curve in shapes:
+        points.append(_kernel_point(config, optimizer, device, num_ids, rows, dim, pooling, fresh))
+        points[-1]["curve"] = curve
     return points
+
+
+def _kernel_point(
+    config: CalibrationConfig,
+    optimizer: str,
+    device: torch.device,
+    num_ids: int,
+    rows: int,
+    dim: int,
+    pooling: int,
+    fresh: tuple[int, float],
+) -> dict:
+    rule = FusedOptimizerConfig(optimizer=EmbOptimType.parse(optimizer), learning_rate=0.01)
+    g = torch.Generator().manual_seed(rows * 131 + num_ids)
+    tables = stack_tables([rows], dim, dtype=torch.float32, device=device, optimizer=rule)
+    tables.weight.uniform_(-0.01, 0.01)
+    params = [torch.nn.Parameter(v) for v in tables.table_views()]
+    # fresh ids every call: rows a previous call touched would still be in cache
+    batches = [
+        torch.randint(0, rows, (num_ids,), generator=g).to(device)
+        for _ in range(2 * config.repeats + 2)
+    ]
+    fresh_ids = iter(batches)
+    bags = max(1, num_ids // pooling)
+    offsets = torch.linspace(0, num_ids, bags + 1).long().to(device)
+    grad = torch.full((bags, dim), 1e-3, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            lookup(tables, next(fresh_ids), offsets, None, params)
+
+    def step() -> None:
+        lookup(tables, next(fresh_ids), offsets, None, params).backward(grad)
+
+    fwd, total = _best_pair(forward, step, config.repeats, device)
+    threshold, cost = fresh
+    output = bags * dim * 4
+    faults = output * cost if threshold and output >= threshold else 0.0
+    return {
+        "ids": num_ids, "rows": rows, "unique": int(torch.unique(batches[0]).numel()),
+        "bags": bags, "dim": dim, "touched": _touched(tables, bags),
+        "forward_ms": max(fwd - faults, 1e-4), "backward_ms": max(total - fwd, 1e-4),
+        "fresh_ms": faults,
+    }  # fmt: skip
 
 
 def _touched(tables: BatchedTables, bags: int) -> int:
@@ -273,8 +311,10 @@ def _touched(tables: BatchedTables, bags: int) -> int:
 def fit_kernel(optimizer: str, points: Sequence[dict], cache: int) -> KernelFit:
     """The `KernelFit` of ``points`` with a cache of ``cache`` bytes (see
     [Note: calibrated kernel model]): forward over bags and the ids that miss, backward over
-    the touched rows and those that miss."""
-    miss = [miss_fraction(p["touched"], cache) for p in points]
+    the touched rows, those that miss and the bags' gradients, from the points inside and far
+    outside the cache; then the miss curve from the points marked ``"curve"`` (`miss_curve`)."""
+    base = [p for p in points if not p.get("curve")]
+    miss = [miss_fraction(p["touched"], cache) for p in base]
     fits = []
     for written, missed, key in (
         ("bags", "ids", "forward_ms"),
@@ -283,10 +323,42 @@ def fit_kernel(optimizer: str, points: Sequence[dict], cache: int) -> KernelFit:
         rows = [
             [1.0, p["ids"], p["ids"] * p["dim"], p[written] * p["dim"], m * p[missed],
              m * p[missed] * p["dim"]]
-            for p, m in zip(points, miss)
+            for p, m in zip(base, miss)
         ]  # fmt: skip
-        fits.append(tuple(fit_nonnegative(rows, [p[key] for p in points], outliers=True)))
-    return KernelFit(optimizer, fits[0], fits[1])
+        if key == "backward_ms":  # the output gradient's rows
+            rows = [[*row, p["bags"] * p["dim"]] for row, p in zip(rows, base)]
+        fits.append(tuple(fit_nonnegative(rows, [p[key] for p in base], outliers=True)))
+    fit = KernelFit(optimizer, fits[0], fits[1])
+    return replace(fit, miss_curve=miss_curve(fit, [p for p in points if p.get("curve")], cache))
+
+
+def miss_curve(
+    fit: KernelFit, points: Sequence[dict], cache: int
+) -> tuple[tuple[float, float, float], ...]:
+    """Per working set of ``points`` (one each, the same dim), the miss weight ``m`` that makes
+    ``fit`` give what each direction measured there: what the point took beyond ``fit``'s
+    terms without misses, over its miss terms at ``m = 1``; `miss_fraction` where ``fit`` has
+    no miss terms. Sizes measured twice keep the first. See [Note: calibrated kernel model]."""
+    curve: dict[float, tuple[float, float, float]] = {}
+    for p in sorted(points, key=lambda p: p["touched"]):
+        ids, bags, dim, unique = p["ids"], p["bags"], p["dim"], p["unique"]
+        plain = miss_fraction(p["touched"], cache)
+        weights = []
+        for measured, without, per_miss in (
+            (p["forward_ms"], fit.forward_ms(ids, bags, dim),
+             fit.forward_ms(ids, bags, dim, miss=1.0, calls=0) - fit.forward_ms(ids, bags, dim, calls=0)),
+            (p["backward_ms"], fit.backward_ms(ids, unique, dim, bags=bags),
+             fit.backward_ms(ids, unique, dim, miss=1.0, calls=0, bags=bags)
+             - fit.backward_ms(ids, unique, dim, calls=0, bags=bags)),
+        ):  # fmt: skip
+            m = (measured - without) / per_miss if per_miss > 0 else plain
+            weights.append(min(max(m, 0.0), _MAX_MISS))
+        curve.setdefault(float(p["touched"]), (float(p["touched"]), weights[0], weights[1]))
+    return tuple(curve.values())
+
+
+# A miss weight beyond this is noise (another process's time slice), not the cache
+_MAX_MISS = 4.0
 
 
 def fit_kernels(points: dict[str, list[dict]], nominal_cache: int) -> tuple[int, list[KernelFit]]:
@@ -311,9 +383,9 @@ def _misses(fit: KernelFit, points: Sequence[dict], cache: int) -> list[float]:
     """|predicted / measured - 1| of forward + backward at each point."""
     errors = []
     for p in points:
-        m = miss_fraction(p["touched"], cache)
-        predicted = fit.forward_ms(p["ids"], p["bags"], p["dim"], miss=m) + fit.backward_ms(
-            p["ids"], p["unique"], p["dim"], miss=m
+        m_fwd, m_bwd = (float(m) for m in fit.miss(p["touched"], cache))
+        predicted = fit.forward_ms(p["ids"], p["bags"], p["dim"], miss=m_fwd) + fit.backward_ms(
+            p["ids"], p["unique"], p["dim"], miss=m_bwd, bags=p["bags"]
         )
         errors.append(abs(predicted / (p["forward_ms"] + p["backward_ms"]) - 1))
     return sorted(errors)
@@ -394,7 +466,7 @@ def fit_overhead(
     for row in rows:
         bags, dim = row["features"] * row["batch"], row["dim"]
         known = kernel.forward_ms(bags, bags, dim) + kernel.backward_ms(
-            bags, min(bags, row["features"] * _TINY_ROWS), dim
+            bags, min(bags, row["features"] * _TINY_ROWS), dim, bags=bags
         )
         for kind, nbytes in (("all_to_all", 24 * bags), ("all_to_all", 4 * bags * dim)):
             if kind in alone:  # the ids' exchange, the pooled rows' there and back
@@ -488,7 +560,10 @@ def _calibrate_host(
             f"buffers of {fresh_bytes >> 20} MiB or more get fresh pages each time: "
             f"{fresh_cost * _MIB:.2f} ms per MiB more than writing a buffer already mapped"
         )
-    measured = {name: kernel_points(config, name, device, nominal) for name in config.optimizers}
+    measured = {
+        name: kernel_points(config, name, device, nominal, (fresh_bytes, fresh_cost))
+        for name in config.optimizers
+    }
     cache, kernels = fit_kernels(measured, nominal)
     log(f"last-level cache: {nominal >> 20} MiB, of which the kernel sees {cache >> 20} MiB")
     points: dict[str, Any] = {f"kernel:{name}": rows for name, rows in measured.items()}
@@ -556,11 +631,16 @@ def _calibrate_host(
 def _kernel_line(fit: KernelFit, points: Sequence[dict], cache: int) -> str:
     errors = _misses(fit, points, cache)
     big = max(points, key=lambda p: (p["ids"] * p["dim"], p["rows"]))
+    curve = ", ".join(
+        f"{size / _MIB:.0f} MiB {forward:.2f}/{backward:.2f}"
+        for size, forward, backward in fit.miss_curve
+    )
     return (
         f"{big['ids']} ids x dim {big['dim']}, {big['rows']} rows: forward "
         f"{big['forward_ms']:.2f} ms, backward+update {big['backward_ms']:.2f} ms; the fit "
         f"misses its {len(points)} points by {100 * errors[len(errors) // 2]:.0f}% (median), "
         f"{100 * errors[-1]:.0f}% (worst)"
+        + (f"; miss weight (forward/backward) at {curve}" if curve else "")
     )
 
 

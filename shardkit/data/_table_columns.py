@@ -26,7 +26,7 @@ from shardkit.data._table_schema import _FALSE as FALSE_WORDS
 from shardkit.data._table_schema import _TRUE as TRUE_WORDS
 from shardkit.data._table_schema import ColumnType, TableSchema
 
-__all__ = ["BadRow", "ColumnParser", "Columns"]
+__all__ = ["BadRow", "ColumnParser", "Columns", "dictionary_parts"]
 
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 
@@ -48,7 +48,8 @@ class Columns:
     """A piece's good rows: ``records`` int64 ``[n]`` (numbers in the piece), ``labels``
     float64 ``[n]`` (0/1), ``dense`` float64 ``[n, D]`` (raw numbers, untransformed),
     ``bags`` per feature (the fitted schema's key order) ``(values, lengths)``: the bags'
-    strings flattened (an Arrow string array) and int64 ``[n]`` lengths; ``times`` float64
+    strings flattened (an Arrow string array; a multi-hot column of few distinct texts: a
+    dictionary array of strings, see `dictionary_parts`) and int64 ``[n]`` lengths; ``times`` float64
     ``[n]`` and ``users`` (Arrow strings ``[n]``) when the split needs them."""
 
     records: np.ndarray
@@ -96,10 +97,12 @@ class ColumnParser:
         self.file_order = sorted(self.needed, key=lambda n: order.get(n, len(order)))
         self.words = (pa.array(TRUE_WORDS), pa.array(FALSE_WORDS))
         self.missing = {c.name: pa.array(list(c.missing), pa.string()) for c in schema.columns}
+        self.ones = np.ones(0, dtype=np.int64)
 
     def parse(self, table: Any, records: np.ndarray) -> tuple[Columns, list[BadRow]]:
-        """``table``: the needed columns of a piece (binary for CSV); ``records``: each row's
-        record number. Returns the good rows and the refused ones (in record order)."""
+        """``table``: the needed columns of a piece (CSV: strings, or binary when not UTF-8);
+        ``records``: each row's record number. Returns the good rows and the refused ones (in
+        record order)."""
         pa = self.pa
         n = table.num_rows
         raw = {name: _array(table.column(name)) for name in self.needed}
@@ -265,24 +268,50 @@ class ColumnParser:
             parts = pc.split_pattern(text, pattern=spec.separator)
             parents = np.asarray(pc.list_parent_indices(parts))
             values = pc.utf8_trim_whitespace(pc.list_flatten(parts))
-        else:
-            values, parents = self._text(column, texts, spec.name), np.arange(n)
+        else:  # one value per row: each row's length is whether its value is kept
+            values = self._text(column, texts, spec.name)
+            keep = ~self._missing(values, spec.name)
+            if keep.all():
+                return values, self._ones(n)
+            return values.filter(pa.array(keep)), keep.astype(np.int64)
         keep = ~self._missing(values, spec.name)
         if not keep.all():
             values, parents = values.filter(pa.array(keep)), parents[keep]
         return values, np.bincount(parents, minlength=n).astype(np.int64)
 
+    def _ones(self, n: int) -> np.ndarray:
+        """``n`` ones (int64), read-only: the lengths of every categorical column of a piece
+        with no missing value (one array, not one per column; any thread)."""
+        ones = self.ones
+        if len(ones) != n:
+            ones = np.ones(n, dtype=np.int64)
+            ones.flags.writeable = False
+            self.ones = ones
+        return ones
+
     def _split(self, texts: Any, codes: np.ndarray, spec: Any) -> tuple[Any, np.ndarray]:
         """`_bag` of a multi-hot column given as its distinct ``texts`` and each row's code:
-        each distinct text split, trimmed and checked once, then each row's values taken
-        from its text's (the same values in the same order as splitting every row)."""
+        each distinct text split, trimmed and checked once, then each row's values are its
+        text's (the same values in the same order as splitting every row), as an Arrow
+        dictionary array: the distinct texts' values and each row value's place among them,
+        so the fit counts the places and looks up the few values (see `dictionary_parts`)."""
         pa = self.pa
         values, lengths = self._bag(texts, spec, {})
         starts = np.cumsum(lengths) - lengths
         per_row = lengths[codes]
         total = int(per_row.sum())
         first = np.repeat(starts[codes] - (np.cumsum(per_row) - per_row), per_row)
-        return values.take(pa.array(first + np.arange(total))), per_row
+        first += np.arange(total, dtype=first.dtype)
+        kind = pa.int32() if len(values) < 1 << 31 else pa.int64()
+        return pa.DictionaryArray.from_arrays(pa.array(first, kind), values), per_row
+
+
+def dictionary_parts(values: Any) -> tuple[Any, np.ndarray] | None:
+    """An Arrow dictionary array's values and indices (int64 NumPy), None for another array:
+    a multi-hot column's bags (`ColumnParser._split`) come as one."""
+    if not hasattr(values, "dictionary"):
+        return None
+    return values.dictionary, np.asarray(values.indices).astype(np.int64, copy=False)
 
 
 def _offsets(values: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ import torch
 
 from shardkit.data._batch import Batch
 from shardkit.data._hash import mix_tensor
-from shardkit.data._table_columns import Columns
+from shardkit.data._table_columns import Columns, dictionary_parts
 from shardkit.data._table_rows import hash_id
 from shardkit.data._table_schema import ColumnType
 from shardkit.sparse import KeyedJaggedTensor
@@ -196,8 +196,12 @@ class ColumnEncoder:
         for key, j, (vocabulary, hashed), (values, counts) in zip(
             self.keys, self.layout, self.lookups, columns.bags
         ):
-            found = _hashed(values, hashed) if hashed else vocabulary.rows(values)
+            parts = dictionary_parts(values)  # a multi-hot column's few distinct values
+            distinct = values if parts is None else parts[0]
+            found = _hashed(distinct, hashed) if hashed else vocabulary.rows(distinct)
             found = np.asarray(found, dtype=np.int64)
+            if parts is not None:
+                found = found[parts[1]]
             if j < 0:
                 ids.append(torch.from_numpy(found))
                 lengths.append(torch.from_numpy(counts))

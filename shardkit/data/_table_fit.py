@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from shardkit.data._hash import mix_tensor
-from shardkit.data._table_columns import Columns, _offsets
+from shardkit.data._table_columns import Columns, _offsets, dictionary_parts
 from shardkit.data._table_fitted import DenseFit, FittedSchema, TableFit, table_order
 from shardkit.data._table_schema import ColumnSpec, TableSchema
 
@@ -198,6 +198,8 @@ class Fitter:
         ``counts``) from a hash pass (`dictionary_encode`) and a `bincount` of the training
         rows' codes."""
         pa = self.pa
+        if any(dictionary_parts(v) is not None for v, _ in parts):
+            return self._count_weighted([_weighted(v, t) for v, t in parts])
         train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
         keys = [packed_keys(v) for v, _ in parts]
         packed = [k for k in keys if k is not None]
@@ -210,6 +212,26 @@ class Fitter:
             return Numbered.counted(np.concatenate(numbers)[train])  # type: ignore[arg-type]
         dictionary, codes = _encode([v for v, _ in parts])
         counts = np.bincount(codes[train], minlength=len(dictionary))
+        seen = counts > 0
+        return pa.StructArray.from_arrays(
+            [dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
+            names=["values", "counts"],
+        )
+
+    def _count_weighted(self, parts: list[tuple[Any, np.ndarray]]) -> Any:
+        """`_count` of values each counted ``weight`` times (int64; a multi-hot column's
+        distinct values weighted by their training rows, see `_weighted`): the same counts."""
+        pa = self.pa
+        weights = np.concatenate([w for _, w in parts])
+        keys = [packed_keys(v, any_length=True) for v, _ in parts]
+        packed = [k for k in keys if k is not None]
+        if len(packed) == len(keys):
+            distinct, inverse = np.unique(np.concatenate(packed), return_inverse=True)
+            counts = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(distinct))
+            seen = counts > 0
+            return Keyed(distinct[seen], counts[seen].astype(np.int64))
+        dictionary, codes = _encode([v for v, _ in parts])
+        counts = np.bincount(codes, weights=weights, minlength=len(dictionary)).astype(np.int64)
         seen = counts > 0
         return pa.StructArray.from_arrays(
             [dictionary.filter(pa.array(seen)), pa.array(counts[seen])],
@@ -450,6 +472,16 @@ def unpacked_strings(keys: np.ndarray) -> Any:
     return pa.LargeStringArray.from_buffers(
         len(keys), pa.py_buffer(offsets), pa.py_buffer(raw[inside].tobytes())
     ).cast(pa.string())
+
+
+def _weighted(values: Any, train: np.ndarray) -> tuple[Any, np.ndarray]:
+    """A feature's values and training mask as (distinct values, how many training rows'
+    bags hold each): a dictionary array counts its indices, others weigh each value 0 or 1."""
+    parts = dictionary_parts(values)
+    if parts is None:
+        return values, train.astype(np.int64)
+    dictionary, indices = parts
+    return dictionary, np.bincount(indices[train], minlength=len(dictionary))
 
 
 def _encode(arrays: list[Any]) -> tuple[Any, np.ndarray]:

@@ -107,7 +107,8 @@ def read_pieces(
     file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
 ) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:
     """The wanted pieces of a file, in order, each as ``(piece, Arrow table of the needed
-    columns, ragged rows)``; CSV columns are binary (UTF-8 is checked by the parser)."""
+    columns, ragged rows)``; CSV columns are strings, or binary in a piece that is not UTF-8
+    (the parser names the bad rows)."""
     for piece, load in cut_pieces(file, source, index, wanted):
         yield piece, *load()
 
@@ -207,26 +208,16 @@ def _gzip_cut(
 
 
 def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[RaggedRow]]:
+    """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
+    second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
+    which the parser checks value by value to name the bad row."""
     pa = arrow(file.path)
-    ragged: list[RaggedRow] = []
-
-    def invalid(row: Any) -> str:
-        ragged.append(RaggedRow(row.number - 1, row.actual_columns, row.expected_columns))
-        return "skip"
-
-    binary = {name: pa.binary() for name in file.needed}
     try:
-        table = pa.csv.read_csv(
-            pa.py_buffer(data),
-            read_options=pa.csv.ReadOptions(column_names=list(file.columns), use_threads=False,
-                                            block_size=max(len(data) + 1, 1 << 20)),
-            parse_options=pa.csv.ParseOptions(delimiter=file.delimiter, newlines_in_values=True,
-                                              invalid_row_handler=invalid),
-            convert_options=pa.csv.ConvertOptions(column_types=binary,
-                                                  include_columns=list(file.needed),
-                                                  strings_can_be_null=False,
-                                                  quoted_strings_can_be_null=False),
-        )  # fmt: skip
+        return _read_csv(file, data, pa.string())
+    except pa.ArrowInvalid:
+        pass
+    try:
+        return _read_csv(file, data, pa.binary())
     except pa.ArrowInvalid as exc:
         raise ValueError(
             f"{file.path}: the piece from byte {begin} cannot be read ({exc}); a quoted value "
@@ -234,6 +225,27 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
             "file is cut into pieces of 8 MiB) is not read: remove the line breaks from values, "
             "or save the table as Parquet"
         ) from None
+
+
+def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[RaggedRow]]:
+    pa = arrow(file.path)
+    ragged: list[RaggedRow] = []
+
+    def invalid(row: Any) -> str:
+        ragged.append(RaggedRow(row.number - 1, row.actual_columns, row.expected_columns))
+        return "skip"
+
+    table = pa.csv.read_csv(
+        pa.py_buffer(data),
+        read_options=pa.csv.ReadOptions(column_names=list(file.columns), use_threads=False,
+                                        block_size=max(len(data) + 1, 1 << 20)),
+        parse_options=pa.csv.ParseOptions(delimiter=file.delimiter, newlines_in_values=True,
+                                          invalid_row_handler=invalid),
+        convert_options=pa.csv.ConvertOptions(column_types=dict.fromkeys(file.needed, kind),
+                                              include_columns=list(file.needed),
+                                              strings_can_be_null=False,
+                                              quoted_strings_can_be_null=False),
+    )  # fmt: skip
     return table, ragged
 
 

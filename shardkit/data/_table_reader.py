@@ -24,13 +24,10 @@ rows through a buffer of ``shuffle_buffer`` rows (`shuffle_buffer`). Memory: the
 piece or two, and the prefetched batches. The order depends on the world size (unlike
 `GlobalBatchIterator`): ranks read their own parts.
 
-Batches are made in the background, ``prefetch`` batches ahead (0: in the caller's thread), so
-reading overlaps training: in a thread (default), or with ``background="process"`` in a
-process forked for the epoch (Linux), which sends each batch's arrays back through a queue. A
-thread shares the GIL with the training step: a step of many small Python-level ops holds it
-most of the time, and the reading thread, which gives it up at every Arrow or torch call,
-waits for it again each time; a process does not, but costs a fork per epoch and a copy of
-each batch (measurements on a loaded 2-core machine could not tell them apart). When an
+Batches are made in a background thread, ``prefetch`` batches ahead (0: in the caller's
+thread), so reading overlaps training (Arrow's, NumPy's and torch's kernels release the GIL; a
+reading process forked per epoch was measured against the thread under a training step and
+gained nothing: removed, see benchmarks/results/table_zen3_scan_strings.md). When an
 epoch's last batch is taken, the next epoch's reading starts, so its first batches (a piece
 read, the shuffle buffer filled) are ready while the caller validates and checkpoints.
 
@@ -45,9 +42,7 @@ import contextlib
 import itertools
 import logging
 import queue
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +67,6 @@ from shardkit.data._table_scan import (
     TableData,
 )
 from shardkit.data._table_split import TRAIN, VALIDATION
-from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = ["TableReader"]
 
@@ -102,8 +96,6 @@ class TableReader:
         seed: the shuffle's seed (the same on every rank).
         last_batch: DROP (default for training) or PAD (default for validation).
         prefetch: batches made ahead in the background (0: none, read when asked).
-        background: where batches are made ahead: ``"thread"`` (default) or ``"process"``
-            (forked each epoch; Linux).
         cache: a folder for the encoded split (see [Note: table cache]); None: none.
     """
 
@@ -121,7 +113,6 @@ class TableReader:
         last_batch: LastBatch | None = None,
         prefetch: int = 4,
         cache: str | Path | None = None,
-        background: str | None = None,
     ) -> None:
         if split not in ("train", "validation"):
             raise ValueError(f"TableReader: split must be 'train' or 'validation', got {split!r}")
@@ -141,14 +132,6 @@ class TableReader:
         self.shuffle = split == "train" if shuffle is None else shuffle
         self.shuffle_buffer, self.seed, self.last_batch = shuffle_buffer, seed, last_batch
         self.prefetch = prefetch
-        background = background or "thread"
-        if background not in ("process", "thread"):
-            raise ValueError(f"TableReader: background must be 'process' or 'thread', got "
-                             f"{background!r}")  # fmt: skip
-        if background == "process" and not _can_fork():
-            raise ValueError("TableReader: background='process' needs os.fork (Linux); use "
-                             "'thread'")  # fmt: skip
-        self.background = background
         self.want = TRAIN if split == "train" else VALIDATION
         self._runs, self.rows_per_rank = _partition(data, self.want, self.rank, self.world_size)
         self._steps = self._count_steps()
@@ -212,8 +195,6 @@ class TableReader:
         return self._prefetcher(batches) if self.prefetch else batches
 
     def _prefetcher(self, batches: Iterator[Batch]) -> Iterator[Batch]:
-        if self.background == "process":
-            return _ProcessPrefetcher(batches, self.prefetch, self.keys)
         return _Prefetcher(batches, self.prefetch)
 
     def _make(self, epoch: int, skip: int) -> Iterator[Batch]:
@@ -431,105 +412,3 @@ class _Prefetcher:
 
     def __del__(self) -> None:
         self.stop.set()
-
-
-def _can_fork() -> bool:
-    import multiprocessing
-
-    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
-
-
-class _ProcessPrefetcher:
-    """``batches`` made in a process forked now (it holds a copy of the reader: no pickling,
-    no import), up to ``depth`` ahead, each sent back as NumPy arrays (by value: no shared
-    memory handles to leak); an error there is raised in the caller's `__next__`, a process
-    that dies says so; `close` stops it."""
-
-    _DONE = "done"
-
-    def __init__(self, batches: Iterator[Batch], depth: int, keys: tuple[str, ...]) -> None:
-        import multiprocessing
-
-        context = multiprocessing.get_context("fork")
-        self.keys = keys
-        self.slots: Any = context.Queue(maxsize=depth)
-        self.stop = context.Event()
-        self.finished = False
-        self.process = context.Process(target=_produce_in_process, args=(batches, self.slots,
-                                       self.stop), name="shardkit-table-reader", daemon=True)  # fmt: skip
-        self.process.start()
-
-    def __iter__(self) -> _ProcessPrefetcher:
-        return self
-
-    def __next__(self) -> Batch:
-        if self.finished:
-            raise StopIteration
-        while True:
-            try:
-                kind, item = self.slots.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not self.process.is_alive():
-                    self.finished = True
-                    raise RuntimeError(f"TableReader: the reading process stopped (exit code "
-                                       f"{self.process.exitcode}) without its batches; see "
-                                       "its output above") from None  # fmt: skip
-        if kind == "error":
-            self.close()
-            raise item
-        if kind == self._DONE:
-            self.close()
-            raise StopIteration
-        labels, dense, values, lengths, weights = item
-        sparse = KeyedJaggedTensor(keys=list(self.keys), values=torch.from_numpy(values),
-                                   lengths=torch.from_numpy(lengths), stride=len(labels))  # fmt: skip
-        return Batch(dense_features=torch.from_numpy(dense), sparse_features=sparse,
-                     labels=torch.from_numpy(labels),
-                     weights=None if weights is None else torch.from_numpy(weights))  # fmt: skip
-
-    def close(self) -> None:
-        self.finished = True
-        self.stop.set()
-        deadline = time.monotonic() + 30.0
-        while self.process.is_alive() and time.monotonic() < deadline:
-            with contextlib.suppress(queue.Empty):  # let its queue's writes finish
-                self.slots.get(timeout=0.1)
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join()
-        self.slots.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop.set()
-
-
-def _produce_in_process(batches: Iterator[Batch], slots: Any, stop: Any) -> None:
-    """The forked process: ``batches`` into ``slots`` as arrays, then a last item."""
-    import pickle
-
-    try:
-        for batch in batches:
-            if stop.is_set():
-                return
-            sparse = batch.sparse_features
-            item = (batch.labels.numpy(), batch.dense_features.numpy(), sparse.values().numpy(),
-                    sparse.lengths().numpy(),
-                    None if batch.weights is None else batch.weights.numpy())  # fmt: skip
-            while not stop.is_set():
-                try:
-                    slots.put(("batch", item), timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-        slots.put((_ProcessPrefetcher._DONE, None))
-    except BaseException as exc:  # handed to the consumer, raised there
-        try:
-            pickle.dumps(exc)
-        except Exception:
-            exc = RuntimeError(f"TableReader (reading process): {exc!r}")
-        slots.put(("error", exc))
-    finally:
-        slots.close()
-        slots.join_thread()

@@ -33,6 +33,10 @@ _GRACE_S = 1.0
 # The parent waits a little longer than the ranks wait for each other at the start, so that
 # their message (which names the ranks missing) comes first.
 _START_ALLOWANCE_S = START_ALLOWANCE_S + 10.0
+# How rank processes start: "spawn", as `spawn` promises. The test suite sets "forkserver" in its
+# own process only (tests/conftest.py): a rank forked from a server that imported shardkit once
+# starts in ~0.2 s instead of seconds of imports; scripts and the CLI it runs keep "spawn".
+_START_METHOD = "spawn"
 
 
 def spawn(
@@ -166,7 +170,7 @@ class RankPool:
     def _start(self) -> None:
         self._tmpdir = tempfile.mkdtemp(prefix="shardkit-ranks-")
         store_path = os.path.join(self._tmpdir, "store")
-        context = mp.get_context("spawn")
+        context = mp.get_context(_START_METHOD)
         with _hide_missing_main_file():
             self._start_processes(context, store_path)
         logger.info("started %d ranks (rendezvous in %s)", self.world_size, self._tmpdir)

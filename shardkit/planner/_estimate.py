@@ -66,7 +66,7 @@ from shardkit.planner._constants import (
     OPTIMIZER_STATE_DTYPE_SIZE,
 )
 from shardkit.planner._inputs import Topology
-from shardkit.planner._profile import collective_ms, expected_unique, miss_fraction
+from shardkit.planner._profile import collective_ms, expected_unique
 from shardkit.planner._tables import TableSpec
 from shardkit.types import EmbeddingComputeKernel, ShardingType
 
@@ -162,12 +162,12 @@ def _calibrated(
     fit = profile.kernel(table.optimizer.value)
     weights = rows * cols * table.element_size
     touched = weights + optimizer_state_bytes(table.optimizer, rows, cols) + outputs * cols * 4
-    miss = miss_fraction(touched, profile.cache_bytes)
+    miss_fwd, miss_bwd = (float(m) for m in fit.miss(touched, profile.cache_bytes))
     replica = sharding_type == ShardingType.DATA_PARALLEL
     fused = kernel == EmbeddingComputeKernel.FUSED
-    bwd_ids = ids * world if replica and fused else ids
-    compute = fit.forward_ms(ids, outputs, cols, miss=miss, calls=0) + fit.backward_ms(
-        bwd_ids, expected_unique(bwd_ids, rows), cols, miss=miss, calls=0
+    bwd_ids, bwd_outputs = (ids * world, outputs * world) if replica and fused else (ids, outputs)
+    compute = fit.forward_ms(ids, outputs, cols, miss=miss_fwd, calls=0) + fit.backward_ms(
+        bwd_ids, expected_unique(bwd_ids, rows), cols, miss=miss_bwd, calls=0, bags=bwd_outputs
     )
     if replica and not fused:
         compute += DENSE_UPDATE_PERF_FACTOR * weights / profile.memory_bw

@@ -85,8 +85,18 @@ large, as compute (times ``s`` when ranks share cores):
   gloo gathers into first; FUSED data-parallel replicas, the all-gather's output, gloo's flat
   buffer, the uneven ranks' chunks joined and the output gradients unpacked.
 
-Smaller buffers are reused from the allocator's own memory (mostly: its threshold follows the
-sizes freed before, so a buffer just under 32 MiB may fault too). Calibration times its
+Smaller buffers are mostly reused from the allocator's own memory, with one exception measured
+(issue 29's traces, `benchmarks/trace_collectives.py`: the faults of each collective call
+counted): every step, one buffer of an output class's size faults whatever its size. At 1 and
+4 ranks it is the backward collective's output (the table-wise adjoint's 2 MiB (dmp) and 10
+MiB (small), the row-wise all-gather's 8 and 10 MiB); at 2 ranks the small case's table-wise
+forward all-to-all's 10 MiB instead, and its row-wise reduce-scatter and all-gather both (20
+MiB each), while the other collectives of those sizes fault nothing. The heap freed at the end
+of a step is handed back (glibc trims its top past twice its adaptive threshold) and the first
+large allocation after maps it again. So each output class also pays, per rank, one buffer of
+what its kernel wrote (FUSED replicas: the gathered batch) when that is below the threshold
+(above it, it is among the buffers listed); the 2-rank row-wise case's second buffer is not
+charged. Calibration times its
 collectives with the buffers they allocate, so the link fit subtracts those buffers' faults
 from the sizes at or above the threshold before fitting (see `shardkit.bench._links.fit_links`)
 and each fault is charged once.
@@ -434,20 +444,21 @@ def _add_replicas(item: PlacedTable, sums: _Sums) -> None:
 def _kernels(sums: _Sums, profile: MachineProfile, *, forward: bool) -> np.ndarray:
     """Per rank, ms of its kernel calls (one per group it holds a shard of)."""
     total = np.zeros(sums.world)
-    cache = profile.cache_bytes
     for (_, cols, optimizer, kernel), (ids, bags, nbytes, unique, bwd_ids) in sums.groups.items():
         fit = profile.kernel(optimizer)
         calls = (ids > 0) | (nbytes > 0)
         touched = nbytes + bags * cols * 4  # see [Note: calibrated kernel model]
-        miss = np.where(touched > cache, 1 - cache / np.maximum(touched, 1.0), 0.0)
+        miss_fwd, miss_bwd = fit.miss(touched, profile.cache_bytes)
         if forward:
             f0, f1, f2, f3, f4, f5 = fit.forward
-            time = f1 * ids + f2 * ids * cols + f3 * bags * cols + miss * ids * (f4 + f5 * cols)
+            time = f1 * ids + f2 * ids * cols + f3 * bags * cols + miss_fwd * ids * (f4 + f5 * cols)
             total += np.where(calls, f0 + time, 0.0)
         else:
-            b0, b1, b2, b3, b4, b5 = fit.backward
-            touched = b3 * unique * cols + miss * unique * (b4 + b5 * cols)
-            time = b1 * bwd_ids + b2 * bwd_ids * cols + touched
+            b0, b1, b2, b3, b4, b5, b6 = fit.backward
+            # FUSED replicas update over the global batch: every rank's bags' gradients
+            bwd_bags = bags * np.divide(bwd_ids, ids, out=np.ones_like(ids), where=ids > 0)
+            touched = b3 * unique * cols + miss_bwd * unique * (b4 + b5 * cols)
+            time = b1 * bwd_ids + b2 * bwd_ids * cols + touched + b6 * bwd_bags * cols
             if kernel == EmbeddingComputeKernel.DENSE:
                 time = time + 2 * ids * cols * 4 / profile.memory_bw  # the dense gradient
             total += np.where(calls, b0 + time, 0.0)
@@ -492,6 +503,7 @@ def _output_fresh_pages(classes: dict, topology: Topology) -> float:
     assert profile is not None
     hosts, local = topology.num_hosts, topology.intra_group_size
     per_rank = np.zeros(topology.world_size)
+    threshold, per_byte = profile.fresh_buffer_bytes, profile.fresh_page_ms_per_byte
     for (route, cols), (send, recv) in classes.items():
         # FUSED replicas' class holds the all-gather's output where the others hold what they send
         received = send if route == "local" else recv
@@ -500,6 +512,10 @@ def _output_fresh_pages(classes: dict, topology: Topology) -> float:
                 route, float(send[rank]), float(received[rank]), cols, hosts, local
             )
             per_rank[rank] += profile.fresh_page_ms(buffers)
+            # one buffer of the class's size faults every step, at any size (measured; see the note)
+            first = float(send[rank])
+            if 0 < first < threshold:
+                per_rank[rank] += first * per_byte
     return float(per_rank.max())
 
 

@@ -11,16 +11,29 @@ last-level cache costing extra:
   cols)`` ms (a call's fixed cost, the id handling, the rows read, the pooled rows written, and
   what a row read from memory rather than cache adds);
 - backward and the fused update: ``b0 + b1 * ids + b2 * ids * cols + b3 * unique * cols + m *
-  (b4 * unique + b5 * unique * cols)`` ms (a call's fixed cost, sorting the ids, scattering the
-  output gradient, updating each touched row with its optimizer state, and the misses).
+  (b4 * unique + b5 * unique * cols) + b6 * bags * cols`` ms (a call's fixed cost, sorting the
+  ids, scattering the output gradient, updating each touched row with its optimizer state, the
+  misses, and reading the output gradient).
 
-``m = max(0, 1 - cache_bytes / working_set)`` is the chance that a row drawn uniformly from the
-group's tables is not in a cache of ``cache_bytes`` (the profile's last-level cache), the
-working set being the tables with their optimizer state and the pooled rows the call writes
-(forward) or reads (backward), which pass through the same cache: 0 for a call that fits, near
-1 for one many times larger. ``shardkit bench calibrate`` times the kernel
-at a few points per optimizer (tables inside and far outside the cache) and fits the
-coefficients (least squares on relative error, none negative). ``unique`` is the number of
+``m`` weighs what a row read from memory rather than cache adds, by the group's working set
+(the tables with their optimizer state and the pooled rows the call writes (forward) or reads
+(backward), which pass through the same cache). Its first form, ``m = max(0, 1 - cache_bytes /
+working_set)``, is the chance that a row drawn uniformly from the group's tables is not in a
+cache of ``cache_bytes`` (the profile's last-level cache): 0 for a call that fits, near 1 for
+one many times larger. ``shardkit bench calibrate`` times the kernel at a few points per
+optimizer (tables inside and far outside the cache) and fits the coefficients (least squares
+on relative error, none negative). What a missed row costs is not that simple between those
+two sizes (a table a few times the cache still hits partly in it, prefetchers and pages help
+some sizes more than others), so calibration also times the kernel at tables of a few sizes
+between (``miss_curve``: per working set, the ``m`` each direction measured there, against
+the fitted coefficients) and the prediction interpolates ``m`` between them in log size (see
+`KernelFit.miss`). A profile without that curve uses the first form. The working set is the
+group's, though the kernel walks a group table by table: each table's own working set matches
+the kernel timed alone better, but issue 29's measured steps follow the group's (the rest of a
+step evicts what a kernel call leaves in the cache; benchmarks/results/predict_12ranks_miss_curve.md).
+
+The backward also reads the output gradient's rows, one per bag: ``b6 * bags * cols`` (a
+profile written before it was fitted has ``b6 = 0``). ``unique`` is the number of
 distinct rows a step touches; the planner knows only how many ids a shard gets and how many rows
 it holds, so it takes the ids as drawn uniformly: ``unique = rows * (1 - exp(-ids / rows))``
 (skewed ids touch fewer rows, mostly cached ones; then the prediction is high).
@@ -42,12 +55,15 @@ see `collective_ms`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -97,24 +113,66 @@ class KernelFit:
         optimizer: the fused rule, as `EmbOptimType`'s value (``"exact_sgd"``...).
         forward: ``(f0, .., f5)``: ms per call, per id, per id x column, per bag x column, per
             missed id, per missed id x column.
-        backward: ``(b0, .., b5)``: ms per call, per id, per id x column, per touched row x
-            column, per missed row, per missed row x column (the backward and the fused update
-            together).
+        backward: ``(b0, .., b6)``: ms per call, per id, per id x column, per touched row x
+            column, per missed row, per missed row x column, per bag x column (the backward and
+            the fused update together); six numbers (a profile before ``b6``) read as ``b6 = 0``.
+        miss_curve: ``((working_set_bytes, forward_m, backward_m), ...)``, increasing in size:
+            the miss weight ``m`` calibration measured at those working sets (empty: ``m`` from
+            the cache size alone, `miss_fraction`).
     """
 
     optimizer: str
     forward: tuple[float, ...]
     backward: tuple[float, ...]
+    miss_curve: tuple[tuple[float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("forward", "backward"):
+        if len(self.backward) == 6:
+            object.__setattr__(self, "backward", (*self.backward, 0.0))
+        for name, size in (("forward", 6), ("backward", 7)):
             values = tuple(float(v) for v in getattr(self, name))
-            if len(values) != 6 or not all(math.isfinite(v) and v >= 0 for v in values):
+            if len(values) != size or not all(math.isfinite(v) and v >= 0 for v in values):
                 raise ValueError(
-                    f"KernelFit({self.optimizer!r}).{name} must be 6 finite numbers >= 0 "
+                    f"KernelFit({self.optimizer!r}).{name} must be {size} finite numbers >= 0 "
                     f"(see [Note: calibrated kernel model]), got {values}"
                 )
             object.__setattr__(self, name, values)
+        curve = tuple(tuple(float(v) for v in point) for point in self.miss_curve)
+        sizes = [point[0] for point in curve if len(point) == 3]
+        if (
+            len(sizes) != len(curve)
+            or not all(math.isfinite(v) and v >= 0 for point in curve for v in point)
+            or any(b <= a for a, b in itertools.pairwise(sizes))
+            or (sizes and sizes[0] <= 0)
+        ):
+            raise ValueError(
+                f"KernelFit({self.optimizer!r}).miss_curve must be (bytes, forward m, backward "
+                f"m) triples of finite numbers >= 0, bytes > 0 and increasing, got {curve}"
+            )
+        object.__setattr__(self, "miss_curve", curve)
+
+    def miss(self, working_set: np.ndarray | float, cache_bytes: int) -> tuple[np.ndarray, ...]:
+        """(forward m, backward m) at ``working_set`` bytes (arrays of its shape): the curve
+        interpolated in log size; below its first size, that size's ``m`` scaled down by the
+        working set (none at 0 bytes); beyond its last, that size's ``m`` scaled as
+        `miss_fraction` grows. Without a curve, `miss_fraction` for both. See
+        [Note: calibrated kernel model]."""
+        ws = np.maximum(np.asarray(working_set, dtype=np.float64), 1.0)
+        plain = np.where(ws > cache_bytes, 1.0 - cache_bytes / ws, 0.0)
+        if not self.miss_curve:
+            return plain, plain
+        sizes = np.array([p[0] for p in self.miss_curve])
+        first, last = sizes[0], sizes[-1]
+        at_last = max(1.0 - cache_bytes / last, 1e-9) if last > cache_bytes else 0.0
+        growth = np.where(at_last > 0, plain / max(at_last, 1e-9), 1.0)
+        out = []
+        for column in (1, 2):
+            values = np.array([p[column] for p in self.miss_curve])
+            m = np.interp(np.log(ws), np.log(sizes), values)
+            m = np.where(ws < first, values[0] * ws / first, m)
+            m = np.where(ws > last, values[-1] * np.maximum(growth, 1.0), m)
+            out.append(m)
+        return out[0], out[1]
 
     def forward_ms(
         self, ids: float, bags: float, cols: int, *, miss: float = 0.0, calls: int = 1
@@ -129,11 +187,18 @@ class KernelFit:
         )
 
     def backward_ms(
-        self, ids: float, unique: float, cols: int, *, miss: float = 0.0, calls: int = 1
+        self,
+        ids: float,
+        unique: float,
+        cols: int,
+        *,
+        miss: float = 0.0,
+        calls: int = 1,
+        bags: float = 0.0,
     ) -> float:
-        b0, b1, b2, b3, b4, b5 = self.backward
+        b0, b1, b2, b3, b4, b5, b6 = self.backward
         touched = b3 * unique * cols + miss * unique * (b4 + b5 * cols)
-        return calls * b0 + b1 * ids + b2 * ids * cols + touched
+        return calls * b0 + b1 * ids + b2 * ids * cols + touched + b6 * bags * cols
 
 
 def miss_fraction(working_set: float, cache_bytes: int) -> float:
@@ -354,7 +419,12 @@ class MachineProfile:
             "fresh_buffer_bytes": self.fresh_buffer_bytes,
             "fresh_page_ms_per_byte": self.fresh_page_ms_per_byte,
             "kernels": [
-                {"optimizer": k.optimizer, "forward": list(k.forward), "backward": list(k.backward)}
+                {
+                    "optimizer": k.optimizer,
+                    "forward": list(k.forward),
+                    "backward": list(k.backward),
+                    "miss_curve": [list(p) for p in k.miss_curve],
+                }
                 for k in self.kernels
             ],
             "links": [
@@ -394,7 +464,12 @@ class MachineProfile:
                 fresh_buffer_bytes=int(data.get("fresh_buffer_bytes", 0)),
                 fresh_page_ms_per_byte=float(data.get("fresh_page_ms_per_byte", 0.0)),
                 kernels=tuple(
-                    KernelFit(k["optimizer"], tuple(k["forward"]), tuple(k["backward"]))
+                    KernelFit(
+                        k["optimizer"],
+                        tuple(k["forward"]),
+                        tuple(k["backward"]),
+                        tuple(tuple(p) for p in k.get("miss_curve", ())),
+                    )
                     for k in data["kernels"]
                 ),
                 links=tuple(

@@ -14,6 +14,7 @@ import pytest
 from shardkit.bench import fit_nonnegative
 from shardkit.cli import main
 from shardkit.planner import COLLECTIVE_KINDS, Topology, load_profile
+from shardkit.planner._profile import expected_unique
 from tests.planner._profiles import profile as hand_profile
 from tests.scripts import ROOT, free_port
 
@@ -111,7 +112,8 @@ def test_calibrate_at_toy_sizes(tmp_path, capsys):
     assert profile.compute_device == "cpu" and profile.backend == "gloo"
     assert {(f.kind, f.world_size) for f in profile.links} == {(k, 2) for k in COLLECTIVE_KINDS}
     assert [k.optimizer for k in profile.kernels] == ["exact_sgd"]
-    assert len(profile.points["kernel:exact_sgd"]) == 2 * 2 * 2  # dims x ids x 2 tables
+    # dims x ids x 2 tables, then the miss curve's 6 (1/64 to all of the 1 MiB big table)
+    assert len(profile.points["kernel:exact_sgd"]) == 2 * 2 * 2 + 6
     identity = dict(profile.identity)
     assert identity["torch"] and identity["backend"] == "gloo" and identity["cpu_model"]
     assert profile.memory_bw > 0 and profile.matmul_flops > 0 and profile.cache_bytes > 0
@@ -188,3 +190,60 @@ def test_simulate_needs_a_profile_and_the_links_between_hosts(files, capsys):
     assert "--simulate needs the links between hosts" in capsys.readouterr().err
     assert main(["plan", str(model), "--profile", str(prof)]) == 1
     assert "--world-size is required" in capsys.readouterr().err
+
+
+def test_kernel_fit_recovers_its_coefficients_and_the_miss_curve():
+    from shardkit.bench._calibrate import fit_kernel
+    from shardkit.planner import KernelFit, miss_fraction
+
+    # points as calibrate times them (dims x ids x a cached and a large table, 20 or 2 ids per
+    # bag), their times from known coefficients with the plain miss fraction; then the curve's
+    # tables, where a missed row costs what m = 0.1 and 0.6 (forward), 0.3 and 0.9 (backward)
+    # say, not what the cache size alone would
+    cache = 1 << 20
+    truth = KernelFit(
+        "exact_sgd", (0.05, 1e-6, 2e-8, 3e-8, 4e-6, 5e-8), (0.02, 3e-6, 1e-8, 2e-8, 6e-6, 7e-8, 9e-8)
+    )  # fmt: skip
+
+    def point(ids: int, rows: int, dim: int, pooling: int, m=None) -> dict:
+        bags, touched = ids // pooling, rows * dim * 4 + ids // pooling * dim * 4
+        unique = expected_unique(ids, rows)
+        m_f, m_b = m or (miss_fraction(touched, cache),) * 2
+        return {
+            "ids": ids, "rows": rows, "dim": dim, "bags": bags, "unique": unique,
+            "touched": touched, "forward_ms": truth.forward_ms(ids, bags, dim, miss=m_f),
+            "backward_ms": truth.backward_ms(ids, unique, dim, miss=m_b, bags=bags),
+        }  # fmt: skip
+
+    points = [
+        point(ids, rows, dim, 20 if (d + i) % 2 == 0 else 2)
+        for d, dim in enumerate((16, 64, 128))
+        for i, ids in enumerate((4096, 32768))
+        for rows in (ids // 4, 8 * cache // (4 * dim))
+    ]
+    curve = [
+        point(32768, 4 * cache // 256, 64, 20, (0.1, 0.3)),
+        point(32768, 8 * cache // 256, 64, 20, (0.6, 0.9)),
+    ]
+    for p in curve:
+        p["curve"] = True
+    fit = fit_kernel("exact_sgd", points + curve, cache)
+    assert fit.forward == pytest.approx(truth.forward, rel=1e-6)
+    assert fit.backward == pytest.approx(truth.backward, rel=1e-6)  # b6, the bags' gradients
+    assert [p[0] for p in fit.miss_curve] == [p["touched"] for p in curve]
+    assert [p[1:] for p in fit.miss_curve] == [pytest.approx((0.1, 0.3)), pytest.approx((0.6, 0.9))]
+
+
+def test_a_kernel_point_whose_output_faults_fresh_pages_has_them_taken_out():
+    import torch
+
+    from shardkit.bench._calibrate import CalibrationConfig, _kernel_point
+
+    # 128 bags x 8 columns x 4 bytes = 4,096 bytes of pooled output per call; see
+    # [Note: fresh pages]: at 1 ms per byte from 1,000 bytes that is 4,096 ms of faults, more
+    # than the call took, so its forward is left at the floor; under a higher threshold, none
+    config = CalibrationConfig(repeats=1)
+    point = _kernel_point(config, "exact_sgd", torch.device("cpu"), 256, 64, 8, 2, (1000, 1.0))
+    assert point["fresh_ms"] == 4096.0 and point["forward_ms"] == 1e-4
+    kept = _kernel_point(config, "exact_sgd", torch.device("cpu"), 256, 64, 8, 2, (4097, 1.0))
+    assert kept["fresh_ms"] == 0.0 and kept["forward_ms"] > 1e-4

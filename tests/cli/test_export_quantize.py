@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,12 +68,9 @@ def test_int4_with_an_odd_dim_is_refused_naming_the_table(shardkit_here, tmp_pat
     torch.save(state, tmp_path / "odd.pt")
     checkpoint = import_checkpoint(tmp_path / "odd.pt", tmp_path / "ck")
     out = tmp_path / "odd-int4.pt"
-    result = subprocess.run(
-        [sys.executable, "-m", "shardkit", "export", str(checkpoint), str(out), "--quantize", "int4"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert "table 't_age': INT4 packs 2 values a byte, so embedding_dim must be a multiple of 2 (got 7); use INT8 or FP16" in result.stderr  # fmt: skip
+    code, _, error = shardkit_here("export", checkpoint, out, "--quantize", "int4")
+    assert code == 2, error
+    assert "table 't_age': INT4 packs 2 values a byte, so embedding_dim must be a multiple of 2 (got 7); use INT8 or FP16" in error  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "odd.pt"]  # nothing left behind
     int8 = tmp_path / "odd-int8.pt"
     assert shardkit_here("export", checkpoint, int8, "--quantize", "int8")[0] == 0

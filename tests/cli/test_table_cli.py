@@ -44,10 +44,12 @@ def test_train_export_and_serve_a_csv_log(shardkit_here, tmp_path):
     assert "after warm-up); waiting for data " in out and "of the epoch's time (reading" in out
     assert f"draw them with: shardkit plot {run}" in out
     model_file = tmp_path / "model.pt"
-    out = _shardkit("export", run, model_file, cwd=tmp_path)
+    # in this process: the train above went through the entry point
+    code, out, _ = shardkit_here("export", run, model_file)
+    assert code == 0
     assert f"fitted schema (vocabularies, transforms) to {tmp_path / 'model.schema.json'}" in out
     code, out, _ = shardkit_here("export", run, tmp_path / "int8.pt", "--quantize", "int8")
-    assert code == 0  # in this process: the export above went through the entry point
+    assert code == 0
     assert f"to {tmp_path / 'int8.schema.json'}" in out  # a quantized export maps values alike
     fitted = FittedSchema.load(tmp_path / "model.schema.json")
     assert FittedSchema.load(tmp_path / "int8.schema.json").to_dict() == fitted.to_dict()

@@ -29,8 +29,9 @@ def _shardkit(*args: str, cwd: Path) -> str:
     return run_script("-m", "shardkit", *args, cwd=cwd)
 
 
-def test_help_lists_every_train_option(tmp_path):
-    out = _shardkit("train", "--help", cwd=tmp_path)
+def test_help_lists_every_train_option(shardkit_here):
+    code, out, _ = shardkit_here("train", "--help")  # argparse's own: the same in this process
+    assert code == 0
     for flag in ("--data", "--criteo-format", "--id-mapping", "--nproc", "--sharding-type",
                  "--plan-only", "--resume", "--checkpoint-dir", "--metrics", "--model",
                  "--memory-cap", "--timeout"):  # fmt: skip
@@ -67,7 +68,8 @@ def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
     assert [x["kind"] for x in lines][-1] == "validation" and abs(lines[-1]["auc"] - auc) < 1e-4
 
     exported = tmp_path / "model.pt"
-    assert "wrote" in _shardkit("export", str(run), str(exported), cwd=tmp_path)
+    code, out, _ = shardkit_here("export", run, exported)  # the train went through the entry point
+    assert code == 0 and "wrote" in out
     state = torch.load(exported, weights_only=True)
     config = TrainConfig(nproc=1, checkpoint_dir=run)
     plain = build_model(config, build_data(config, 0, 1)).to_empty(device="cpu")
@@ -76,7 +78,7 @@ def test_train_export_import_and_resume(adult_run, shardkit_here, tmp_path):
     assert len(tables) == 8 and all(state[k].abs().sum() > 0 for k in tables)
 
     imported = tmp_path / "imported"
-    assert shardkit_here("import", exported, imported)[0] == 0  # export: the entry point's turn
+    assert shardkit_here("import", exported, imported)[0] == 0
     # learning rates so small that 4 more steps change nothing: the AUC is the exported model's
     resumed = _shardkit(
         "train", *QUICK, "--nproc", "1", "--checkpoint-dir", str(imported), "--resume",
@@ -112,12 +114,10 @@ def test_refused_input_is_one_line_not_a_traceback(shardkit_here, tmp_path):
             "which is not a directory",
         ),
     ):
-        if "--nproc" in args:  # through the entry point; the refusals before ranks, here
-            command = [sys.executable, "-m", "shardkit", *args]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            code, error = result.returncode, result.stderr
-        else:
-            code, _, error = shardkit_here(*args)
+        # in this process: all three are refused before ranks start;
+        # test_flags_are_not_abbreviated_and_a_typo_shows_the_subcommand goes through the entry
+        # point
+        code, _, error = shardkit_here(*args)
         assert code == 2, error
         assert words in error and "Traceback" not in error
 
@@ -177,8 +177,8 @@ def test_flags_are_not_abbreviated_and_a_typo_shows_the_subcommand(shardkit_here
     assert error.startswith("usage: shardkit plan ") and "--png-file x" in error
 
 
-def test_missing_data_is_reported_before_ranks_start(tmp_path):
-    error = _fails("train", "--data", "criteo", "--data-path", "nowhere.txt", cwd=tmp_path)
+def test_missing_data_is_reported_before_ranks_start(shardkit_here, tmp_path):
+    error = _fails_here(shardkit_here, "train", "--data", "criteo", "--data-path", "nowhere.txt")
     assert "shardkit train: error: nowhere.txt does not exist" in error
     assert not (tmp_path / "runs").exists()
 
@@ -189,11 +189,7 @@ def test_import_of_a_file_that_is_not_a_state_dict(shardkit_here, tmp_path):
     for name, words in (("notes.txt", "is not a state dict written by torch.save"),
                         ("list.pt", "holds a list, not a state dict (parameter names -> tensors)"),
                         ("absent.pt", "no such file")):  # fmt: skip
-        args = ("import", tmp_path / name, tmp_path / "ckpt")
-        if name == "notes.txt":  # the first through the entry point, the others in this process
-            error = _fails(*map(str, args), cwd=tmp_path)
-        else:
-            error = _fails_here(shardkit_here, *args)
+        error = _fails_here(shardkit_here, "import", tmp_path / name, tmp_path / "ckpt")
         assert words in error and len(error.strip().splitlines()) == 2, (
             error
         )  # + the --verbose hint

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.cli import main
 from shardkit.compat import install_aliases, remove_aliases, resolve_device, shardkit_name
 from tests.scripts import ROOT
 
@@ -104,13 +105,31 @@ def test_cuda_code_runs_on_the_cpu_and_says_so_once(tmp_path):
     assert result.stderr.count("no GPU here: 'cuda' runs on 'cpu' and 'nccl' on 'gloo'") == 1
 
 
-def test_the_programs_exit_status_and_traceback_come_back(tmp_path):
-    assert _shardkit_run(tmp_path, "raise SystemExit(3)").returncode == 3
-    failed = _shardkit_run(tmp_path, "import torchrec\nraise KeyError('boom')")
-    assert failed.returncode == 1 and "KeyError: 'boom'" in failed.stderr
-    missing = subprocess.run([str(SHARDKIT), "run", str(tmp_path / "absent.py")],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert missing.returncode != 0 and "no such program" in missing.stderr
+def test_the_programs_exit_status_and_traceback_come_back(tmp_path, capsys):
+    # both programs at once: each run is mostly shardkit's start-up
+    (tmp_path / "exits.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "raises.py").write_text("import torchrec\nraise KeyError('boom')\n")
+    procs = [
+        subprocess.Popen(
+            [str(SHARDKIT), "run", str(tmp_path / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for name in ("exits.py", "raises.py")
+    ]
+    try:
+        errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert procs[0].returncode == 3, errors[0]
+    assert procs[1].returncode == 1 and "KeyError: 'boom'" in errors[1], errors[1]
+    # a missing program is refused before anything runs: in this process
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "absent.py")]) == 2
+    assert "no such program" in capsys.readouterr().err
 
 
 def test_fsdp_stays_torchs_and_the_program_is_told(tmp_path):

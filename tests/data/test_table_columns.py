@@ -359,3 +359,33 @@ def test_multi_hot_bags_split_once_per_distinct_text_are_each_rows_split():
         assert values.to_pylist() == [v for b in bags for v in b]
         assert len(split_once) == once
         split_once.clear()
+
+
+def test_multi_hot_values_are_counted_once_per_distinct_value_weighted_by_training_rows(tmp_path):
+    """A multi-hot column of few distinct texts reaches the fit as a dictionary array: its
+    distinct values are counted weighted by the training rows' bags holding them (values of
+    validation rows only are not counted); the vocabulary is the training rows' `Counter`."""
+    import collections
+
+    rows = [[f"u{i % 7}", ("a;b", " a ; ;c", "", "c;c", ";", "zz;a", "b;a;d")[i % 7 if i % 11
+             else 5], "1", "2" if i % 13 else "two", "3", str(i % 2)] for i in range(84)]  # fmt: skip
+    schema = schema_from_dict({**ODD, "columns": {**ODD["columns"], "tags": {
+        "type": "multi_hot", "separator": ";", "min_count": 2}}})  # fmt: skip
+    data = scan_table([_write(tmp_path / "tags.csv", rows)], schema, seed=3, skip_bad_rows=True)
+    assert data.skipped == 7  # the ages "two": the pieces' bags are filtered
+    train = data.split.kinds(0, 0, torch.arange(len(rows)).numpy(), None, None, None) == 0
+    good = [i for i, r in enumerate(rows) if r[3] != "two"]
+    assert 10 < int(train[good].sum()) < len(good) - 10
+    counts = collections.Counter(p.strip() for i in good if train[i]
+                                 for p in rows[i][1].strip().split(";") if p.strip())  # fmt: skip
+    expected = sorted((v for v, c in counts.items() if c >= 2), key=lambda v: (-counts[v], v))
+    tags = next(t for t in data.fitted.tables if t.name == "tags")
+    assert list(tags.vocabulary) == expected
+    mine = [rows[i] for i in good if train[i]]  # the reader's bags of the kept rows (filtered)
+    reader = TableReader(data, split="train", batch_size=len(mine), rank=0, world_size=1,
+                         shuffle=False, last_batch=None)  # fmt: skip
+    (batch,) = list(reader)
+    names = ["user", "tags", "zip", "age", "score", "clicked"]
+    want = data.fitted.batch([dict(zip(names, r)) for r in mine]).sparse_features
+    assert batch.sparse_features.values().tolist() == want.values().tolist()
+    assert batch.sparse_features.lengths().tolist() == want.lengths().tolist()

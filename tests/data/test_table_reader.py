@@ -5,7 +5,6 @@ Parquet giving the same batches, and resuming mid-epoch."""
 from __future__ import annotations
 
 import itertools
-import sys
 
 import pytest
 import torch
@@ -238,28 +237,21 @@ def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
     """Made in a background thread (the second epoch's started when the first ended), or in
     the caller's thread: the same batches, in the same order."""
 
-    def two_epochs(prefetch, background="thread"):
+    def two_epochs(prefetch):
         reader = TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
-                             prefetch=prefetch, background=background)  # fmt: skip
+                             prefetch=prefetch)  # fmt: skip
         return [[_whole(b) for b in reader] for _ in range(2)]
 
     ahead = two_epochs(4)
     assert ahead == two_epochs(0) and ahead[0] != ahead[1]
-    if sys.platform == "linux":  # made in a forked process: the same batches
-        assert two_epochs(2, "process") == ahead
 
 
-@pytest.mark.parametrize("background", ["thread", "process"])
-def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch, background):
-    if background == "process" and sys.platform != "linux":
-        pytest.skip("background='process' forks: Linux only")
-
+def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
     def broken(self, runs):
         raise OSError("the disk went away")
         yield
 
     monkeypatch.setattr(TableReader, "_read", broken)
-    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1,
-                         background=background)  # fmt: skip
+    reader = TableReader(data, split="validation", batch_size=8, rank=0, world_size=1)
     with pytest.raises(OSError, match="the disk went away"):
         list(reader)

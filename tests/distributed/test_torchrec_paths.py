@@ -149,30 +149,48 @@ def test_torchrec_generators_choose_the_kernel_as_torchrec():
     assert {sharding.compute_kernel for sharding in plan.values()} == {"fused"}
 
 
-def test_import_shardkit_gives_distributed_model_parallel():
-    """Seed 002 reaches DMP as ``torchrec.distributed.DistributedModelParallel`` after a bare
-    ``import torchrec``; the same must hold for shardkit."""
-    code = (
+# Each in a fresh interpreter, both started at once (each is mostly the import of shardkit).
+FRESH = {
+    # Seed 002 reaches DMP as ``torchrec.distributed.DistributedModelParallel`` after a bare
+    # ``import torchrec``; the same must hold for shardkit.
+    "dmp": (
         "import shardkit;"
         "from shardkit.sharding import DistributedModelParallel as DMP;"
         "assert shardkit.distributed.DistributedModelParallel is DMP;"
         "print('ok')"
-    )
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert out.stdout.strip() == "ok", out.stderr
-
-
-def test_importing_the_planner_has_no_side_effects():
-    code = (
+    ),
+    "planner": (
         "import logging, torch.distributed as dist, shardkit.planner, shardkit.sharding,"
         " shardkit.distributed.planner, shardkit.distributed.types, shardkit.distributed.embeddingbag;"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
         "print('ok')"
-    )
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert out.stdout.strip() == "ok", out.stderr
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, tuple[str, str]]:
+    """(stdout, stderr) of each FRESH program."""
+    procs = {
+        name: subprocess.Popen([sys.executable, "-W", "ignore", "-c", code],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, code in FRESH.items()
+    }  # fmt: skip
+    try:
+        return {name: proc.communicate(timeout=60) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def test_import_shardkit_gives_distributed_model_parallel(fresh):
+    out, err = fresh["dmp"]
+    assert out.strip() == "ok", err
+
+
+def test_importing_the_planner_has_no_side_effects(fresh):
+    out, err = fresh["planner"]
+    assert out.strip() == "ok", err

@@ -7,11 +7,12 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from shardkit.kernels import KernelPath, _build, _select, kernel_path, set_kernel, use_kernel
-from tests.scripts import run_script
 
 # One training step of a fused-SGD collection, then the kernel that ran.
 TRAIN = """
@@ -32,9 +33,61 @@ print("PATH", kernel_path().value)
 """
 
 
-def _train(**env: str) -> str:
-    """Run TRAIN in a new process; SHARDKIT_KERNEL unset unless ``env`` sets it."""
-    return run_script(sys.executable, "-c", TRAIN, env={"SHARDKIT_KERNEL": "", **env})
+# The fresh processes the tests below read, by case: the environment each starts with
+# (SHARDKIT_KERNEL unset unless it sets it; "{dir}" is the case's own empty folder).
+CASES: dict[str, dict[str, str]] = {
+    "eager": {"SHARDKIT_KERNEL": "eager", "SHARDKIT_CACHE_DIR": "{dir}"},
+    "default": {},
+    "no_compiler": {"CXX": "/nonexistent/c++", "SHARDKIT_CACHE_DIR": "{dir}"},
+    "broken_compiler": {"CXX": "false", "SHARDKIT_CACHE_DIR": "{dir}"},
+    "forced_without_compiler": {
+        "SHARDKIT_KERNEL": "compiled",
+        "CXX": "/nonexistent/c++",
+        "SHARDKIT_CACHE_DIR": "{dir}",
+    },
+    "unwritable_cache": {"SHARDKIT_CACHE_DIR": "{dir}/file"},
+}
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+    dir: Path  # the case's folder
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """TRAIN in a new process for every case, all started at once: each is mostly the import of
+    shardkit (seconds on 2 busy cores), and the kernel is chosen once per process."""
+    started = {}
+    for case, env in CASES.items():
+        folder = tmp_path_factory.mktemp(case)
+        if case == "unwritable_cache":
+            (folder / "file").write_text("not a directory")
+        env = {"SHARDKIT_KERNEL": "", **{k: v.format(dir=folder) for k, v in env.items()}}
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **env})  # fmt: skip
+        started[case] = (proc, folder)
+    results = {}
+    try:
+        for case, (proc, folder) in started.items():
+            out, err = proc.communicate(timeout=300)
+            results[case] = Ran(proc.returncode, out, err, folder)
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
+def _train(ran: dict[str, Ran], case: str) -> tuple[str, Path]:
+    """The standard output of a case that must succeed, and its folder."""
+    result = ran[case]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout, result.dir
 
 
 def _choice_line(out: str) -> str:
@@ -43,24 +96,24 @@ def _choice_line(out: str) -> str:
     return lines[0]
 
 
-def test_env_var_forces_eager_without_building(tmp_path):
-    out = _train(SHARDKIT_KERNEL="eager", SHARDKIT_CACHE_DIR=str(tmp_path))
+def test_env_var_forces_eager_without_building(ran):
+    out, tmp_path = _train(ran, "eager")
     assert "embedding kernel: eager (asked for by SHARDKIT_KERNEL=eager)" in _choice_line(out)
     assert out.rstrip().endswith("PATH eager")
     assert not (tmp_path / "kernels").exists(), "forcing eager must not build anything"
 
 
-def test_default_loads_the_cached_build():
+def test_default_loads_the_cached_build(ran):
     """The session fixture (tests/conftest.py) has built it: a new process only loads it."""
-    out = _train()
+    out, _ = _train(ran, "default")
     assert "SHARDKIT_KERNEL unset; C++ operators loaded from the cached build in" in _choice_line(
         out
     )
     assert out.rstrip().endswith("PATH compiled")
 
 
-def test_missing_compiler_falls_back_to_eager(tmp_path):
-    out = _train(CXX="/nonexistent/c++", SHARDKIT_CACHE_DIR=str(tmp_path))
+def test_missing_compiler_falls_back_to_eager(ran):
+    out, _ = _train(ran, "no_compiler")
     assert (
         "embedding kernel: eager (SHARDKIT_KERNEL unset; the compiled kernel is unavailable: "
         "no C++ compiler: '/nonexistent/c++' is not on PATH"
@@ -68,8 +121,8 @@ def test_missing_compiler_falls_back_to_eager(tmp_path):
     assert out.rstrip().endswith("PATH eager")
 
 
-def test_broken_compiler_falls_back_to_eager_and_keeps_its_output(tmp_path):
-    out = _train(CXX="false", SHARDKIT_CACHE_DIR=str(tmp_path))
+def test_broken_compiler_falls_back_to_eager_and_keeps_its_output(ran):
+    out, tmp_path = _train(ran, "broken_compiler")
     line = _choice_line(out)
     assert "the compiled kernel is unavailable: the build failed (" in line, line
     logs = list((tmp_path / "kernels").glob("*.log"))
@@ -80,15 +133,8 @@ def test_broken_compiler_falls_back_to_eager_and_keeps_its_output(tmp_path):
     assert out.rstrip().endswith("PATH eager")
 
 
-def test_compiled_forced_without_a_compiler_is_an_error(tmp_path):
-    env = {"SHARDKIT_KERNEL": "compiled", "CXX": "/nonexistent/c++"}
-    result = subprocess.run(
-        [sys.executable, "-c", TRAIN],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env, "SHARDKIT_CACHE_DIR": str(tmp_path)},
-        timeout=120,
-    )
+def test_compiled_forced_without_a_compiler_is_an_error(ran):
+    result = ran["forced_without_compiler"]
     assert result.returncode != 0
     assert (
         "RuntimeError: the compiled embedding kernel was asked for by SHARDKIT_KERNEL=compiled "
@@ -136,10 +182,9 @@ def test_unknown_kernel_names_the_choices(monkeypatch):
         set_kernel("gpu")
 
 
-def test_unwritable_cache_falls_back_to_eager(tmp_path):
-    blocked = tmp_path / "file"
-    blocked.write_text("not a directory")
-    out = _train(SHARDKIT_CACHE_DIR=str(blocked))
+def test_unwritable_cache_falls_back_to_eager(ran):
+    out, folder = _train(ran, "unwritable_cache")
+    blocked = folder / "file"
     assert f"the compiled kernel is unavailable: cannot build in {blocked}/kernels" in _choice_line(
         out
     )
