@@ -54,6 +54,7 @@ from shardkit.bench._links import (
     sync,
 )
 from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
+from shardkit.kernels import steady_heap
 from shardkit.launch import spawn
 from shardkit.modules import (
     BatchedTables,
@@ -547,6 +548,10 @@ def _calibrate_host(
     """This host's kernels, memory, matmul and step overhead, with the collectives ``rows``."""
     torch.set_num_threads(config.threads_per_rank)
     device = torch.device(config.device, 0) if config.device == "cuda" else torch.device("cpu")
+    if device.type == "cpu":
+        # the kernels are timed under the heap a CPU DMP step runs with (it sets the same), so
+        # that no trim of glibc's adds page faults here that the step does not pay
+        steady_heap()
     backend = _backend(config)
     started = time.perf_counter()
     nominal = cache_bytes(config.device)

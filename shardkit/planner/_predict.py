@@ -85,21 +85,18 @@ large, as compute (times ``s`` when ranks share cores):
   gloo gathers into first; FUSED data-parallel replicas, the all-gather's output, gloo's flat
   buffer, the uneven ranks' chunks joined and the output gradients unpacked.
 
-Smaller buffers are mostly reused from the allocator's own memory, with one exception measured
-(issue 29's traces, `benchmarks/trace_collectives.py`: the faults of each collective call
-counted): every step, one buffer of an output class's size faults whatever its size. At 1 and
-4 ranks it is the backward collective's output (the table-wise adjoint's 2 MiB (dmp) and 10
-MiB (small), the row-wise all-gather's 8 and 10 MiB); at 2 ranks the small case's table-wise
-forward all-to-all's 10 MiB instead, and its row-wise reduce-scatter and all-gather both (20
-MiB each), while the other collectives of those sizes fault nothing. The heap freed at the end
-of a step is handed back (glibc trims its top past twice its adaptive threshold) and the first
-large allocation after maps it again. So each output class also pays, per rank, one buffer of
-what its kernel wrote (FUSED replicas: the gathered batch) when that is below the threshold
-(above it, it is among the buffers listed); the 2-rank row-wise case's second buffer is not
-charged. Calibration times its
-collectives with the buffers they allocate, so the link fit subtracts those buffers' faults
-from the sizes at or above the threshold before fitting (see `shardkit.bench._links.fit_links`)
-and each fault is charged once.
+Smaller buffers come from the allocator's own memory: on CPUs `DistributedModelParallel` and
+the train pipelines fix glibc's thresholds (`shardkit.kernels.steady_heap`, [Note: a steady
+heap]), so a step's memory stays mapped for the next. Before they did, issue 29's traces
+(`benchmarks/trace_collectives.py`, the faults of each collective call counted) found one buffer
+of an output class's size faulting every step whatever its size (the backward collective's
+output at 1 and 4 ranks: 2-10 MiB), because glibc handed the heap's top freed at the end of a
+step back to the system and the next step mapped it again; with the steady heap that program
+takes 1-2 faults a step on every rank (benchmarks/results/dmp_as_written_zen3_sgd_pipeline.md),
+so nothing is charged for it (a process run with ``SHARDKIT_STEADY_HEAP=0`` pays it unpredicted).
+Calibration times its collectives with the buffers they allocate, so the link fit subtracts
+those buffers' faults from the sizes at or above the threshold before fitting (see
+`shardkit.bench._links.fit_links`) and each fault is charged once.
 """
 
 from __future__ import annotations
@@ -503,7 +500,6 @@ def _output_fresh_pages(classes: dict, topology: Topology) -> float:
     assert profile is not None
     hosts, local = topology.num_hosts, topology.intra_group_size
     per_rank = np.zeros(topology.world_size)
-    threshold, per_byte = profile.fresh_buffer_bytes, profile.fresh_page_ms_per_byte
     for (route, cols), (send, recv) in classes.items():
         # FUSED replicas' class holds the all-gather's output where the others hold what they send
         received = send if route == "local" else recv
@@ -512,10 +508,6 @@ def _output_fresh_pages(classes: dict, topology: Topology) -> float:
                 route, float(send[rank]), float(received[rank]), cols, hosts, local
             )
             per_rank[rank] += profile.fresh_page_ms(buffers)
-            # one buffer of the class's size faults every step, at any size (measured; see the note)
-            first = float(send[rank])
-            if 0 < first < threshold:
-                per_rank[rank] += first * per_byte
     return float(per_rank.max())
 
 

@@ -151,12 +151,12 @@ def test_large_step_buffers_pay_their_page_faults():
     assert gained["embedding"] == pytest.approx(25_600 * 1e-5)
     assert gained["output_dist"] == pytest.approx(3 * 25_600 * 1e-5)
     assert gained["input_dist"] == gained["dense"] == gained["overhead"] == 0.0
-    # buffers under the threshold are the allocator's own memory, but for the backward
-    # collective's output (the all-gather's 25,600 bytes), which faults at any size
+    # buffers under the threshold are the allocator's own memory (the steady heap keeps a
+    # step's memory mapped: [Note: a steady heap] in shardkit.kernels): nothing is charged
     small = replace(fresh, fresh_buffer_bytes=25_601)
     under = dict(predicted(plan, world=4, prof=small).phases)
     assert under["embedding"] == pytest.approx(base["embedding"])
-    assert under["output_dist"] - base["output_dist"] == pytest.approx(25_600 * 1e-5)
+    assert under["output_dist"] == pytest.approx(base["output_dist"])
     # ranks sharing cores fault in turns, as they compute (2 ranks per core here)
     shared = replace(fresh, cores=2)
     unpaid = dict(predicted(plan, world=4, prof=profile(cores=2)).phases)
