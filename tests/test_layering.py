@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     "fbgemm_gpu": {"types", "optim", "sparse", "modules"},
     "metrics": {"comm", "launch"},
     "checkpoint": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
-    "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "fsdp"},
+    "bench": {"types", "launch", "comm", "sparse", "modules", "optim", "kernels", "planner", "sharding", "fsdp"},
     "cli": {
         "types", "launch", "comm", "sparse", "modules", "optim", "planner", "sharding", "distributed",
         "fsdp", "models", "data", "checkpoint", "bench", "train", "metrics", "quant",
