@@ -20,8 +20,6 @@ def _run(script: str, *args: str, cwd: Path, limit: int) -> str:
     return run_script(EXAMPLES / script, *args, cwd=cwd, env=env, timeout=240)
 
 
-@pytest.mark.slow  # ~30 s of process start-ups (2 ranks x 4 loader workers); the README's FSDP
-# quick start (tests/test_readme.py) runs an FSDP program in the default run
 def test_seed_program_runs_on_shardkit(tmp_path):
     out = _run("seed_004_fsdp_mnist.py", "--epochs", "1", "--save-model", cwd=tmp_path, limit=256)
     assert re.search(r"Train Epoch: 1 \tLoss: \d+\.\d+", out), out
