@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,28 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _figures(done: subprocess.CompletedProcess, out: Path, who: str) -> dict[str, Any]:
+# What torch's gloo leaves on stderr when a rank aborts on its way out under torchrun, after the
+# program returned ("terminate called without an active exception", SIGABRT): a torch bug that
+# hits TorchRec's runs now and then (and the benchmarks', see bench_dmp_as_written.py).
+_EXIT_ABORT = ("terminate called without an active exception", "Signal 6 (SIGABRT)")
+
+
+def _figures(
+    done: subprocess.CompletedProcess, out: Path, who: str, *, peer: bool = False
+) -> dict[str, Any]:
+    """The figures rank 0 wrote. A run must exit 0; only the peers' (TorchRec's) run may have
+    a rank abort at exit after rank 0 wrote every figure: it is compared, with a warning."""
+    if (
+        done.returncode != 0
+        and peer
+        and out.exists()
+        and all(m in done.stderr for m in _EXIT_ABORT)
+    ):
+        warnings.warn(
+            f"{who}: a rank aborted at exit (torch's gloo) after the figures were written",
+            stacklevel=2,
+        )
+        return json.loads(out.read_text())
     assert done.returncode == 0, f"{who}: exit {done.returncode}\n{done.stderr[-4000:]}"
     return json.loads(out.read_text())
 
@@ -60,7 +82,7 @@ def run_on_torchrec(name: str, tmp: Path, *args: str) -> dict:
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=_TIMEOUT, cwd=tmp, env=_environment()
     )
-    return _figures(done, out, f"torchrun {name} (TorchRec)")
+    return _figures(done, out, f"torchrun {name} (TorchRec)", peer=True)
 
 
 def assert_figures_close(ours: dict, theirs: dict, *, rtol: float, atol: float) -> None:
