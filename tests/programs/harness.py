@@ -38,7 +38,7 @@ def _environment() -> dict[str, str]:
 _EXIT_ABORT = ("terminate called without an active exception", "Signal 6 (SIGABRT)")
 
 
-def _figures(
+def run_figures(
     done: subprocess.CompletedProcess, out: Path, who: str, *, peer: bool = False
 ) -> dict[str, Any]:
     """The figures rank 0 wrote. A run must exit 0; only the peers' (TorchRec's) run may have
@@ -69,7 +69,7 @@ def run_on_shardkit(name: str, tmp: Path, *args: str, rewrite_fsdp: bool = False
         [str(SHARDKIT), "run", "--nproc-per-node", "2", str(program), str(out), *args],
         capture_output=True, text=True, timeout=_TIMEOUT, cwd=ROOT, env=_environment(),
     )  # fmt: skip
-    return _figures(done, out, f"shardkit run {name}")
+    return run_figures(done, out, f"shardkit run {name}")
 
 
 def run_on_torchrec(name: str, tmp: Path, *args: str) -> dict:
@@ -82,7 +82,7 @@ def run_on_torchrec(name: str, tmp: Path, *args: str) -> dict:
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=_TIMEOUT, cwd=tmp, env=_environment()
     )
-    return _figures(done, out, f"torchrun {name} (TorchRec)", peer=True)
+    return run_figures(done, out, f"torchrun {name} (TorchRec)", peer=True)
 
 
 def assert_figures_close(ours: dict, theirs: dict, *, rtol: float, atol: float) -> None:

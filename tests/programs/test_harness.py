@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.programs.harness import _figures
+from tests.programs.harness import run_figures
 
 _ABORT = (
     "terminate called without an active exception\n"
@@ -24,7 +24,7 @@ def test_a_peer_rank_aborting_at_exit_after_the_figures_keeps_them(tmp_path):
     out = tmp_path / "figures.json"
     out.write_text(json.dumps({"loss": [0.69]}))
     with pytest.warns(UserWarning, match="aborted at exit"):
-        assert _figures(_done(1, _ABORT), out, "torchrun p.py", peer=True) == {"loss": [0.69]}
+        assert run_figures(_done(1, _ABORT), out, "torchrun p.py", peer=True) == {"loss": [0.69]}
 
 
 @pytest.mark.parametrize(
@@ -39,4 +39,4 @@ def test_every_other_failed_run_fails(tmp_path, case):
         "abort without its message": "  traceback : Signal 6 (SIGABRT) received by PID 1\n",
     }.get(case, _ABORT)
     with pytest.raises(AssertionError, match="exit 1"):
-        _figures(_done(1, stderr), out, "run p.py", peer=case != "shardkit's run")
+        run_figures(_done(1, stderr), out, "run p.py", peer=case != "shardkit's run")
