@@ -1,6 +1,7 @@
 // Phases of the compiled EBC kernel, timed alone in thread CPU time (so that a shared machine's
 // other processes do not count): forward, grouping (counting sort and radix sort), the grouped
-// update, whole backward (row-wise Adagrad, SGD), each on a table (and state) of 4 KiB pages and
+// update (row-wise Adagrad, and SGD as weight decay or threads run it: grouped), whole backward
+// (row-wise Adagrad, SGD), each on a table (and state) of 4 KiB pages and
 // on a copy of it on 2 MiB pages (advised before the first write), taking turns. Synthetic batch
 // as bench_ebc.py's: T tables x R rows x D, batch B, 10-30 ids per bag, uniform or power-law
 // ("p"). One command, from the repository root:
@@ -101,16 +102,18 @@ int main(int argc, char** argv) {
   }
   printf("AnonHugePages %ld kB (tables + state on 2 MiB pages: %ld kB)\n", huge_kb(),
          (R * dim * 4 + R * 4) >> 10);
-  const char* names[] = {"forward", "group (counting)", "group (radix)", "update (rowwise)",
-                         "backward (rowwise)", "backward (sgd)"};
-  std::vector<double> t[2][6];
+  const char* names[] = {"forward",          "group (counting)",   "group (radix)",
+                         "update (rowwise)", "backward (rowwise)", "backward (sgd)",
+                         "update (sgd)"};
+  constexpr int kPhases = 7;
+  std::vector<double> t[2][kPhases];
   for (int r = 0; r < reps + 1; ++r)
     for (int huge = 0; huge < 2; ++huge) {
       const Table table{weight[huge], DType::kFloat, R, dim};
       const Update rowwise{Rule::kRowwiseAdagrad, 0.01f, 1e-8f, 0.0f, 0.01, 0.9, 0.999, 1,
                            state[huge], nullptr, nullptr};
       const Update sgd{Rule::kSgd, 0.01f, 1e-8f, 0.0f, 0.01, 0.9, 0.999, 1, nullptr, nullptr, nullptr};
-      double mark[7];
+      double mark[kPhases + 1];
       mark[0] = now_ms();
       pooled_forward(table, batch_, out.data(), 1);
       mark[1] = now_ms();
@@ -124,8 +127,10 @@ int main(int argc, char** argv) {
       mark[5] = now_ms();
       backward(table, batch_, grad.data(), sgd, nullptr, 1);
       mark[6] = now_ms();
+      detail::update_grouped(table, batch_, grad.data(), sgd, g, nullptr, 1);
+      mark[7] = now_ms();
       if (r > 0)  // the first round warms caches and faults pages in
-        for (int p = 0; p < 6; ++p) t[huge][p].push_back(mark[p + 1] - mark[p]);
+        for (int p = 0; p < kPhases; ++p) t[huge][p].push_back(mark[p + 1] - mark[p]);
     }
   std::vector<float> big(64 << 20, 1.0f), big2(64 << 20);
   std::vector<double> copies;
@@ -137,10 +142,11 @@ int main(int argc, char** argv) {
   const double bw = 2.0 * big.size() * 4 / (median(copies) / 1e3) / 1e9;
   const double floor_b = 2.0 * 8 * n + 3.0 * unique * dim * 4 + 2.0 * unique * 4 + 2.0 * bags * dim * 4;
   printf("copy %.1f GB/s; row-wise step's copy floor %.2f ms\n", bw, floor_b / bw / 1e6);
-  printf("%-20s %10s %10s %8s   (median ms of %d, thread CPU time)\n", "phase", "4 KiB", "2 MiB",
-         "2M/4K", reps);
-  for (int p = 0; p < 6; ++p) {
+  printf("%-20s %10s %10s %8s %10s %10s   (median ms of %d, thread CPU time; ns per unique row)\n",
+         "phase", "4 KiB", "2 MiB", "2M/4K", "ns 4 KiB", "ns 2 MiB", reps);
+  for (int p = 0; p < kPhases; ++p) {
     const double small = median(t[0][p]), huge = median(t[1][p]);
-    printf("%-20s %10.2f %10.2f %8.2f\n", names[p], small, huge, huge / small);
+    printf("%-20s %10.2f %10.2f %8.2f %10.1f %10.1f\n", names[p], small, huge, huge / small,
+           small * 1e6 / unique, huge * 1e6 / unique);
   }
 }

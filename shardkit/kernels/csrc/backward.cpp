@@ -67,17 +67,28 @@ __attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t 
   }
 }
 
-// The gradient row of the occurrence `key`; and, when it starts a run (`first`), its table row
-// and state: once per unique row, not once per occurrence (a hot row has thousands). Always
-// inlined: see [Note: prefetches are inlined] in common.h.
+// [Note: two prefetch distances]
+// The grouped update walks the occurrences in row order and prefetches two things ahead of use:
+// the table row (and its state) of the occurrence `ahead.table` further on (rows_ahead: 4 KiB of
+// rows, 4-64 occurrences), and the gradient row of the occurrence `ahead.grad` further on, a
+// quarter as far (grad_rows_ahead: 1 KiB of rows, 2-16 occurrences). The table rows are the
+// DRAM misses (26-200 MB of rows, in ascending order); the gradient rows ([bags, dim], 0.5-4 MB)
+// are L2 or L3 hits, which a short distance covers. Both once used the table's distance:
+// measured with benchmarks/ebc_phases.cpp on a Zen 3 EPYC (AVX2), 4 x 100k rows, batch 2048,
+// 134k unique rows, one thread, interleaved, loaded machine, the update at dim 16 takes
+// 0.75-0.8x that time (row-wise Adagrad ~20 -> ~15 ns per unique row), at dims 32-64 0.9-1.0x,
+// at dim 128 the same (there the table rows' traffic sets the time: touching the unique rows
+// alone takes about as long); see benchmarks/results/ebc_phases_prefetch_zen3.md. (That VM has
+// no counters to say why; gradient lines fetched 64 occurrences early likely hold L1 miss
+// buffers that the table's misses need.) The table row is prefetched at every occurrence, not
+// only at a row's first: a repeated row's prefetch finds its line already on the way, and the
+// test for a row's first occurrence was a branch that uniform ids mispredict (timed alike or
+// slightly faster, power-law ids too).
+// Always inlined: see [Note: prefetches are inlined] in common.h.
 template <typename W, Rule kRule, int kDim>
-__attribute__((always_inline)) inline void prefetch_occurrence(const Context& c, uint64_t key, bool first) {
+__attribute__((always_inline)) inline void prefetch_table_row(const Context& c, int64_t row) {
   const Table& t = c.table;
-  const int64_t dim = kDim > 0 ? kDim : t.dim, row = static_cast<int64_t>(key >> 32);
-  const int64_t source = static_cast<int64_t>(key & 0xffffffffu);
-  const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
-  prefetch_row(c.grad_out + grad_row * dim, dim * 4, false);
-  if (!first) return;
+  const int64_t dim = kDim > 0 ? kDim : t.dim;
   prefetch_row(static_cast<const W*>(t.data) + row * dim, dim * int64_t(sizeof(W)), true);
   const Update& u = c.update;
   if (kRule == Rule::kRowwiseAdagrad) {
@@ -88,13 +99,27 @@ __attribute__((always_inline)) inline void prefetch_occurrence(const Context& c,
   }
 }
 
-// Prefetches for the occurrence `ahead_by` after `i`, if there is one before `hi`.
+// How far ahead `prefetch_ahead` looks, in occurrences.
+struct Ahead {
+  int64_t table, grad;
+  explicit Ahead(int64_t row_bytes, int64_t grad_row_bytes)
+      : table(rows_ahead(row_bytes)), grad(grad_rows_ahead(grad_row_bytes)) {}
+};
+
+// Prefetches for occurrence i's successors: the table row of i + ahead.table and the gradient row
+// of i + ahead.grad, those before `hi`.
 template <typename W, Rule kRule, int kDim>
 __attribute__((always_inline)) inline void prefetch_ahead(const Context& c, const uint64_t* sorted,
-                                                          int64_t i, int64_t ahead_by, int64_t hi) {
-  if (i + ahead_by >= hi) return;
-  const uint64_t ahead = sorted[i + ahead_by];
-  prefetch_occurrence<W, kRule, kDim>(c, ahead, (ahead >> 32) != (sorted[i + ahead_by - 1] >> 32));
+                                                          int64_t i, const Ahead& ahead,
+                                                          int64_t hi) {
+  const int64_t dim = kDim > 0 ? kDim : c.table.dim;
+  if (i + ahead.table < hi)
+    prefetch_table_row<W, kRule, kDim>(c, static_cast<int64_t>(sorted[i + ahead.table] >> 32));
+  if (i + ahead.grad < hi) {
+    const int64_t source = static_cast<int64_t>(sorted[i + ahead.grad] & 0xffffffffu);
+    const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
+    prefetch_row(c.grad_out + grad_row * dim, dim * 4, false);
+  }
 }
 
 // w += g * scale for one row, rounded as the eager rule rounds. Not inlined, for the reason
@@ -151,7 +176,7 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
   alignas(64) float local[kDim > 0 ? kBlockRows * kDim : 1];
   float* __restrict block = kDim > 0 ? local : scratch_row(kBlockRows * dim);
   int64_t rows[kBlockRows];
-  const int64_t ahead_by = rows_ahead(dim * int64_t(sizeof(W)));
+  const Ahead ahead(dim * int64_t(sizeof(W)), dim * 4);
   int64_t i = lo;
   while (i < hi) {
     int count = 0;
@@ -162,7 +187,7 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
       rows[count] = static_cast<int64_t>(row);
       for (int64_t d = 0; d < dim; ++d) g[d] = 0.0f;
       do {
-        prefetch_ahead<W, kRule, kDim>(c, sorted, i, ahead_by, hi);
+        prefetch_ahead<W, kRule, kDim>(c, sorted, i, ahead, hi);
         const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
         const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
         const float* __restrict go = c.grad_out + grad_row * dim;
@@ -277,7 +302,7 @@ template <Rule kRule, bool kWeighted, int kDim>
 __attribute__((noinline)) void update_rows_lanes(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi) {
   constexpr int kVectors = kDim / 8;
   const float* weight = static_cast<const float*>(c.table.data);
-  const int64_t ahead_by = rows_ahead(kDim * 4);
+  const Ahead ahead(kDim * 4, kDim * 4);
   int64_t i = lo;
   while (i < hi) {
     const uint64_t row = sorted[i] >> 32;
@@ -285,7 +310,7 @@ __attribute__((noinline)) void update_rows_lanes(const Context& c, const uint64_
     Lanes g[kVectors];
     for (int k = 0; k < kVectors; ++k) g[k] = Lanes{};
     do {
-      prefetch_ahead<float, kRule, kDim>(c, sorted, i, ahead_by, hi);
+      prefetch_ahead<float, kRule, kDim>(c, sorted, i, ahead, hi);
       const int64_t source = static_cast<int64_t>(sorted[i] & 0xffffffffu);
       const int64_t grad_row = c.bag_of ? c.bag_of[source] : source;
       const float* __restrict go = c.grad_out + grad_row * kDim;
