@@ -3,9 +3,12 @@ left behind, and every way a job can stall ending in an error that says why."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import platform
 import re
+import signal
 import time
 
 import pytest
@@ -34,7 +37,18 @@ def _identity(rank: int, world_size: int, tag: str):
         "env": (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]),
         "host": info.host_index,
         "threads": torch.get_num_threads(),
+        "death_signal": _death_signal(),
     }
+
+
+def _death_signal() -> int | None:
+    """The signal this process gets when its parent dies (Linux's PR_GET_PDEATHSIG), read
+    without shardkit's loader; None where there is no glibc."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    signal_number = ctypes.c_int()
+    ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(signal_number))  # PR_GET_PDEATHSIG
+    return signal_number.value
 
 
 def test_returns_values_by_rank():
@@ -44,6 +58,8 @@ def test_returns_values_by_rank():
     assert [r["dist_rank"] for r in results] == [0, 1, 2]
     assert {r["backend"] for r in results} == {"gloo"}
     assert [r["env"] for r in results] == [("0", "0", "3"), ("1", "1", "3"), ("2", "2", "3")]
+    if platform.libc_ver()[0] == "glibc":  # a rank dies with its parent: none outlives its job
+        assert [r["death_signal"] for r in results] == [signal.SIGKILL] * 3
 
 
 @pytest.mark.slow
