@@ -367,6 +367,7 @@ PUBLIC = {
         "is_initialized",
         "local_world_size",
         "select_backend_and_device",
+        "set_start_method",
         "shutdown",
         "spawn",
     ],

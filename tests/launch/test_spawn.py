@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardkit.launch import RankFailedError, current, spawn
+from shardkit.launch import RankFailedError, current, set_start_method, spawn
 
 FAST = 3.0  # collective timeout for the failure tests, seconds
 
@@ -170,6 +170,44 @@ def test_unpicklable_result_is_an_error():
 def test_bad_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         spawn(_identity, args=("x",), **kwargs)
+
+
+def _parent_pid(rank: int, world_size: int) -> int:
+    return os.getppid()
+
+
+def test_the_start_method_is_the_processs_setting():
+    """The suite forks its ranks from a server (tests/conftest.py sets it): a forked rank's
+    parent is the server, a spawned one's this process."""
+    previous = set_start_method("forkserver")
+    try:
+        assert previous == "forkserver"
+        assert spawn(_parent_pid, world_size=1, timeout=30) != [os.getpid()]
+    finally:
+        set_start_method(previous)
+
+
+@pytest.mark.parametrize(
+    ("method", "available", "pattern"),
+    [
+        ("fork", None, r"start method 'fork' is not one shardkit starts ranks with \(a rank "
+         r"forked from a parent running torch's threads can deadlock\): it must be 'spawn'"),
+        ("threads", None, r"start method 'threads' is not one .*: it must be 'spawn' \(the "
+         r"default: .*\) or 'forkserver' .*; use set_start_method\('spawn'\)"),
+        ("forkserver", ["spawn"], r"start method 'forkserver' is not available on \w+ \(it "
+         r"offers \['spawn'\]\); use set_start_method\('spawn'\)"),
+    ],
+)  # fmt: skip
+def test_a_start_method_shardkit_cannot_use_is_refused(method, available, pattern, monkeypatch):
+    before = set_start_method("spawn")
+    try:
+        with monkeypatch.context() as patch, pytest.raises(ValueError, match=pattern):
+            if available is not None:
+                patch.setattr(multiprocessing, "get_all_start_methods", lambda: available)
+            set_start_method(method)
+        assert set_start_method(before) == "spawn"  # a refused method changes nothing
+    finally:
+        set_start_method(before)
 
 
 class _Echo(RuntimeError):
