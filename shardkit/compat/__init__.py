@@ -20,7 +20,8 @@ carries both into the Python processes the program starts ([Note: child processe
 
 `load_glibc` and `glibc_function` are the one way every package calls the C library (glibc's
 allocator, ``madvise``, ``prctl``): loaded once per process, None and the reason where there is
-no glibc.
+no glibc. `is_dtensor` asks whether a value is a DTensor without importing DTensor (seconds at
+start-up: [Note: DTensor on demand]).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from shardkit.compat._aliases import ALIASES, install_aliases, remove_aliases, shardkit_name
 from shardkit.compat._children import carry_to_children
 from shardkit.compat._devices import cuda_mapped, map_cuda_to_cpu, resolve_device
+from shardkit.compat._dtensor import is_dtensor
 from shardkit.compat._libc import glibc_function, load_glibc
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "cuda_mapped",
     "glibc_function",
     "install_aliases",
+    "is_dtensor",
     "load_glibc",
     "map_cuda_to_cpu",
     "refuse",
