@@ -100,9 +100,8 @@ def spawn(
     Each rank is started with the ``spawn`` method (`set_start_method` chooses another), joins
     a process group (gloo on CPU, NCCL when every rank has a GPU of its own; ``backend``
     overrides) through a file store in a fresh temporary directory, so no port is chosen and
-    none can clash. The group is torn down after
-    ``fn`` returns. ``fn`` may be a module-level function, or one defined in a notebook, a lambda
-    or a closure (these are sent by value).
+    none can clash. The group is torn down after ``fn`` returns. ``fn`` may be a module-level
+    function, or one defined in a notebook, a lambda or a closure (these are sent by value).
 
     Args:
         fn: the function each rank runs.
