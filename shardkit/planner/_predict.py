@@ -49,8 +49,15 @@ A CPU host whose ranks x threads exceed its cores (4 ranks of 1 thread on 2 core
 time-shared: ``s = ranks x threads / cores`` ranks take turns on each core. The profile records
 the cores and threads per rank it was calibrated with, and the model charges two things for it:
 
-1. compute runs in sequence: every rank's kernels, dense layers, optimizer step and step
-   overhead take ``s`` times what calibration measured for one rank alone;
+1. compute runs in turns: every rank's dense layers, optimizer step and step overhead take
+   ``s`` times what calibration measured for one rank alone; the kernels, whose work differs
+   between ranks, take what the host's cores need for all of it: per host the most of its
+   slowest rank's own kernels and all its ranks' kernels over its cores (``threads / cores``
+   of the sum), per phase (forward, backward). That is ``s`` times the slowest rank when
+   the ranks' work is even; when it is not, the ranks done early wait in the next
+   collective and leave their cores to the others (issue 29, skewed tables table-wise at 4
+   ranks on 2 cores: the busiest rank's kernels took 17.0 ms of CPU a step, the others
+   11.9, 7.2 and 5.3: 20.7 ms over the 2 cores, not 2 x 17.0);
 2. every collective of the step waits for scheduling: its ranks are not all running when it
    starts (the others are still computing, or another rank holds their core), so a message
    waits until its receiver gets a core: ``switch_wait_ms x (s - 1)`` per collective call,
@@ -305,9 +312,11 @@ def predict_step(
             kind, nbytes, world_size=size, local_world_size=group_local, profile=profile
         )
 
-    fwd = (_kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)) * slow
-    bwd = _kernels(sums, profile, forward=False) * slow
-    bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
+    # each rank's own kernel work, as calibrated for one rank alone; the phase takes what
+    # ranks sharing cores take for all of it ([Note: oversubscribed cores])
+    fwd = _kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)
+    bwd = _kernels(sums, profile, forward=False) + sums.dense_dp_update / profile.memory_bw
+    fwd_ms, bwd_ms = _time_shared(fwd, topology), _time_shared(bwd, topology)
     # the headers' exchange and the ids' run whatever the tables (every batch is checked),
     # empty when all are data-parallel replicas
     exchange = max(sums.in_send, float(sums.in_recv.max()))
@@ -336,7 +345,7 @@ def predict_step(
     )
     overhead = profile.overhead_ms(features, bags, values) * slow
     phases = (
-        ("embedding", float(fwd.max() + bwd.max())),
+        ("embedding", fwd_ms + bwd_ms),
         ("input_dist", in_dist),
         ("output_dist", out_fwd + out_bwd),
         ("dense", dense),
@@ -344,7 +353,8 @@ def predict_step(
         ("overhead", overhead),
     )
     step = sum(ms for _, ms in phases)
-    embedding = fwd + bwd
+    # a rank's own kernels, time-shared with its host's other ranks: never more than the phase
+    embedding = np.minimum(fwd * slow, fwd_ms) + np.minimum(bwd * slow, bwd_ms)
     per_rank = tuple(
         RankStep(rank, float(embedding[rank]), in_dist, out_fwd + out_bwd, dense, all_reduce,
                  overhead)
@@ -359,6 +369,23 @@ def predict_step(
         profile=profile.name,
         shared_cores=_shared_cores(profile, local, wait, collectives),
     )
+
+
+def _time_shared(work: np.ndarray, topology: Topology) -> float:
+    """ms of a compute phase whose ranks do ``work`` (ms each, one rank alone) before the
+    next collective: each host's ranks share its cores, so a host takes the most of its
+    slowest rank's own work and all its ranks' work over its cores (``threads / cores`` of
+    the sum); the job waits for the slowest host. ``s x`` the slowest rank when the ranks'
+    work is even, the slowest rank's alone where each rank has cores of its own. See
+    [Note: oversubscribed cores]."""
+    profile = topology.profile
+    assert profile is not None
+    local = topology.intra_group_size
+    if profile.oversubscription(local) <= 1.0:
+        return float(work.max())
+    hosts = work.reshape(-1, local)  # rank r on host r // local
+    shared = hosts.sum(axis=1) * profile.threads_per_rank / profile.cores
+    return float(np.maximum(hosts.max(axis=1), shared).max())
 
 
 def _shared_cores(profile: MachineProfile, local: int, wait: float, collectives: int) -> str:

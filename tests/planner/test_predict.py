@@ -112,8 +112,12 @@ def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     one_core = predicted(_module_plan(table_wise(rank=0)), prof=profile(cores=1, switch_wait_ms=3))
     enough = predicted(_module_plan(table_wise(rank=0)), prof=profile(switch_wait_ms=3))
     shared, own = dict(one_core.phases), dict(enough.phases)
-    for name in ("embedding", "dense", "overhead"):
+    for name in ("dense", "overhead"):
         assert shared[name] == pytest.approx(2 * own[name])
+    # the table's kernels are rank 0's alone: rank 1 waits in the next collective meanwhile,
+    # so rank 0 has the core to itself (the host's work over its cores is no more)
+    assert shared["embedding"] == pytest.approx(own["embedding"])
+    assert one_core.ranks[0].embedding == pytest.approx(own["embedding"])
     # the ids' header and ids; the pooled rows there and back; the dense all-reduce
     assert shared["input_dist"] == pytest.approx(own["input_dist"] + 2 * 3.0)
     assert shared["output_dist"] == pytest.approx(own["output_dist"] + 2 * 3.0)
@@ -133,6 +137,12 @@ def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     assert gained["output_dist"] == pytest.approx(2 * 9.0)
     assert gained["dense_all_reduce"] == pytest.approx(9.0)
     assert gained["embedding"] == pytest.approx(3 * dict(alone.phases)["embedding"])
+    assert [r.embedding for r in four.ranks] == pytest.approx([4 * alone.ranks[0].embedding] * 4)
+    # the same table on one rank of the four: its kernels alone, the 3 others idle
+    lone = predicted(_module_plan(table_wise(rank=2), world=4), world=4, prof=prof)
+    apart = predicted(_module_plan(table_wise(rank=2), world=4), world=4, prof=profile(cores=4))
+    assert dict(lone.phases)["embedding"] == pytest.approx(dict(apart.phases)["embedding"])
+    assert dict(lone.phases)["dense"] == pytest.approx(4 * dict(apart.phases)["dense"])
     # GPUs never share: each rank has its own device
     assert replace(prof, compute_device="cuda").collective_wait_ms(4) == 0.0
 
