@@ -14,7 +14,8 @@ add time), one rank's own work in its thread's CPU time when it runs one thread 
   whose pooled output is large enough to get fresh pages has their cost (measured first) taken
   out of its forward: the prediction charges those apart;
 - memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
-  layer's forward and backward), and what a buffer too large for the allocator to keep costs
+  layer's forward and backward), the row-wise input distribution's bucketing per id
+  (`bucket_cost`), and what a buffer too large for the allocator to keep costs
   in page faults each time it is allocated (`fresh_pages`; see [Note: fresh pages] in the
   planner);
 - each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
@@ -65,6 +66,7 @@ from shardkit.modules import (
 )
 from shardkit.optim import EmbOptimType, FusedOptimizerConfig
 from shardkit.planner import KernelFit, LinkFit, MachineProfile, miss_fraction
+from shardkit.sharding import bucket_rows
 from shardkit.sparse import KeyedJaggedTensor
 
 __all__ = [
@@ -211,6 +213,25 @@ def fresh_pages(config: CalibrationConfig, device: torch.device) -> tuple[int, f
     if new - old < 0.25 * old:  # within a copy's noise: the allocator kept the memory
         return 0, 0.0
     return FRESH_BUFFER_BYTES, (new - old) / _FRESH_PROBE_BYTES
+
+
+def bucket_cost(config: CalibrationConfig, device: torch.device) -> float:
+    """ms per id of the row-wise input distribution's bucketing (`bucket_rows`: each id grouped
+    by the shard holding its row, 4 shards of a 100,000-row table): 1,024 bags of 40 ids against
+    1,024 bags of 4, so the bags' and the call's cost cancel."""
+    rows, bags, shards = 100_000, 1024, 4
+    starts = [rows * i // shards for i in range(shards)]
+    g = torch.Generator().manual_seed(7)
+    times = []
+    for pooling in (4, 40):
+        lengths = torch.full((bags,), pooling, dtype=torch.int64, device=device)
+        ids = torch.randint(0, rows, (bags * pooling,), generator=g).to(device)
+
+        def bucket(ids: torch.Tensor = ids, lengths: torch.Tensor = lengths) -> None:
+            bucket_rows(ids, lengths=lengths, weights=None, row_starts=starts)
+
+        times.append(_best_ms(bucket, max(5, config.repeats), device))
+    return max(0.0, (times[1] - times[0]) / (bags * 36))
 
 
 def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
@@ -559,6 +580,8 @@ def _calibrate_host(
     log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s")
     flops = matmul_throughput(config, device)
     log(f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s")
+    bucketing = bucket_cost(config, device)
+    log(f"row-wise bucketing of the ids: {bucketing * 1e6:.1f} ns per id")
     fresh_bytes, fresh_cost = fresh_pages(config, device)
     if fresh_bytes:
         log(
@@ -627,6 +650,7 @@ def _calibrate_host(
         switch_wait_ms=switch_wait,
         fresh_buffer_bytes=fresh_bytes,
         fresh_page_ms_per_byte=fresh_cost,
+        bucket_ms_per_id=bucketing,
         points=points,
     )
     log(f"calibrated in {time.perf_counter() - started:.1f} s")
@@ -674,6 +698,8 @@ def format_profile(profile: MachineProfile) -> str:
             f"  buffers of {profile.fresh_buffer_bytes >> 20} MiB or more: fresh pages, "
             f"{profile.fresh_page_ms_per_byte * _MIB:.2f} ms per MiB"
         )
+    if profile.bucket_ms_per_id > 0:
+        lines.append(f"  row-wise bucketing: {profile.bucket_ms_per_id * 1e6:.1f} ns per id")
     if profile.switch_wait_ms > 0:
         lines.append(
             f"  ranks beyond the {profile.cores} cores: each collective waits "

@@ -8,7 +8,10 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
 1. input distribution: the ids' all-to-all (a header, then lengths and ids; per-id weights when
    a table is weighted); a rank sends its batch's ids to every column block of every table and
    receives the ids of the shards it holds (with only data-parallel tables the header and an
-   empty exchange still run: every batch is checked);
+   empty exchange still run: every batch is checked); the ids of row-split tables (row-,
+   table-row-wise, grid) are first grouped by the shard holding their row, at the profile's
+   ``bucket_ms_per_id`` (issue 29: 1.6-2.5 ms of CPU a step per rank for 113-164 K ids at 4
+   ranks, which the model did not have);
 2. embedding forward: per rank, one kernel call per shard group (same route, columns,
    optimizer; see [Note: kernel groups and output classes] in the sharded modules), timed by
    the profile's `KernelFit` (see [Note: calibrated kernel model]);
@@ -264,6 +267,7 @@ class _Sums:
         self.classes: dict[tuple[str, int], np.ndarray] = {}
         self.dense_dp_bytes = 0.0
         self.dense_dp_update = 0.0
+        self.bucketed_ids = 0.0  # ids of row-split tables every rank buckets by shard
 
     def group(self, key: tuple) -> np.ndarray:
         if key not in self.groups:
@@ -323,6 +327,7 @@ def predict_step(
     header = 8 * 8 * world  # a few int64 per destination: latency, mostly
     in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
     in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
+    in_dist += profile.bucket_ms_per_id * sums.bucketed_ids * slow  # row-split tables' ids
     if in_calls == 3:
         in_dist += coll("all_to_all", exchange / 2)
     out_fwd, out_bwd, out_calls = _output_dists(sums.classes, topology, coll)
@@ -420,6 +425,8 @@ def _add_shards(item: PlacedTable, sums: _Sums) -> None:
     # every rank sends its ids to each column block, and its bags' lengths to every shard
     sums.in_send += ids * blocks * table.id_bytes + rows.size * bags * 8
     share = rows / table.num_embeddings if route in _ROW_SPLIT else np.ones_like(rows)
+    if route in _ROW_SPLIT:  # each rank groups its batch's ids by shard before sending
+        sums.bucketed_ids += ids
     shard_ids = ids * world * share
     shard_outputs = outputs * world if table.pooled else shard_ids
     shard_outputs = np.broadcast_to(shard_outputs, rows.shape)

@@ -105,6 +105,32 @@ def test_row_wise_step_by_hand():
     assert [r.embedding for r in p.ranks] == pytest.approx([forward + backward] * 2)
 
 
+def test_row_split_tables_pay_the_bucketing_of_their_ids():
+    # each rank groups its batch's 1,000 ids (100 bags x 10) by shard before the exchange;
+    # table-wise sends them whole (see [Note: step-time model])
+    prof = replace(profile(), bucket_ms_per_id=1e-3)
+    for generator, charged in ((row_wise(), 1000 * 1e-3), (table_wise(rank=0), 0.0)):
+        plain = dict(predicted(_module_plan(generator)).phases)
+        bucketing = dict(predicted(_module_plan(generator), prof=prof).phases)
+        assert bucketing["input_dist"] == pytest.approx(plain["input_dist"] + charged)
+        assert {k: v for k, v in bucketing.items() if k != "input_dist"} == pytest.approx(
+            {k: v for k, v in plain.items() if k != "input_dist"}
+        )
+    # ranks sharing cores bucket in turns
+    shared = replace(profile(cores=1), bucket_ms_per_id=1e-3)
+    both = dict(predicted(_module_plan(row_wise()), prof=shared).phases)
+    none = dict(predicted(_module_plan(row_wise()), prof=profile(cores=1)).phases)
+    assert both["input_dist"] == pytest.approx(none["input_dist"] + 2 * 1000 * 1e-3)
+    with pytest.raises(ValueError, match="bucket_ms_per_id must be a finite number >= 0"):
+        replace(profile(), bucket_ms_per_id=-1.0)
+    again = load_profile_dict(replace(profile(), bucket_ms_per_id=2e-6).to_dict())
+    assert again.bucket_ms_per_id == 2e-6
+
+
+def load_profile_dict(data: dict) -> MachineProfile:
+    return MachineProfile.from_dict(json.loads(json.dumps(data)))
+
+
 def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     # 2 ranks of 1 thread on 1 core: compute time-shared (x2), and each collective waits
     # switch_wait_ms x (2 - 1) = 3 ms for its ranks to be scheduled
