@@ -4,8 +4,8 @@
 #
 #   benchmarks/predict_checks.sh calibrate [OUTDIR]  # this host's profile (~0.5 min)
 #   benchmarks/predict_checks.sh ranks-1-2 [OUTDIR]  # predicted vs measured at 1 and 2 ranks
-#                                                     # with TorchRec's estimates (~9 min)
-#   benchmarks/predict_checks.sh ranks-4 [OUTDIR]    # the same at 4 ranks (~8 min)
+#                                                     # with TorchRec's estimates (~7 min)
+#   benchmarks/predict_checks.sh ranks-4 [OUTDIR]    # the same at 4 ranks (~9 min)
 #   benchmarks/predict_checks.sh two-hosts [OUTDIR]  # two `torchrun --nnodes 2` agents on
 #                                                     # localhost: calibrate, then the same (~5 min)
 #   benchmarks/predict_checks.sh simulate [OUTDIR]   # the simulation checked against all of it
