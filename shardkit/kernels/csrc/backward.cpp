@@ -75,11 +75,11 @@ __attribute__((always_inline)) inline void apply_rule(const Context& c, int64_t 
 // DRAM misses (26-200 MB of rows, in ascending order); the gradient rows ([bags, dim], 0.5-4 MB)
 // are L2 or L3 hits, which a short distance covers. Both once used the table's distance. On a
 // Zen 3 EPYC (AVX2), 4 x 100k rows, batch 2048, 134k unique rows, one thread, loaded machine,
-// the old and new loops taking turns: row-wise Adagrad's update at dim 16 takes 0.72-0.79x
-// that time timed alone (~23-27 -> ~18-20 ns per unique row; 0.85-0.94x, median of rounds, in
-// benchmarks/ebc_phases.cpp), dim 32 ~0.85x, dims 64-128 the same within noise (0.94-1.04x:
-// there the table rows' traffic sets the time; touching the unique rows alone takes about as
-// long); see benchmarks/results/ebc_phases_prefetch_zen3.md. (That VM has no counters to say
+// the old and new loops taking turns: the update (row-wise Adagrad or SGD) at dims 16-32 takes
+// 0.83-0.87x that time in benchmarks/ebc_phases.cpp (median of rounds; dim 16 row-wise ~21 ->
+// ~18 ns per unique row), 0.72-0.84x timed alone; dims 64-128 the same within noise (there the
+// table rows' traffic sets the time: touching the unique rows alone takes about as long); see
+// benchmarks/results/ebc_phases_prefetch_zen3.md. (That VM has no counters to say
 // why; gradient lines fetched 64 occurrences early likely hold L1 miss buffers that the
 // table's misses need.) The table row is prefetched at every occurrence, not only at a row's
 // first: a repeated row's prefetch finds its line already on the way, and the test for a row's
