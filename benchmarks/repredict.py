@@ -44,8 +44,17 @@ def main() -> None:
         help="the model before fresh pages were charged: the profile's links refitted from its "
         "points as they were timed, and no fresh-page cost",
     )
+    parser.add_argument(
+        "--bucket-ns-per-id",
+        type=float,
+        help="a profile written before the row-wise bucketing was measured: this cost per id",
+    )
     args = parser.parse_args()
     profile = load_profile(args.profile)
+    if args.bucket_ns_per_id is not None:
+        from dataclasses import replace
+
+        profile = replace(profile, bucket_ms_per_id=args.bucket_ns_per_id * 1e-6)
     if args.fresh_pages and args.fresh_ms_per_mib is not None:
         from shardkit.bench._calibrate import FRESH_BUFFER_BYTES
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from shardkit.kernels import kernel_path
-from shardkit.launch import RankPool, _pool
+from shardkit.launch import RankPool, set_start_method
 from tests.devices import GPU_SKIP_REASON, OnDevice, backend_of, cuda_ready
 
 # Tiers the default run skips (one summary line each): run them with `pytest -m <name>`.
@@ -70,9 +70,9 @@ def _ranks_fork_from_a_server(_embedding_kernel: None) -> Iterator[None]:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["shardkit", "shardkit.launch._worker", "torch._dynamo"])
     multiprocessing.forkserver.ensure_running()
-    previous, _pool._START_METHOD = _pool._START_METHOD, "forkserver"
+    previous = set_start_method("forkserver")
     yield
-    _pool._START_METHOD = previous
+    set_start_method(previous)
 
 
 @pytest.fixture(scope="session")

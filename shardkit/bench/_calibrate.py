@@ -14,7 +14,8 @@ add time), one rank's own work in its thread's CPU time when it runs one thread 
   whose pooled output is large enough to get fresh pages has their cost (measured first) taken
   out of its forward: the prediction charges those apart;
 - memory bandwidth (a large tensor copied), dense float32 throughput (an MLP-sized linear
-  layer's forward and backward), and what a buffer too large for the allocator to keep costs
+  layer's forward and backward), the row-wise input distribution's bucketing per id
+  (`bucket_cost`), and what a buffer too large for the allocator to keep costs
   in page faults each time it is allocated (`fresh_pages`; see [Note: fresh pages] in the
   planner);
 - each collective (all-to-all, all-reduce, reduce-scatter, all-gather) at a few sizes in fresh
@@ -51,21 +52,20 @@ from shardkit.bench._links import (
     fit_links,
     fit_switch_wait,
     measure_collectives,
-    sync,
 )
 from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
+from shardkit.bench._overhead import fit_overhead, overhead_rank
+from shardkit.bench._timing import best_ms, best_pair
 from shardkit.kernels import steady_heap
 from shardkit.launch import spawn
 from shardkit.modules import (
     BatchedTables,
-    EmbeddingBagCollection,
-    EmbeddingBagConfig,
     lookup,
     stack_tables,
 )
 from shardkit.optim import EmbOptimType, FusedOptimizerConfig
-from shardkit.planner import KernelFit, LinkFit, MachineProfile, miss_fraction
-from shardkit.sparse import KeyedJaggedTensor
+from shardkit.planner import KernelFit, MachineProfile, miss_fraction
+from shardkit.sharding import bucket_rows
 
 __all__ = [
     "CalibrationConfig",
@@ -134,55 +134,12 @@ class CalibrationConfig:
             )
 
 
-def _clock(device: torch.device) -> Callable[[], float]:
-    """What times one rank's work: on a CPU running one intra-op thread, the calling thread's
-    CPU time (the time other processes hold the core does not count, while the memory
-    traffic they cause still does); else wall time."""
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time
-    return time.perf_counter
-
-
-def _best_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """The fastest of ``repeats`` timed calls after a warm-up: other processes on the machine
-    only ever add time, so the minimum is the machine's own speed."""
-    clock = _clock(device)
-    fn()  # warm up
-    samples = []
-    for _ in range(repeats):
-        sync(device)
-        start = clock()
-        fn()
-        sync(device)
-        samples.append((clock() - start) * 1e3)
-    return min(samples)
-
-
-def _best_pair(
-    first: Callable[[], object], second: Callable[[], object], repeats: int, device: torch.device
-) -> tuple[float, float]:
-    """`_best_ms` of two calls timed in turns, so that a busy spell of the machine falls on both
-    alike rather than on one of the pair whose difference is wanted."""
-    clock = _clock(device)
-    first()
-    second()
-    samples: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, out in ((first, samples[0]), (second, samples[1])):
-            sync(device)
-            start = clock()
-            fn()
-            sync(device)
-            out.append((clock() - start) * 1e3)
-    return min(samples[0]), min(samples[1])
-
-
 def memory_bandwidth(config: CalibrationConfig, device: torch.device) -> float:
     """Copy bandwidth, bytes/ms (bytes read plus bytes written)."""
     n = config.copy_bytes // 4
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
-    ms = _best_ms(lambda: dst.copy_(src), config.repeats, device)
+    ms = best_ms(lambda: dst.copy_(src), config.repeats, device)
     return 2 * n * 4 / ms
 
 
@@ -205,12 +162,31 @@ def fresh_pages(config: CalibrationConfig, device: torch.device) -> tuple[int, f
     n = _FRESH_PROBE_BYTES // 4
     src = torch.ones(n)
     kept = torch.empty(n)
-    new, old = _best_pair(
+    new, old = best_pair(
         lambda: torch.empty(n).copy_(src), lambda: kept.copy_(src), config.repeats, device
     )
     if new - old < 0.25 * old:  # within a copy's noise: the allocator kept the memory
         return 0, 0.0
     return FRESH_BUFFER_BYTES, (new - old) / _FRESH_PROBE_BYTES
+
+
+def bucket_cost(config: CalibrationConfig, device: torch.device) -> float:
+    """ms per id of the row-wise input distribution's bucketing (`bucket_rows`: each id grouped
+    by the shard holding its row, 4 shards of a 100,000-row table): 1,024 bags of 40 ids against
+    1,024 bags of 4, so the bags' and the call's cost cancel."""
+    rows, bags, shards = 100_000, 1024, 4
+    starts = [rows * i // shards for i in range(shards)]
+    g = torch.Generator().manual_seed(7)
+    times = []
+    for pooling in (4, 40):
+        lengths = torch.full((bags,), pooling, dtype=torch.int64, device=device)
+        ids = torch.randint(0, rows, (bags * pooling,), generator=g).to(device)
+
+        def bucket(ids: torch.Tensor = ids, lengths: torch.Tensor = lengths) -> None:
+            bucket_rows(ids, lengths=lengths, weights=None, row_starts=starts)
+
+        times.append(best_ms(bucket, max(5, config.repeats), device))
+    return max(0.0, (times[1] - times[0]) / (bags * 36))
 
 
 def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
@@ -224,7 +200,7 @@ def matmul_throughput(config: CalibrationConfig, device: torch.device) -> float:
     def layer() -> None:
         (x @ w.t()).backward(grad)
 
-    ms = _best_ms(layer, max(3, config.repeats), device)
+    ms = best_ms(layer, max(3, config.repeats), device)
     return 3 * 2 * m * k * n / ms
 
 
@@ -290,7 +266,7 @@ def _kernel_point(
     def step() -> None:
         lookup(tables, next(fresh_ids), offsets, None, params).backward(grad)
 
-    fwd, total = _best_pair(forward, step, config.repeats, device)
+    fwd, total = best_pair(forward, step, config.repeats, device)
     threshold, cost = fresh
     output = bags * dim * 4
     faults = output * cost if threshold and output >= threshold else 0.0
@@ -392,95 +368,6 @@ def _misses(fit: KernelFit, points: Sequence[dict], cache: int) -> list[float]:
     return sorted(errors)
 
 
-class _TinyModel(torch.nn.Module):
-    """Pooled embeddings [B, T * D] -> a scalar: the least dense work a sharded step can do."""
-
-    def __init__(self, ebc: torch.nn.Module, width: int) -> None:
-        super().__init__()
-        self.ebc = ebc
-        self.head = torch.nn.Linear(width, 1)
-
-    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        return self.head(self.ebc(kjt).values()).sum()
-
-
-# (features, batch, dim) of the tiny models whose steps give the overhead
-_OVERHEAD_POINTS = (
-    (1, 128, 8),
-    (1, 1024, 8),
-    (16, 128, 8),
-    (16, 1024, 8),
-    (4, 1024, 64),
-    (16, 512, 64),
-)
-_TINY_ROWS = 64
-
-
-def _overhead_rank(rank: int, world_size: int, threads: int, repeats: int) -> list[dict]:
-    from shardkit.sharding import (
-        DistributedModelParallel,
-        EmbeddingBagCollectionSharder,
-        construct_module_sharding_plan,
-        table_wise,
-    )
-    from shardkit.types import ShardingPlan
-
-    torch.set_num_threads(threads)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
-    rows = []
-    for features, batch, dim in _OVERHEAD_POINTS:
-        configs = [
-            EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=_TINY_ROWS,
-                               feature_names=[f"f{i}"])
-            for i in range(features)
-        ]  # fmt: skip
-        ebc = EmbeddingBagCollection(tables=configs, device="meta")
-        model = _TinyModel(ebc, features * dim)
-        plan = construct_module_sharding_plan(
-            ebc, {c.name: table_wise(rank=0) for c in configs}, world_size=1, local_size=1,
-            device_type="cpu",
-        )  # fmt: skip
-        sharders = [EmbeddingBagCollectionSharder(fused_params=fused)]
-        dmp = DistributedModelParallel(model, plan=ShardingPlan({"ebc": plan}), sharders=sharders)
-        kjt = KeyedJaggedTensor(
-            keys=[c.feature_names[0] for c in configs],
-            values=torch.randint(0, _TINY_ROWS, (features * batch,)),
-            lengths=torch.ones(features * batch, dtype=torch.long),
-        )
-
-        def step(dmp=dmp, kjt=kjt) -> None:
-            dmp(kjt).backward()
-
-        ms = _best_ms(step, max(5, 2 * repeats), torch.device("cpu"))
-        rows.append({"features": features, "batch": batch, "dim": dim, "ms": ms})
-    return rows
-
-
-def fit_overhead(
-    rows: Sequence[dict], kernel: KernelFit, links: Sequence[LinkFit]
-) -> tuple[float, float, float, float]:
-    """(per step, per feature, per bag, per bag x column) ms a sharded step takes beyond its
-    kernel and its one-rank collectives, from the tiny-model steps (bags: features x batch, one
-    id each, one kernel call)."""
-    alone = {link.kind: link for link in links if link.world_size == 1}
-    extra = []
-    for row in rows:
-        bags, dim = row["features"] * row["batch"], row["dim"]
-        known = kernel.forward_ms(bags, bags, dim) + kernel.backward_ms(
-            bags, min(bags, row["features"] * _TINY_ROWS), dim, bags=bags
-        )
-        for kind, nbytes in (("all_to_all", 24 * bags), ("all_to_all", 4 * bags * dim)):
-            if kind in alone:  # the ids' exchange, the pooled rows' there and back
-                known += alone[kind].ms(nbytes)
-        extra.append(max(row["ms"] - known, 1e-3))
-    coef = fit_nonnegative(
-        [[1.0, r["features"], r["features"] * r["batch"], r["features"] * r["batch"] * r["dim"]]
-         for r in rows],
-        extra,
-    )  # fmt: skip
-    return coef[0], coef[1], coef[2], coef[3]
-
-
 def calibrate(
     config: CalibrationConfig, *, log: Callable[[str], None] = lambda _: None
 ) -> MachineProfile | None:
@@ -559,6 +446,8 @@ def _calibrate_host(
     log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s")
     flops = matmul_throughput(config, device)
     log(f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s")
+    bucketing = bucket_cost(config, device)
+    log(f"row-wise bucketing of the ids: {bucketing * 1e6:.1f} ns per id")
     fresh_bytes, fresh_cost = fresh_pages(config, device)
     if fresh_bytes:
         log(
@@ -588,7 +477,7 @@ def _calibrate_host(
     switch_wait = fit_switch_wait(waits)
     points["collectives"] = rows
     steps = spawn(
-        _overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
+        overhead_rank, world_size=1, args=(config.threads_per_rank, config.repeats),
         backend=backend, threads_per_rank=config.threads_per_rank, timeout=300,
     )[0]  # fmt: skip
     overhead = fit_overhead(steps, kernels[0], links)
@@ -627,6 +516,7 @@ def _calibrate_host(
         switch_wait_ms=switch_wait,
         fresh_buffer_bytes=fresh_bytes,
         fresh_page_ms_per_byte=fresh_cost,
+        bucket_ms_per_id=bucketing,
         points=points,
     )
     log(f"calibrated in {time.perf_counter() - started:.1f} s")
@@ -674,6 +564,8 @@ def format_profile(profile: MachineProfile) -> str:
             f"  buffers of {profile.fresh_buffer_bytes >> 20} MiB or more: fresh pages, "
             f"{profile.fresh_page_ms_per_byte * _MIB:.2f} ms per MiB"
         )
+    if profile.bucket_ms_per_id > 0:
+        lines.append(f"  row-wise bucketing: {profile.bucket_ms_per_id * 1e6:.1f} ns per id")
     if profile.switch_wait_ms > 0:
         lines.append(
             f"  ranks beyond the {profile.cores} cores: each collective waits "

@@ -17,6 +17,11 @@ and ``import fbgemm_gpu`` resolve to shardkit ([Note: the import aliases]), `map
 runs CUDA code on the CPU where there is no GPU ([Note: cuda on cpu]), `carry_to_children`
 carries both into the Python processes the program starts ([Note: child processes]);
 `resolve_device` is how shardkit's entry points honour the mapping.
+
+`load_glibc` and `glibc_function` are the one way every package calls the C library (glibc's
+allocator, ``madvise``, ``prctl``): loaded once per process, None and the reason where there is
+no glibc. `is_dtensor` asks whether a value is a DTensor without importing DTensor (seconds at
+start-up: [Note: DTensor on demand]).
 """
 
 from __future__ import annotations
@@ -27,13 +32,18 @@ from typing import Any
 from shardkit.compat._aliases import ALIASES, install_aliases, remove_aliases, shardkit_name
 from shardkit.compat._children import carry_to_children
 from shardkit.compat._devices import cuda_mapped, map_cuda_to_cpu, resolve_device
+from shardkit.compat._dtensor import is_dtensor
+from shardkit.compat._libc import glibc_function, load_glibc
 
 __all__ = [
     "ALIASES",
     "NotInShardkitError",
     "carry_to_children",
     "cuda_mapped",
+    "glibc_function",
     "install_aliases",
+    "is_dtensor",
+    "load_glibc",
     "map_cuda_to_cpu",
     "refuse",
     "remove_aliases",

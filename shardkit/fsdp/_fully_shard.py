@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch import nn
-from torch.distributed.tensor import Shard
 
 from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._fsdp_module import FSDPModule
@@ -119,6 +118,8 @@ def _check_arguments(module: Any, reshard_after_forward: Any, dp_mesh_dims: Any)
 def _check_placements(module: nn.Module, placement_fn: Callable | None) -> None:
     if placement_fn is None:
         return
+    from torch.distributed.tensor import Shard  # See [Note: DTensor on demand]
+
     for name, param in module.named_parameters():
         if is_managed(param):
             continue

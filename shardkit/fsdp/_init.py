@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from shardkit import comm
+from shardkit.compat import is_dtensor
 from shardkit.fsdp._config import Precision, Prefetch
 from shardkit.fsdp._mesh_info import MeshInfo
 from shardkit.fsdp._param import ShardedParam, Slot
@@ -121,7 +121,7 @@ def _collect(module: nn.Module, settings: UnitSettings, label: str) -> _Found:
             if getattr(param, REPLACED_ATTR, None) is not None or is_managed(param):
                 found.problems.append(_shared_with_nested(label, slot.fqn, param))
                 continue
-            if isinstance(param, DTensor):
+            if is_dtensor(param):
                 found.problems.append(_already_dtensor(label, slot.fqn, param))
                 continue
             by_id[id(param)] = [slot]

@@ -44,10 +44,10 @@ storage's memory (``_swap_data_ptr_``).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import sys
 
 import torch
+
+from shardkit.compat import glibc_function
 
 __all__ = [
     "TRIM_BUDGET_BYTES",
@@ -66,36 +66,24 @@ _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
 
 
-def _load_libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_libc = _load_libc()
-_malloc_trim = getattr(_libc, "malloc_trim", None)
-_madvise = getattr(_libc, "madvise", None)
-
-
 def release_free_memory() -> None:
     """Return free heap pages to the operating system (glibc), else do nothing."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    malloc_trim = glibc_function("malloc_trim", (ctypes.c_size_t,))
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def advise_huge_pages(tensor: torch.Tensor) -> None:
     """Ask for 2 MiB pages for the not-yet-written CPU ``tensor`` (a hint; errors ignored)."""
-    if _madvise is None or tensor.device.type != "cpu":
+    madvise = glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+    if madvise is None or tensor.device.type != "cpu":
         return
     begin = tensor.data_ptr()
     end = begin + tensor.numel() * tensor.element_size()
     begin = (begin + _HUGE - 1) // _HUGE * _HUGE
     end = end // _HUGE * _HUGE
     if end > begin:
-        _madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), _MADV_HUGEPAGE)
+        madvise(begin, end - begin, _MADV_HUGEPAGE)
 
 
 class BufferPool:

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from shardkit.compat import is_dtensor
 from shardkit.fsdp._config import SaveForm
 from shardkit.fsdp._param import ShardedParam, local_of
 from shardkit.fsdp._sharded_tensor import ShardedTensor, full_of
@@ -120,7 +120,7 @@ def _elementwise(owner: ShardedParam | None, value: Any, fqn: str, key: str) -> 
     """Whether ``value`` is optimizer state laid out like the parameter's shard."""
     if owner is None or not isinstance(value, torch.Tensor):
         return False
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         return True
     if value.dim() == 0:
         return False
@@ -209,13 +209,13 @@ def _import(owner: ShardedParam | None, value: Any, fqn: str, key: str, *, local
         value = full_of(value)
     if owner is None or not isinstance(value, torch.Tensor):
         return value
-    like_param = isinstance(value, DTensor) or (
+    like_param = is_dtensor(value) or (
         value.dim() > 0 and tuple(value.shape) in (tuple(owner.shape), tuple(owner.local_shape))
     )
     if owner.dtensor and owner.whole and not owner.shape and key != "step":
         like_param = True  # a 0-dim parameter's state is 0-dim too; ``step`` is the scalar
     if not like_param:
-        return value.full_tensor() if isinstance(value, DTensor) else value
+        return value.full_tensor() if is_dtensor(value) else value
     rows = to_local(owner, value, fqn, local_form=local_form).clone()
     return owner.wrap(rows) if owner.dtensor else rows
 

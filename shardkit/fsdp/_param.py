@@ -42,9 +42,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
 
 from shardkit import comm
+from shardkit.compat import is_dtensor
 from shardkit.fsdp._mesh_info import MeshInfo
 
 __all__ = ["ShardedParam", "Slot", "chunk_rows", "copy_into_storage", "local_of", "set_param"]
@@ -69,7 +69,7 @@ def chunk_rows(num_rows: int, num_shards: int) -> tuple[int, ...]:
 
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
     """The local tensor of a DTensor; a plain tensor itself. See [Note: DTensor parameters]."""
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    return tensor._local_tensor if is_dtensor(tensor) else tensor
 
 
 def set_param(module: nn.Module, name: str, param: torch.Tensor) -> None:
@@ -178,6 +178,8 @@ class ShardedParam:
 
     def wrap(self, local: torch.Tensor) -> torch.Tensor:
         """``local`` (laid out like the shard) as a DTensor with the parameter's global shape."""
+        from torch.distributed.tensor import DTensor, Replicate  # See [Note: DTensor on demand]
+
         mesh, placements = self.mesh_info.mesh_and_placements
         if self.whole:  # every rank holds all of it (see [Note: shard layout])
             placements = tuple(Replicate() for _ in placements)
@@ -205,7 +207,7 @@ class ShardedParam:
 
     def repoint(self, local: torch.Tensor) -> None:
         """Make the registered shard (the same Parameter object) hold ``local``."""
-        if isinstance(self.sharded, DTensor):
+        if is_dtensor(self.sharded):
             self.sharded._local_tensor = local
         else:
             self.sharded.data = local

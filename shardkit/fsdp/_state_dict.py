@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from shardkit.compat import is_dtensor
 from shardkit.fsdp._config import SaveForm, StateDictForm
 from shardkit.fsdp._param import ShardedParam
 from shardkit.fsdp._state import FSDPState, TreeContext, get_state
@@ -146,7 +146,7 @@ def to_local(
 ) -> torch.Tensor:
     """This rank's rows of ``value``: a full tensor, a DTensor of the parameter's shape (any
     placements), or (``local_form``) this rank's rows already."""
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         if tuple(value.shape) != tuple(param.shape):
             raise ValueError(_shape_message(key, value.shape, param.shape))
         local = value.to_local()

@@ -36,10 +36,10 @@ allocator is not glibc's, where the environment configures glibc's malloc alread
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
-import sys
+
+from shardkit.compat import glibc_function, load_glibc
 
 __all__ = ["ENV_VAR", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "steady_heap"]
 
@@ -100,7 +100,7 @@ def _apply() -> tuple[bool, str]:
         return False, f"glibc's thresholds left as the environment sets them ({configured})"
     mallopt = _mallopt()
     if mallopt is None:
-        return False, "not glibc's allocator: thresholds left as they are"
+        return False, f"not glibc's allocator ({load_glibc()[1]}): thresholds left as they are"
     if not (
         mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     ):
@@ -113,16 +113,6 @@ def _apply() -> tuple[bool, str]:
 
 
 def _mallopt():
-    """glibc's ``mallopt``, or None where the C library is not glibc."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return None  # musl and others: another allocator with other knobs
-    mallopt = libc.mallopt
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return mallopt
+    """glibc's ``mallopt``, or None where the C library is not glibc (musl and others: another
+    allocator with other knobs)."""
+    return glibc_function("mallopt", (ctypes.c_int, ctypes.c_int))

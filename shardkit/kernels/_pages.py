@@ -18,9 +18,10 @@ import logging
 import mmap
 import os
 import re
-import sys
 
 import torch
+
+from shardkit.compat import glibc_function
 
 __all__ = [
     "ENV_VAR",
@@ -166,20 +167,9 @@ def advise_table(tensor: torch.Tensor) -> bool:
     return madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE) == 0
 
 
-_libc: list = []  # [libc's madvise, or None], loaded on first use
-
-
 def _madvise():
-    if not _libc:
-        madvise = None
-        if sys.platform.startswith("linux"):
-            try:
-                madvise = ctypes.CDLL(None, use_errno=True).madvise
-                madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            except (OSError, AttributeError):
-                madvise = None
-        _libc.append(madvise)
-    return _libc[0]
+    """glibc's ``madvise``, or None where there is no glibc (`shardkit.compat.load_glibc`)."""
+    return glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
 
 
 def huge_page_bytes(tensor: torch.Tensor) -> int:

@@ -1,4 +1,5 @@
-"""Starting ranks: from Python (`spawn`, `RankPool`) or under torchrun (`init_from_env`).
+"""Starting ranks: from Python (`spawn`, `RankPool`; `set_start_method` for how their processes
+start) or under torchrun (`init_from_env`).
 
 Ranks started here record their collectives and name the rank a collective waits for
 (`Watchdog`, `hang_report`; see docs/launch-and-comm.md).
@@ -9,7 +10,7 @@ from shardkit.launch._env import init_from_env, local_world_size, shutdown
 from shardkit.launch._errors import RankFailedError, RendezvousTimeoutError
 from shardkit.launch._hang import HangReport, LateRankError
 from shardkit.launch._intercept import hang_report
-from shardkit.launch._pool import RankPool, spawn
+from shardkit.launch._pool import RankPool, set_start_method, spawn
 from shardkit.launch._watch import Watchdog
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "is_initialized",
     "local_world_size",
     "select_backend_and_device",
+    "set_start_method",
     "shutdown",
     "spawn",
 ]

@@ -23,7 +23,7 @@ from shardkit.launch._pickle import dumps, main_is_reimportable
 from shardkit.launch._watch import Watchdog
 from shardkit.launch._worker import START_ALLOWANCE_S, WorkerConfig, worker_main
 
-__all__ = ["RankPool", "spawn"]
+__all__ = ["RankPool", "set_start_method", "spawn"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,54 @@ _GRACE_S = 1.0
 # The parent waits a little longer than the ranks wait for each other at the start, so that
 # their message (which names the ranks missing) comes first.
 _START_ALLOWANCE_S = START_ALLOWANCE_S + 10.0
-# How rank processes start: "spawn", as `spawn` promises. The test suite sets "forkserver" in its
-# own process only (tests/conftest.py): a rank forked from a server that imported shardkit once
-# starts in ~0.2 s instead of seconds of imports; scripts and the CLI it runs keep "spawn".
-_START_METHOD = "spawn"
+# How rank processes start (`set_start_method`): a process setting, as `multiprocessing`'s own.
+_start_method = "spawn"
+_START_METHODS = ("spawn", "forkserver")
+
+
+def set_start_method(method: str) -> str:
+    """Choose how `spawn` and `RankPool` start rank processes from now on, in this process.
+
+    ``"spawn"`` (the default) starts each rank as a fresh Python, which imports torch and the
+    function's module itself: seconds per rank, and nothing of the parent's state leaks in.
+    ``"forkserver"`` forks each rank from a server process started once, which imports what
+    ``multiprocessing.get_context("forkserver").set_forkserver_preload([...])`` names before it
+    starts: a rank then starts in a fraction of a second, for a test suite or a notebook that
+    starts ranks many times. A forked rank has the server's environment (from when it started),
+    not the caller's. ``"fork"`` is refused: a rank forked from a parent that runs torch's
+    threads can deadlock.
+
+    Example::
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "shardkit"])
+        previous = shardkit.launch.set_start_method("forkserver")
+
+    Args:
+        method: ``"spawn"`` or ``"forkserver"``.
+
+    Returns:
+        The method used before (to put it back).
+
+    Raises:
+        ValueError: ``method`` is neither, or ``"forkserver"`` where this platform has none.
+    """
+    global _start_method
+    if method not in _START_METHODS:
+        why = " (a rank forked from a parent running torch's threads can deadlock)"
+        raise ValueError(
+            f"start method {method!r} is not one shardkit starts ranks with"
+            f"{why if method == 'fork' else ''}: it must be 'spawn' (the default: each rank a "
+            "fresh Python) or 'forkserver' (ranks fork from a server started once); use "
+            "set_start_method('spawn') or set_start_method('forkserver')"
+        )
+    if method not in mp.get_all_start_methods():
+        raise ValueError(
+            f"start method {method!r} is not available on {sys.platform} (it offers "
+            f"{mp.get_all_start_methods()}); use set_start_method('spawn')"
+        )
+    previous, _start_method = _start_method, method
+    return previous
 
 
 def spawn(
@@ -53,11 +97,11 @@ def spawn(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new processes and return the results.
 
-    Each rank is started with the ``spawn`` method, joins a process group (gloo on CPU, NCCL when
-    every rank has a GPU of its own; ``backend`` overrides) through a file store in a fresh
-    temporary directory, so no port is chosen and none can clash. The group is torn down after
-    ``fn`` returns. ``fn`` may be a module-level function, or one defined in a notebook, a lambda
-    or a closure (these are sent by value).
+    Each rank is started with the ``spawn`` method (`set_start_method` chooses another), joins
+    a process group (gloo on CPU, NCCL when every rank has a GPU of its own; ``backend``
+    overrides) through a file store in a fresh temporary directory, so no port is chosen and
+    none can clash. The group is torn down after ``fn`` returns. ``fn`` may be a module-level
+    function, or one defined in a notebook, a lambda or a closure (these are sent by value).
 
     Args:
         fn: the function each rank runs.
@@ -170,7 +214,7 @@ class RankPool:
     def _start(self) -> None:
         self._tmpdir = tempfile.mkdtemp(prefix="shardkit-ranks-")
         store_path = os.path.join(self._tmpdir, "store")
-        context = mp.get_context(_START_METHOD)
+        context = mp.get_context(_start_method)
         with _hide_missing_main_file():
             self._start_processes(context, store_path)
         logger.info("started %d ranks (rendezvous in %s)", self.world_size, self._tmpdir)

@@ -22,7 +22,6 @@ import faulthandler
 import os
 import pickle
 import signal
-import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardkit.compat import glibc_function
 from shardkit.launch import _intercept
 from shardkit.launch._context import RankInfo, _set_current, select_backend_and_device
 from shardkit.launch._errors import (
@@ -228,9 +228,7 @@ def _send(conn: Connection, message: Any) -> None:
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this rank if the parent dies, so that no rank outlives its job."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    prctl = glibc_function("prctl", (ctypes.c_int, ctypes.c_ulong))
+    if prctl is not None:
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        prctl(pr_set_pdeathsig, signal.SIGKILL)

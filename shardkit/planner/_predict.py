@@ -8,7 +8,10 @@ where all ranks wait for the slowest (bulk-synchronous). In order:
 1. input distribution: the ids' all-to-all (a header, then lengths and ids; per-id weights when
    a table is weighted); a rank sends its batch's ids to every column block of every table and
    receives the ids of the shards it holds (with only data-parallel tables the header and an
-   empty exchange still run: every batch is checked);
+   empty exchange still run: every batch is checked); the ids of row-split tables (row-,
+   table-row-wise, grid) are first grouped by the shard holding their row, at the profile's
+   ``bucket_ms_per_id`` (issue 29: 1.6-2.5 ms of CPU a step per rank for 113-164 K ids at 4
+   ranks, which the model did not have);
 2. embedding forward: per rank, one kernel call per shard group (same route, columns,
    optimizer; see [Note: kernel groups and output classes] in the sharded modules), timed by
    the profile's `KernelFit` (see [Note: calibrated kernel model]);
@@ -49,8 +52,15 @@ A CPU host whose ranks x threads exceed its cores (4 ranks of 1 thread on 2 core
 time-shared: ``s = ranks x threads / cores`` ranks take turns on each core. The profile records
 the cores and threads per rank it was calibrated with, and the model charges two things for it:
 
-1. compute runs in sequence: every rank's kernels, dense layers, optimizer step and step
-   overhead take ``s`` times what calibration measured for one rank alone;
+1. compute runs in turns: every rank's dense layers, optimizer step and step overhead take
+   ``s`` times what calibration measured for one rank alone; the kernels, whose work differs
+   between ranks, take what the host's cores need for all of it: per host the most of its
+   slowest rank's own kernels and all its ranks' kernels over its cores (``threads / cores``
+   of the sum), per phase (forward, backward). That is ``s`` times the slowest rank when
+   the ranks' work is even; when it is not, the ranks done early wait in the next
+   collective and leave their cores to the others (issue 29, skewed tables table-wise at 4
+   ranks on 2 cores: the busiest rank's kernels took 17.0 ms of CPU a step, the others
+   11.9, 7.2 and 5.3: 20.7 ms over the 2 cores, not 2 x 17.0);
 2. every collective of the step waits for scheduling: its ranks are not all running when it
    starts (the others are still computing, or another rank holds their core), so a message
    waits until its receiver gets a core: ``switch_wait_ms x (s - 1)`` per collective call,
@@ -257,6 +267,7 @@ class _Sums:
         self.classes: dict[tuple[str, int], np.ndarray] = {}
         self.dense_dp_bytes = 0.0
         self.dense_dp_update = 0.0
+        self.bucketed_ids = 0.0  # ids of row-split tables every rank buckets by shard
 
     def group(self, key: tuple) -> np.ndarray:
         if key not in self.groups:
@@ -305,15 +316,18 @@ def predict_step(
             kind, nbytes, world_size=size, local_world_size=group_local, profile=profile
         )
 
-    fwd = (_kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)) * slow
-    bwd = _kernels(sums, profile, forward=False) * slow
-    bwd = bwd + sums.dense_dp_update / profile.memory_bw * slow
+    # each rank's own kernel work, as calibrated for one rank alone; the phase takes what
+    # ranks sharing cores take for all of it ([Note: oversubscribed cores])
+    fwd = _kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)
+    bwd = _kernels(sums, profile, forward=False) + sums.dense_dp_update / profile.memory_bw
+    fwd_ms, bwd_ms = _time_shared(fwd, topology), _time_shared(bwd, topology)
     # the headers' exchange and the ids' run whatever the tables (every batch is checked),
     # empty when all are data-parallel replicas
     exchange = max(sums.in_send, float(sums.in_recv.max()))
     header = 8 * 8 * world  # a few int64 per destination: latency, mostly
     in_calls = 3 if any(p.table.is_weighted for p in placed) else 2
     in_dist = coll("all_to_all", header) + coll("all_to_all", exchange) + in_calls * wait
+    in_dist += profile.bucket_ms_per_id * sums.bucketed_ids * slow  # row-split tables' ids
     if in_calls == 3:
         in_dist += coll("all_to_all", exchange / 2)
     out_fwd, out_bwd, out_calls = _output_dists(sums.classes, topology, coll)
@@ -336,7 +350,7 @@ def predict_step(
     )
     overhead = profile.overhead_ms(features, bags, values) * slow
     phases = (
-        ("embedding", float(fwd.max() + bwd.max())),
+        ("embedding", fwd_ms + bwd_ms),
         ("input_dist", in_dist),
         ("output_dist", out_fwd + out_bwd),
         ("dense", dense),
@@ -344,7 +358,8 @@ def predict_step(
         ("overhead", overhead),
     )
     step = sum(ms for _, ms in phases)
-    embedding = fwd + bwd
+    # a rank's own kernels, time-shared with its host's other ranks: never more than the phase
+    embedding = np.minimum(fwd * slow, fwd_ms) + np.minimum(bwd * slow, bwd_ms)
     per_rank = tuple(
         RankStep(rank, float(embedding[rank]), in_dist, out_fwd + out_bwd, dense, all_reduce,
                  overhead)
@@ -359,6 +374,23 @@ def predict_step(
         profile=profile.name,
         shared_cores=_shared_cores(profile, local, wait, collectives),
     )
+
+
+def _time_shared(work: np.ndarray, topology: Topology) -> float:
+    """ms of a compute phase whose ranks do ``work`` (ms each, one rank alone) before the
+    next collective: each host's ranks share its cores, so a host takes the most of its
+    slowest rank's own work and all its ranks' work over its cores (``threads / cores`` of
+    the sum); the job waits for the slowest host. ``s x`` the slowest rank when the ranks'
+    work is even, the slowest rank's alone where each rank has cores of its own. See
+    [Note: oversubscribed cores]."""
+    profile = topology.profile
+    assert profile is not None
+    local = topology.intra_group_size
+    if profile.oversubscription(local) <= 1.0:
+        return float(work.max())
+    hosts = work.reshape(-1, local)  # rank r on host r // local
+    shared = hosts.sum(axis=1) * profile.threads_per_rank / profile.cores
+    return float(np.maximum(hosts.max(axis=1), shared).max())
 
 
 def _shared_cores(profile: MachineProfile, local: int, wait: float, collectives: int) -> str:
@@ -393,6 +425,8 @@ def _add_shards(item: PlacedTable, sums: _Sums) -> None:
     # every rank sends its ids to each column block, and its bags' lengths to every shard
     sums.in_send += ids * blocks * table.id_bytes + rows.size * bags * 8
     share = rows / table.num_embeddings if route in _ROW_SPLIT else np.ones_like(rows)
+    if route in _ROW_SPLIT:  # each rank groups its batch's ids by shard before sending
+        sums.bucketed_ids += ids
     shard_ids = ids * world * share
     shard_outputs = outputs * world if table.pooled else shard_ids
     shard_outputs = np.broadcast_to(shard_outputs, rows.shape)

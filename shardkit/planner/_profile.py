@@ -280,6 +280,9 @@ class MachineProfile:
             [Note: fresh pages].
         fresh_page_ms_per_byte: what writing such a buffer the first time adds per byte (the
             page faults that map and zero its pages), beyond writing a buffer already mapped.
+        bucket_ms_per_id: what grouping one id by the shard that holds its row costs (the
+            row-wise input distribution's `shardkit.sharding.bucket_rows`, a counting
+            partition over a few shards), ms per id; 0 where it was not measured.
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -303,6 +306,7 @@ class MachineProfile:
     switch_wait_ms: float = 0.0
     fresh_buffer_bytes: int = 0
     fresh_page_ms_per_byte: float = 0.0
+    bucket_ms_per_id: float = 0.0
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -322,6 +326,11 @@ class MachineProfile:
             raise ValueError(
                 "MachineProfile.switch_wait_ms must be a finite number >= 0 (ms a collective "
                 f"waits per extra rank sharing a core), got {self.switch_wait_ms}"
+            )
+        if not (math.isfinite(self.bucket_ms_per_id) and self.bucket_ms_per_id >= 0):
+            raise ValueError(
+                "MachineProfile.bucket_ms_per_id must be a finite number >= 0 (ms to bucket one "
+                f"id by its row's shard), got {self.bucket_ms_per_id}"
             )
         if not (
             isinstance(self.fresh_buffer_bytes, int)
@@ -418,6 +427,7 @@ class MachineProfile:
             "switch_wait_ms": self.switch_wait_ms,
             "fresh_buffer_bytes": self.fresh_buffer_bytes,
             "fresh_page_ms_per_byte": self.fresh_page_ms_per_byte,
+            "bucket_ms_per_id": self.bucket_ms_per_id,
             "kernels": [
                 {
                     "optimizer": k.optimizer,
@@ -463,6 +473,7 @@ class MachineProfile:
                 switch_wait_ms=float(data.get("switch_wait_ms", 0.0)),
                 fresh_buffer_bytes=int(data.get("fresh_buffer_bytes", 0)),
                 fresh_page_ms_per_byte=float(data.get("fresh_page_ms_per_byte", 0.0)),
+                bucket_ms_per_id=float(data.get("bucket_ms_per_id", 0.0)),
                 kernels=tuple(
                     KernelFit(
                         k["optimizer"],

@@ -29,7 +29,7 @@ from shardkit import comm
 from shardkit.sharding._data_parallel import DataParallelWrapper
 from shardkit.types import ShardingEnv
 
-if TYPE_CHECKING:  # imported on first use: shardkit.fsdp pulls in DTensor (~1 s at start-up)
+if TYPE_CHECKING:  # imported on first use: a DMP without fully_shard needs none of shardkit.fsdp
     from shardkit.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 __all__ = ["FullyShardDataParallelWrapper", "average_gradients", "dense_unit_paths"]

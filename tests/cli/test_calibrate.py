@@ -84,6 +84,22 @@ def test_fresh_pages_line_in_the_profile():
     assert "fresh pages" not in format_profile(hand_profile())
 
 
+def test_bucketing_cost_per_id_is_measured_and_printed():
+    from dataclasses import replace
+
+    import torch
+
+    from shardkit.bench import format_profile
+    from shardkit.bench._calibrate import CalibrationConfig, bucket_cost
+
+    # a counting partition: some ns per id on any CPU (the bags' and call's cost cancel)
+    per_id = bucket_cost(CalibrationConfig(repeats=3), torch.device("cpu"))
+    assert 1e-8 < per_id < 1e-3, per_id
+    prof = replace(hand_profile(), bucket_ms_per_id=9.1e-6)
+    assert "row-wise bucketing: 9.1 ns per id" in format_profile(prof)
+    assert "bucketing" not in format_profile(hand_profile())
+
+
 def test_fit_leaves_out_a_point_another_process_slowed():
     rows = [[1.0, x] for x in range(1, 11)]
     times = [1.0 + 0.5 * x for x in range(1, 11)]

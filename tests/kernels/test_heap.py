@@ -13,17 +13,23 @@ import sys
 
 import pytest
 
+from shardkit.compat import _libc
 from shardkit.kernels import _heap, _pages, steady_heap
 
 needs_glibc = pytest.mark.skipif(_heap._mallopt() is None, reason="the C library is not glibc")
 
-# A fresh process (no torch: the pytest process's own heap is not touched) runs "steps" that
+# A fresh process (no torch, nothing of shardkit's but the heap's module and the C library
+# loader: the pytest process's own heap is not touched) runs "steps" that
 # each write and free 16 MiB, as a training step's temporaries: 8 blocks of 2 MiB with glibc's
 # dynamic thresholds, then 2 blocks of 8 MiB after `steady_heap` (above the mmap threshold the
 # dynamic one froze at: mmapped anew every step unless `steady_heap` raised it); it prints, for
 # each, the main heap's size after a step and the median minor page faults per step.
 _CHILD = r"""
 import ctypes, importlib.util, json, resource, statistics, sys
+# _heap's one import of ours, the C library loader, loaded alone (shardkit.compat imports torch)
+spec = importlib.util.spec_from_file_location("shardkit.compat", sys.argv[2])
+sys.modules["shardkit.compat"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["shardkit.compat"])
 spec = importlib.util.spec_from_file_location("heap", sys.argv[1])
 heap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(heap)
@@ -69,7 +75,7 @@ def test_a_steps_memory_stays_mapped_for_the_next_step():
     env.pop("LD_PRELOAD", None)
     env.pop("GLIBC_TUNABLES", None)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, _heap.__file__],
+        [sys.executable, "-c", _CHILD, _heap.__file__, _libc.__file__],
         capture_output=True, text=True, timeout=60, env=env, check=True,
     )  # fmt: skip
     got = json.loads(done.stdout)

@@ -170,7 +170,7 @@ def test_tables_are_advised_when_allocated_before_their_first_write(case, monkey
         calls.append((address.value, length.value))
         return real(address, length, advice)
 
-    monkeypatch.setattr(_pages, "_libc", [recorded])
+    monkeypatch.setattr(_pages, "_madvise", lambda: recorded)
     rows = 64 if case == "small" else MIB // 16  # 16 KiB, or 16 MiB of float32 x 64
     before = _pages.set_huge_pages(case != "off")
     try:

@@ -3,16 +3,19 @@ left behind, and every way a job can stall ending in an error that says why."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import platform
 import re
+import signal
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from shardkit.launch import RankFailedError, current, spawn
+from shardkit.launch import RankFailedError, current, set_start_method, spawn
 
 FAST = 3.0  # collective timeout for the failure tests, seconds
 
@@ -34,7 +37,18 @@ def _identity(rank: int, world_size: int, tag: str):
         "env": (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]),
         "host": info.host_index,
         "threads": torch.get_num_threads(),
+        "death_signal": _death_signal(),
     }
+
+
+def _death_signal() -> int | None:
+    """The signal this process gets when its parent dies (Linux's PR_GET_PDEATHSIG), read
+    without shardkit's loader; None where there is no glibc."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    signal_number = ctypes.c_int()
+    ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(signal_number))  # PR_GET_PDEATHSIG
+    return signal_number.value
 
 
 def test_returns_values_by_rank():
@@ -44,6 +58,8 @@ def test_returns_values_by_rank():
     assert [r["dist_rank"] for r in results] == [0, 1, 2]
     assert {r["backend"] for r in results} == {"gloo"}
     assert [r["env"] for r in results] == [("0", "0", "3"), ("1", "1", "3"), ("2", "2", "3")]
+    if platform.libc_ver()[0] == "glibc":  # a rank dies with its parent: none outlives its job
+        assert [r["death_signal"] for r in results] == [signal.SIGKILL] * 3
 
 
 @pytest.mark.slow
@@ -154,6 +170,44 @@ def test_unpicklable_result_is_an_error():
 def test_bad_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         spawn(_identity, args=("x",), **kwargs)
+
+
+def _parent_pid(rank: int, world_size: int) -> int:
+    return os.getppid()
+
+
+def test_the_start_method_is_the_processs_setting():
+    """The suite forks its ranks from a server (tests/conftest.py sets it): a forked rank's
+    parent is the server, a spawned one's this process."""
+    previous = set_start_method("forkserver")
+    try:
+        assert previous == "forkserver"
+        assert spawn(_parent_pid, world_size=1, timeout=30) != [os.getpid()]
+    finally:
+        set_start_method(previous)
+
+
+@pytest.mark.parametrize(
+    ("method", "available", "pattern"),
+    [
+        ("fork", None, r"start method 'fork' is not one shardkit starts ranks with \(a rank "
+         r"forked from a parent running torch's threads can deadlock\): it must be 'spawn'"),
+        ("threads", None, r"start method 'threads' is not one .*: it must be 'spawn' \(the "
+         r"default: .*\) or 'forkserver' .*; use set_start_method\('spawn'\)"),
+        ("forkserver", ["spawn"], r"start method 'forkserver' is not available on \w+ \(it "
+         r"offers \['spawn'\]\); use set_start_method\('spawn'\)"),
+    ],
+)  # fmt: skip
+def test_a_start_method_shardkit_cannot_use_is_refused(method, available, pattern, monkeypatch):
+    before = set_start_method("spawn")
+    try:
+        with monkeypatch.context() as patch, pytest.raises(ValueError, match=pattern):
+            if available is not None:
+                patch.setattr(multiprocessing, "get_all_start_methods", lambda: available)
+            set_start_method(method)
+        assert set_start_method(before) == "spawn"  # a refused method changes nothing
+    finally:
+        set_start_method(before)
 
 
 class _Echo(RuntimeError):

@@ -105,6 +105,32 @@ def test_row_wise_step_by_hand():
     assert [r.embedding for r in p.ranks] == pytest.approx([forward + backward] * 2)
 
 
+def test_row_split_tables_pay_the_bucketing_of_their_ids():
+    # each rank groups its batch's 1,000 ids (100 bags x 10) by shard before the exchange;
+    # table-wise sends them whole (see [Note: step-time model])
+    prof = replace(profile(), bucket_ms_per_id=1e-3)
+    for generator, charged in ((row_wise(), 1000 * 1e-3), (table_wise(rank=0), 0.0)):
+        plain = dict(predicted(_module_plan(generator)).phases)
+        bucketing = dict(predicted(_module_plan(generator), prof=prof).phases)
+        assert bucketing["input_dist"] == pytest.approx(plain["input_dist"] + charged)
+        assert {k: v for k, v in bucketing.items() if k != "input_dist"} == pytest.approx(
+            {k: v for k, v in plain.items() if k != "input_dist"}
+        )
+    # ranks sharing cores bucket in turns
+    shared = replace(profile(cores=1), bucket_ms_per_id=1e-3)
+    both = dict(predicted(_module_plan(row_wise()), prof=shared).phases)
+    none = dict(predicted(_module_plan(row_wise()), prof=profile(cores=1)).phases)
+    assert both["input_dist"] == pytest.approx(none["input_dist"] + 2 * 1000 * 1e-3)
+    with pytest.raises(ValueError, match="bucket_ms_per_id must be a finite number >= 0"):
+        replace(profile(), bucket_ms_per_id=-1.0)
+    again = load_profile_dict(replace(profile(), bucket_ms_per_id=2e-6).to_dict())
+    assert again.bucket_ms_per_id == 2e-6
+
+
+def load_profile_dict(data: dict) -> MachineProfile:
+    return MachineProfile.from_dict(json.loads(json.dumps(data)))
+
+
 def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     # 2 ranks of 1 thread on 1 core: compute time-shared (x2), and each collective waits
     # switch_wait_ms x (2 - 1) = 3 ms for its ranks to be scheduled
@@ -112,8 +138,12 @@ def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     one_core = predicted(_module_plan(table_wise(rank=0)), prof=profile(cores=1, switch_wait_ms=3))
     enough = predicted(_module_plan(table_wise(rank=0)), prof=profile(switch_wait_ms=3))
     shared, own = dict(one_core.phases), dict(enough.phases)
-    for name in ("embedding", "dense", "overhead"):
+    for name in ("dense", "overhead"):
         assert shared[name] == pytest.approx(2 * own[name])
+    # the table's kernels are rank 0's alone: rank 1 waits in the next collective meanwhile,
+    # so rank 0 has the core to itself (the host's work over its cores is no more)
+    assert shared["embedding"] == pytest.approx(own["embedding"])
+    assert one_core.ranks[0].embedding == pytest.approx(own["embedding"])
     # the ids' header and ids; the pooled rows there and back; the dense all-reduce
     assert shared["input_dist"] == pytest.approx(own["input_dist"] + 2 * 3.0)
     assert shared["output_dist"] == pytest.approx(own["output_dist"] + 2 * 3.0)
@@ -133,6 +163,12 @@ def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     assert gained["output_dist"] == pytest.approx(2 * 9.0)
     assert gained["dense_all_reduce"] == pytest.approx(9.0)
     assert gained["embedding"] == pytest.approx(3 * dict(alone.phases)["embedding"])
+    assert [r.embedding for r in four.ranks] == pytest.approx([4 * alone.ranks[0].embedding] * 4)
+    # the same table on one rank of the four: its kernels alone, the 3 others idle
+    lone = predicted(_module_plan(table_wise(rank=2), world=4), world=4, prof=prof)
+    apart = predicted(_module_plan(table_wise(rank=2), world=4), world=4, prof=profile(cores=4))
+    assert dict(lone.phases)["embedding"] == pytest.approx(dict(apart.phases)["embedding"])
+    assert dict(lone.phases)["dense"] == pytest.approx(4 * dict(apart.phases)["dense"])
     # GPUs never share: each rank has its own device
     assert replace(prof, compute_device="cuda").collective_wait_ms(4) == 0.0
 
