@@ -241,11 +241,35 @@ def pc_where_missing(values: Any, missing: Any) -> Any:
 
 
 def _criteo_scan_rank(rank: int, world_size: int, path: Path, schema: Path) -> dict[str, Any]:
+    import resource
+
+    import shardkit.comm
+    from shardkit.data import _table_fit
+
     torch.set_num_threads(1)
+    merging: dict[str, list[float]] = {}  # the parts' merge: wall and CPU seconds
+
+    def timed(owner: Any, name: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result, wall, cpu = _timed(lambda: fn(*args, **kwargs))
+            merging.setdefault(name, [0.0, 0.0])
+            merging[name][0] += wall
+            merging[name][1] += cpu
+            return result
+
+        setattr(owner, name, wrapper)
+
+    timed(shardkit.comm, "all_gather_object")  # the scan's 3 all-gathers (waits included)
+    timed(_table_fit.Fitter, "part")  # a rank's value counts summed per value
+    timed(_table_fit.Fitter, "merge")  # all ranks' parts -> the fitted schema
     data, wall, cpu = _timed(lambda: scan_table([path], load_schema(schema), parallel=True))
     result = {"wall_s": wall, "cpu_s": cpu, "rows": sum(data.num_rows) + data.skipped,
               "train_rows": data.num_rows[0], "pieces": len(data.pieces),
-              "vocabulary_rows": sum(t.num_embeddings for t in data.fitted.tables)}  # fmt: skip
+              "vocabulary_rows": sum(t.num_embeddings for t in data.fitted.tables),
+              "merging": merging,
+              "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
     if rank == 0:  # one rank's reader: the first batches of its part of the training split
         reader = TableReader(data, split="train", batch_size=4096, rank=0, world_size=world_size,
                              prefetch=0)  # fmt: skip
@@ -280,21 +304,26 @@ def criteo(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
               f"{generated:.0f} s: {path}", flush=True)  # fmt: skip
     schema = criteo_schema(folder)
     runs: dict[str, list[Any]] = {"pyarrow": [], "one": [], "scan": []}
+    contenders = args.criteo_contenders.split(",")
     for _ in range(args.rounds):
-        rows, wall, cpu = _timed(lambda: pyarrow_stream(path, CRITEO_NAMES))
-        runs["pyarrow"].append({"rows": rows, "wall_s": wall, "cpu_s": cpu})
-        print(f"pyarrow read: {rows:,} rows in {wall:.1f} s", flush=True)
-        data, wall, cpu = _timed(lambda: scan_table([path], load_schema(schema)))
-        runs["one"].append({"rows": sum(data.num_rows) + data.skipped, "wall_s": wall,
-                            "cpu_s": cpu})  # fmt: skip
-        print(f"scan in one process: {runs['one'][-1]['rows']:,} rows in {wall:.1f} s", flush=True)
-        del data
+        if "pyarrow" in contenders:
+            rows, wall, cpu = _timed(lambda: pyarrow_stream(path, CRITEO_NAMES))
+            runs["pyarrow"].append({"rows": rows, "wall_s": wall, "cpu_s": cpu})
+            print(f"pyarrow read: {rows:,} rows in {wall:.1f} s", flush=True)
+        if "one" in contenders:
+            data, wall, cpu = _timed(lambda: scan_table([path], load_schema(schema)))
+            runs["one"].append({"rows": sum(data.num_rows) + data.skipped, "wall_s": wall,
+                                "cpu_s": cpu})  # fmt: skip
+            print(f"scan in one process: {runs['one'][-1]['rows']:,} rows in {wall:.1f} s",
+                  flush=True)  # fmt: skip
+            del data
         per_rank = spawn(_criteo_scan_rank, world_size=args.ranks, args=(path, schema),
                          timeout=7200)  # fmt: skip
         runs["scan"].append(per_rank)
+        cpu_s = ", ".join(f"{r['cpu_s']:.1f}" for r in per_rank)
         print(f"scan on {args.ranks} ranks: {per_rank[0]['rows']:,} rows in "
-              f"{max(r['wall_s'] for r in per_rank):.1f} s; reader {per_rank[0]['read_rows_per_s']:,.0f}"
-              " rows/s on rank 0", flush=True)  # fmt: skip
+              f"{max(r['wall_s'] for r in per_rank):.1f} s, CPU {cpu_s} s; reader "
+              f"{per_rank[0]['read_rows_per_s']:,.0f} rows/s on rank 0", flush=True)  # fmt: skip
     out = {"path": str(path), "bytes": path.stat().st_size, "generated_s": generated,
            "runs": runs}  # fmt: skip
     if args.train:
@@ -315,6 +344,9 @@ def main() -> None:
     parser.add_argument("--criteo-rows", type=int, default=0, help="a Criteo-shaped table instead")
     parser.add_argument("--criteo-path", type=Path, help="an existing Criteo-shaped TSV to reuse")
     parser.add_argument("--ranks", type=int, default=2, help="ranks of the Criteo scan")
+    parser.add_argument("--criteo-contenders", default="pyarrow,one,scan",
+                        help="which of pyarrow, one (the scan in one process) and scan (on "
+                        "--ranks ranks) run on the Criteo-shaped table")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="write the data here, and keep it")
     parser.add_argument("--out", type=Path, help="a Markdown report (and .json beside it)")
     args = parser.parse_args()
@@ -459,6 +491,21 @@ def _markdown(report: dict[str, Any]) -> str:
                   f"{_cell([ranks[0]['read_rows_per_s'] for ranks in runs['scan']])} | - |",
                   "", f"Vocabulary rows fitted: {runs['scan'][0][0]['vocabulary_rows']:,}; "
                   f"pieces: {runs['scan'][0][0]['pieces']:,}."]  # fmt: skip
+        lines += ["", "Per rank and round: the scan's wall and CPU seconds (process start "
+                  "excluded), the 3 all-gathers (wall, waits for the other ranks included; "
+                  "CPU), summing a rank's value counts (`Fitter.part`) and merging all ranks' "
+                  "parts (`Fitter.merge`), peak memory.", "",
+                  "| round | rank | wall s | CPU s | rows/CPU-s | all-gathers wall (CPU) s | "
+                  "part wall (CPU) s | merge wall (CPU) s | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for round_, ranks in enumerate(runs["scan"]):
+            for rank, r in enumerate(ranks):
+                m = r.get("merging", {})
+                cells = [f"{m[k][0]:.1f} ({m[k][1]:.1f})" if k in m else "-"
+                         for k in ("all_gather_object", "part", "merge")]  # fmt: skip
+                lines.append(f"| {round_} | {rank} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                             f"{r['rows'] / len(ranks) / r['cpu_s']:,.0f} | {' | '.join(cells)} "
+                             f"| {r.get('max_rss_mib', 0):,.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -138,6 +138,7 @@ class TableReader:
         self.epoch, self._batches = 0, 0
         self._skip = 0  # batches to pass over silently (resuming mid-epoch)
         self._ahead: tuple[int, Any] | None = None  # the next epoch's prefetcher, started
+        self._ahead_skip = 0  # the batches it passes over (resuming mid-epoch)
         arrow()  # pyarrow's modules, and the vocabularies' hash tables: loaded and made now,
         _encoder(data)  # not in the first step
         self._cache: Any = None
@@ -181,14 +182,23 @@ class TableReader:
         finally:
             batches.close()  # type: ignore[attr-defined]
         self.epoch, self._batches, self._skip = self.epoch + 1, 0, 0
-        if self.prefetch:  # the next epoch's first batches are made while the caller validates
-            self._ahead = (self.epoch, self._prefetcher(self._make(self.epoch, 0)))
+        self.start()  # the next epoch's first batches are made while the caller validates
+
+    def start(self) -> None:
+        """Start making the next epoch's first batches in the background now (with
+        ``prefetch``; else nothing), e.g. while the model is built: the first epoch then does
+        not begin by waiting for its first piece and the shuffle buffer, as later epochs do not
+        (their reading starts when the previous epoch ends). `iter` takes them;
+        `load_state_dict` to another position drops them."""
+        if self.prefetch and self._ahead is None:
+            self._ahead = (self.epoch, self._prefetcher(self._make(self.epoch, self._skip)))
+            self._ahead_skip = self._skip
 
     def _start(self, epoch: int, skip: int) -> Iterator[Batch]:
         """The epoch's batches: prefetched ahead at the last epoch's end, or started now."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            if ahead[0] == epoch and not skip:
+            if ahead[0] == epoch and skip == self._ahead_skip:
                 return ahead[1]
             ahead[1].close()
         batches = self._make(epoch, skip)

@@ -135,6 +135,7 @@ def _table_data(config: TrainConfig, rank: int, world_size: int, table: TableDat
     train = TableReader(table, split="train", shuffle_buffer=config.shuffle_buffer,
                         seed=config.seed, **common)  # fmt: skip
     val = TableReader(table, split="validation", **common)
+    train.start()  # its first batches are made while the model is built
     return fitted_data(table.fitted, train, val)
 
 

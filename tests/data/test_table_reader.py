@@ -246,6 +246,37 @@ def test_prefetched_batches_are_the_batches_made_in_the_caller(data):
     assert ahead == two_epochs(0) and ahead[0] != ahead[1]
 
 
+def test_start_makes_the_first_epoch_ahead_and_a_resume_drops_it(data, monkeypatch):
+    """`start` makes the first epoch's batches in the background before `iter` asks (what
+    `shardkit train` does while it builds the model): the same batches as made on demand; a
+    resume to another position afterwards drops them and reads from there."""
+    import threading
+
+    read, began = TableReader._read, threading.Event()
+
+    def reading(self, runs):
+        began.set()
+        yield from read(self, runs)
+
+    monkeypatch.setattr(TableReader, "_read", reading)
+
+    def reader(prefetch):
+        return TableReader(data, split="train", batch_size=32, rank=1, world_size=2,
+                           prefetch=prefetch)  # fmt: skip
+
+    expected = [_whole(b) for b in reader(0)]
+    began.clear()
+    early = reader(4)
+    assert not began.is_set()
+    early.start()
+    assert began.wait(timeout=60)  # reading before any iter()
+    assert [_whole(b) for b in early] == expected
+    moved = reader(4)
+    moved.start()
+    moved.load_state_dict({**moved.state_dict(), "batches": 2})
+    assert [_whole(b) for b in moved] == expected[2:]
+
+
 def test_an_error_while_prefetching_is_raised_to_the_caller(data, monkeypatch):
     def broken(self, runs):
         raise OSError("the disk went away")

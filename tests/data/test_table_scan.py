@@ -66,6 +66,17 @@ def test_vocabularies_are_frequency_ordered_with_an_unseen_row(tmp_path):
     assert missing.lengths().tolist() == [0, 0, 0]  # a missing value is an empty bag
 
 
+def test_the_scan_keeps_its_temporaries_mapped(tmp_path, monkeypatch):
+    """The scan fixes glibc's heap thresholds before reading (`shardkit.kernels.steady_heap`,
+    [Note: table scan]): without it each piece's temporaries were faulted in anew."""
+    import shardkit.kernels
+
+    calls = []
+    monkeypatch.setattr(shardkit.kernels, "steady_heap", lambda: calls.append(1) or True)
+    scan_table([_write(tmp_path, TINY)], _schema({"item": "categorical"}))
+    assert calls == [1]
+
+
 def test_num_embeddings_caps_a_vocabulary_and_hashing_needs_none(tmp_path):
     schema = _schema({"item": {"type": "categorical", "num_embeddings": 2},
                       "user": {"type": "categorical", "ids": "hash", "num_embeddings": 7}})  # fmt: skip
