@@ -137,8 +137,8 @@ class TableReader:
         self._steps = self._count_steps()
         self.epoch, self._batches = 0, 0
         self._skip = 0  # batches to pass over silently (resuming mid-epoch)
-        self._ahead: tuple[int, Any] | None = None  # the next epoch's prefetcher, started
-        self._ahead_skip = 0  # the batches it passes over (resuming mid-epoch)
+        # the prefetcher started ahead: (epoch, batches it passes over, prefetcher)
+        self._ahead: tuple[int, int, Any] | None = None
         arrow()  # pyarrow's modules, and the vocabularies' hash tables: loaded and made now,
         _encoder(data)  # not in the first step
         self._cache: Any = None
@@ -191,16 +191,16 @@ class TableReader:
         (their reading starts when the previous epoch ends). `iter` takes them;
         `load_state_dict` to another position drops them."""
         if self.prefetch and self._ahead is None:
-            self._ahead = (self.epoch, self._prefetcher(self._make(self.epoch, self._skip)))
-            self._ahead_skip = self._skip
+            batches = self._make(self.epoch, self._skip)
+            self._ahead = (self.epoch, self._skip, self._prefetcher(batches))
 
     def _start(self, epoch: int, skip: int) -> Iterator[Batch]:
         """The epoch's batches: prefetched ahead at the last epoch's end, or started now."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            if ahead[0] == epoch and skip == self._ahead_skip:
-                return ahead[1]
-            ahead[1].close()
+            if ahead[:2] == (epoch, skip):
+                return ahead[2]
+            ahead[2].close()
         batches = self._make(epoch, skip)
         return self._prefetcher(batches) if self.prefetch else batches
 
