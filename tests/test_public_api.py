@@ -78,6 +78,7 @@ PUBLIC = {
     ],
     "shardkit.compat": [
         "ALIASES",
+        "HUGE_PAGE_BYTES",
         "NotInShardkitError",
         "carry_to_children",
         "cuda_mapped",
@@ -85,6 +86,7 @@ PUBLIC = {
         "install_aliases",
         "is_dtensor",
         "load_glibc",
+        "madvise_huge_pages",
         "map_cuda_to_cpu",
         "refuse",
         "remove_aliases",

@@ -20,7 +20,8 @@ carries both into the Python processes the program starts ([Note: child processe
 
 `load_glibc` and `glibc_function` are the one way every package calls the C library (glibc's
 allocator, ``madvise``, ``prctl``): loaded once per process, None and the reason where there is
-no glibc. `is_dtensor` asks whether a value is a DTensor without importing DTensor (seconds at
+no glibc; `madvise_huge_pages` asks for 2 MiB pages for a buffer not yet written (a no-op without
+glibc). `is_dtensor` asks whether a value is a DTensor without importing DTensor (seconds at
 start-up: [Note: DTensor on demand]).
 """
 
@@ -33,10 +34,11 @@ from shardkit.compat._aliases import ALIASES, install_aliases, remove_aliases, s
 from shardkit.compat._children import carry_to_children
 from shardkit.compat._devices import cuda_mapped, map_cuda_to_cpu, resolve_device
 from shardkit.compat._dtensor import is_dtensor
-from shardkit.compat._libc import glibc_function, load_glibc
+from shardkit.compat._libc import HUGE_PAGE_BYTES, glibc_function, load_glibc, madvise_huge_pages
 
 __all__ = [
     "ALIASES",
+    "HUGE_PAGE_BYTES",
     "NotInShardkitError",
     "carry_to_children",
     "cuda_mapped",
@@ -44,6 +46,7 @@ __all__ = [
     "install_aliases",
     "is_dtensor",
     "load_glibc",
+    "madvise_huge_pages",
     "map_cuda_to_cpu",
     "refuse",
     "remove_aliases",

@@ -4,7 +4,8 @@ shardkit calls a few C library functions that Python does not wrap: ``mallopt`` 
 of `shardkit.kernels`), ``malloc_trim`` and ``madvise`` (`shardkit.fsdp`'s [Note: returning
 memory], the kernels' [Note: huge pages from the first write]) and ``prctl`` (a rank dies with
 its parent, `shardkit.launch`). `load_glibc` loads the library once and says what it found;
-`glibc_function` hands out one function with its argument types, also once.
+`glibc_function` hands out one function with its argument types, also once. `madvise_huge_pages`
+is the one ``madvise(MADV_HUGEPAGE)`` both of those Notes give a buffer before its first write.
 
 Only glibc counts: ``mallopt`` and ``malloc_trim`` are glibc's allocator's own, and torch's Linux
 wheels need glibc anyway, so where the C library is another (musl) or there is none (macOS,
@@ -21,9 +22,11 @@ from collections.abc import Callable
 from ctypes import CDLL
 from typing import Any
 
-__all__ = ["glibc_function", "load_glibc"]
+__all__ = ["HUGE_PAGE_BYTES", "glibc_function", "load_glibc", "madvise_huge_pages"]
 
 _SONAME = "libc.so.6"  # glibc's name on every Linux architecture torch ships wheels for
+HUGE_PAGE_BYTES = 2 << 20  # a transparent huge page on x86-64 (and aarch64 with 4 KiB pages)
+_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux (Python's mmap has the name on Linux only)
 
 
 @functools.cache
@@ -63,9 +66,9 @@ def glibc_function(
 
     Example::
 
-        madvise = glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
-        if madvise is not None:
-            madvise(address, length, 14)  # MADV_HUGEPAGE
+        malloc_trim = glibc_function("malloc_trim", (ctypes.c_size_t,))
+        if malloc_trim is not None:
+            malloc_trim(0)
 
     Raises:
         AttributeError: glibc has no function ``name``.
@@ -77,3 +80,31 @@ def glibc_function(
     function.argtypes = list(argtypes)
     function.restype = restype
     return function
+
+
+def madvise_huge_pages(address: int, nbytes: int) -> bool:
+    """Ask Linux to back the ``nbytes`` of memory at ``address`` with 2 MiB pages from their first
+    write (``madvise(MADV_HUGEPAGE)`` on the whole 2 MiB pages inside: the ragged ends share
+    their pages with other memory, which keeps the 4 KiB pages it has).
+
+    Args:
+        address: where the memory starts, e.g. a CPU tensor's ``untyped_storage().data_ptr()``.
+        nbytes: its length in bytes.
+
+    Returns:
+        Whether the advice was given: not where no whole 2 MiB page lies inside, where there is
+        no glibc (`load_glibc`; a no-op there), or where the OS refuses (a kernel without
+        transparent huge pages). A hint: the caller goes on either way.
+    """
+    begin = (address + HUGE_PAGE_BYTES - 1) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    end = (address + nbytes) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    if end <= begin:
+        return False
+    madvise = _madvise()
+    return madvise is not None and madvise(begin, end - begin, _MADV_HUGEPAGE) == 0
+
+
+@functools.cache
+def _madvise() -> Callable[..., Any] | None:
+    """glibc's ``madvise``, looked up once (None without glibc); tests hook it here."""
+    return glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))

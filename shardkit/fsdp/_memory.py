@@ -44,10 +44,12 @@ storage's memory (``_swap_data_ptr_``).
 from __future__ import annotations
 
 import ctypes
+import functools
+from collections.abc import Callable
 
 import torch
 
-from shardkit.compat import glibc_function
+from shardkit.compat import glibc_function, madvise_huge_pages
 
 __all__ = [
     "TRIM_BUDGET_BYTES",
@@ -62,28 +64,25 @@ __all__ = [
 
 TRIM_BUDGET_BYTES = 64 << 20
 
-_HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
 
 def release_free_memory() -> None:
     """Return free heap pages to the operating system (glibc), else do nothing."""
-    malloc_trim = glibc_function("malloc_trim", (ctypes.c_size_t,))
+    malloc_trim = _malloc_trim()
     if malloc_trim is not None:
         malloc_trim(0)
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once (None without glibc)."""
+    return glibc_function("malloc_trim", (ctypes.c_size_t,))
+
+
 def advise_huge_pages(tensor: torch.Tensor) -> None:
-    """Ask for 2 MiB pages for the not-yet-written CPU ``tensor`` (a hint; errors ignored)."""
-    madvise = glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
-    if madvise is None or tensor.device.type != "cpu":
-        return
-    begin = tensor.data_ptr()
-    end = begin + tensor.numel() * tensor.element_size()
-    begin = (begin + _HUGE - 1) // _HUGE * _HUGE
-    end = end // _HUGE * _HUGE
-    if end > begin:
-        madvise(begin, end - begin, _MADV_HUGEPAGE)
+    """Ask for 2 MiB pages for the not-yet-written CPU ``tensor`` (a hint; errors ignored,
+    nothing done without glibc)."""
+    if tensor.device.type == "cpu":
+        madvise_huge_pages(tensor.data_ptr(), tensor.numel() * tensor.element_size())
 
 
 class BufferPool:

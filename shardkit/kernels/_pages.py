@@ -13,15 +13,13 @@ INFO line at load says which and what the OS allows.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import os
 import re
 
 import torch
 
-from shardkit.compat import glibc_function
+from shardkit.compat import HUGE_PAGE_BYTES, madvise_huge_pages
 
 __all__ = [
     "ENV_VAR",
@@ -40,9 +38,7 @@ ENV_VAR = "SHARDKIT_HUGE_PAGES"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")
-HUGE = 2 << 20
-MIN_BYTES = 2 * HUGE  # as the kernel's advice: smaller tables share a 2 MiB page with others
-_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+MIN_BYTES = 2 * HUGE_PAGE_BYTES  # as the kernel's advice: smaller tables share a 2 MiB page
 _switched: bool | None = None  # `set_huge_pages`'s last word (None: the environment decides)
 
 
@@ -156,20 +152,9 @@ def advise_table(tensor: torch.Tensor) -> bool:
     if tensor.device.type != "cpu" or not huge_pages_enabled():
         return False
     storage = tensor.untyped_storage()
-    if storage.nbytes() < MIN_BYTES or _madvise() is None:
+    if storage.nbytes() < MIN_BYTES:
         return False
-    start = storage.data_ptr()
-    lo = (start + HUGE - 1) // HUGE * HUGE
-    hi = (start + storage.nbytes()) // HUGE * HUGE
-    if hi <= lo:
-        return False
-    madvise = _madvise()
-    return madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE) == 0
-
-
-def _madvise():
-    """glibc's ``madvise``, or None where there is no glibc (`shardkit.compat.load_glibc`)."""
-    return glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+    return madvise_huge_pages(storage.data_ptr(), storage.nbytes())
 
 
 def huge_page_bytes(tensor: torch.Tensor) -> int:

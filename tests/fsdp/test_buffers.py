@@ -193,3 +193,19 @@ def test_trims_when_the_freed_bytes_reach_the_budget_across_iterations(monkeypat
     for _ in range(3):  # counting starts again from zero
         freed.add(quarter)
     assert trims == [1]
+
+
+def test_fresh_buffers_are_advised_in_whole_2mib_pages(monkeypatch):
+    """A CPU buffer's bytes (not its elements) go to the advice; other devices' none."""
+    from shardkit.compat import _libc
+    from shardkit.fsdp import _memory
+
+    calls = []
+    monkeypatch.setattr(_libc, "_madvise", lambda: lambda *a: calls.append(a[:2]) or 0)
+    buffer = torch.empty(3 << 20, dtype=torch.float32)  # 12 MiB
+    _memory.advise_huge_pages(buffer)
+    start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * 4
+    ((begin, length),) = calls
+    assert start <= begin < start + (2 << 20) and end - (2 << 20) < begin + length <= end
+    _memory.advise_huge_pages(torch.empty(3 << 20, device="meta"))
+    assert len(calls) == 1

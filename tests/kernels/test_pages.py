@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from shardkit.compat import _libc
 from shardkit.kernels import (
     _pages,
     _select,
@@ -164,13 +165,13 @@ def _marked_huge(tensor: torch.Tensor) -> bool:
 @pytest.mark.parametrize("case", ["on", "off", "eager", "small", "to_empty"])
 def test_tables_are_advised_when_allocated_before_their_first_write(case, monkeypatch):
     calls: list[tuple[int, int]] = []
-    real = _pages._madvise()
+    real = _libc._madvise()
 
     def recorded(address, length, advice):
-        calls.append((address.value, length.value))
+        calls.append((address, length))
         return real(address, length, advice)
 
-    monkeypatch.setattr(_pages, "_madvise", lambda: recorded)
+    monkeypatch.setattr(_libc, "_madvise", lambda: recorded)
     rows = 64 if case == "small" else MIB // 16  # 16 KiB, or 16 MiB of float32 x 64
     before = _pages.set_huge_pages(case != "off")
     try:
