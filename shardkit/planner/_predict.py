@@ -320,7 +320,7 @@ def predict_step(
     # ranks sharing cores take for all of it ([Note: oversubscribed cores])
     fwd = _kernels(sums, profile, forward=True) + _kernel_fresh_pages(sums, profile)
     bwd = _kernels(sums, profile, forward=False) + sums.dense_dp_update / profile.memory_bw
-    fwd_ms, bwd_ms = _time_shared(fwd, topology), _time_shared(bwd, topology)
+    fwd_ms, bwd_ms = _time_shared(fwd, topology, slow), _time_shared(bwd, topology, slow)
     # the headers' exchange and the ids' run whatever the tables (every batch is checked),
     # empty when all are data-parallel replicas
     exchange = max(sums.in_send, float(sums.in_recv.max()))
@@ -372,30 +372,32 @@ def predict_step(
         pipelined_ms=step - min(in_dist, step - in_dist) * _overlap(profile, local),
         batch_size=batch_size,
         profile=profile.name,
-        shared_cores=_shared_cores(profile, local, wait, collectives),
+        shared_cores=_shared_cores(profile, local, slow, wait, collectives),
     )
 
 
-def _time_shared(work: np.ndarray, topology: Topology) -> float:
+def _time_shared(work: np.ndarray, topology: Topology, slow: float) -> float:
     """ms of a compute phase whose ranks do ``work`` (ms each, one rank alone) before the
     next collective: each host's ranks share its cores, so a host takes the most of its
     slowest rank's own work and all its ranks' work over its cores (``threads / cores`` of
-    the sum); the job waits for the slowest host. ``s x`` the slowest rank when the ranks'
-    work is even, the slowest rank's alone where each rank has cores of its own. See
-    [Note: oversubscribed cores]."""
+    the sum); the job waits for the slowest host. ``slow x`` the slowest rank when the ranks'
+    work is even (``slow``: the profile's oversubscription of a host), the slowest rank's
+    alone where each rank has cores of its own. See [Note: oversubscribed cores]."""
     profile = topology.profile
     assert profile is not None
     local = topology.intra_group_size
-    if profile.oversubscription(local) <= 1.0:
+    if slow <= 1.0:
         return float(work.max())
     hosts = work.reshape(-1, local)  # rank r on host r // local
     shared = hosts.sum(axis=1) * profile.threads_per_rank / profile.cores
     return float(np.maximum(hosts.max(axis=1), shared).max())
 
 
-def _shared_cores(profile: MachineProfile, local: int, wait: float, collectives: int) -> str:
-    """The oversubscription assumption in words, or "" when each rank has cores of its own."""
-    share = profile.oversubscription(local)
+def _shared_cores(
+    profile: MachineProfile, local: int, share: float, wait: float, collectives: int
+) -> str:
+    """The oversubscription assumption (``share``) in words, or "" when each rank has cores of
+    its own."""
     if share <= 1.0:
         return ""
     return (
