@@ -1131,11 +1131,12 @@ def test_all_is_pinned(module):
 def test_import_has_no_side_effects():
     code = (
         "import logging, sys, torch.distributed as dist, shardkit, shardkit.launch, shardkit.comm,"
-        " shardkit.fsdp, shardkit.data;"
-        # DTensor (sympy under it) costs 0.7-5 s of every FSDP process's start: [Note: DTensor
-        # on demand]; shardkit.train imports it with torch's DCP
+        " shardkit.fsdp, shardkit.data, shardkit.checkpoint, shardkit.train, shardkit.cli;"
+        # DTensor (sympy under it) costs 0.7-5 s of every rank's and the CLI's start: [Note:
+        # DTensor on demand]; torch's DCP imports it, so a checkpoint imports DCP when it is
+        # saved or loaded
         "assert 'torch.distributed.tensor' not in sys.modules, 'only fully_shard needs DTensor';"
-        "import shardkit.train;"
+        "assert 'torch.distributed.checkpoint' not in sys.modules, 'only checkpoints need DCP';"
         "assert not dist.is_initialized();"
         "assert logging.getLogger().handlers == [];"
         "assert 'pyarrow' not in sys.modules, 'only reading a table needs pyarrow';"

@@ -1,7 +1,9 @@
 """`save` and `load`: training checkpoints through torch.distributed.checkpoint.
 
 Every rank calls both, with the same arguments; every rank writes (and reads) only its shards.
-See [Note: atomic checkpoints] in `_store`.
+See [Note: atomic checkpoints] in `_store`. torch.distributed.checkpoint is imported by the
+functions that use it, not by ``import shardkit.checkpoint``: it imports DTensor (and sympy), 1-2
+s of the start of every rank and of the CLI ([Note: DTensor on demand] in `shardkit.compat`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.tensor import DTensor
 
 from shardkit import comm
 from shardkit.checkpoint._state import (
@@ -42,6 +40,7 @@ from shardkit.checkpoint._store import (
     verify,
     write_manifest,
 )
+from shardkit.compat import is_dtensor
 from shardkit.sharding import quiet_sharded_tensor
 
 __all__ = ["load", "read_extra", "save"]
@@ -81,6 +80,8 @@ def save(
         raise ValueError(
             f"keep must be an int >= 1 (this checkpoint and keep - 1 others), got {keep!r}"
         )
+    import torch.distributed.checkpoint as dcp  # (see the module's docstring)
+
     rank = dist.get_rank(group)
     temporary, final = _broadcast_paths(root, step, rank, group)
     with sharded_view(model):
@@ -161,10 +162,12 @@ def load(
     lacks (one made by `import_checkpoint` has none) keep the values given.
     Raises `CheckpointError`, on every rank, for a missing, corrupted or mismatching checkpoint.
     """
+    import torch.distributed.checkpoint as dcp  # (see the module's docstring)
+
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     directory = _resolve(Path(path))
     _verify_everywhere(directory, rank, world, group)
-    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    metadata = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     # `save` always writes extras (with the dense optimizer's groups); `import_checkpoint` never
     with_optimizers = "extra" in metadata or any(k.startswith("optim.") for k in metadata)
     if not with_optimizers:  # made by import_checkpoint from a plain state dict
@@ -216,6 +219,8 @@ def load(
 
 def _empty_extra(metadata: dict[str, Any]) -> torch.Tensor:
     """A tensor to read ``extra`` into: `save` writes it as a ``[bytes]`` uint8 tensor."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     entry = metadata["extra"]
     assert isinstance(entry, TensorStorageMetadata)  # a verified shardkit checkpoint's
     return torch.empty(entry.size, dtype=torch.uint8)
@@ -225,9 +230,11 @@ def read_extra(path: str | os.PathLike) -> dict[str, Any]:
     """The ``extra`` values a checkpoint was saved with (a ``step-*`` directory, or a root with
     ``latest``), read in this process alone (no process group, no model): what a job needs to
     know before it starts ranks (e.g. ``shardkit train`` a table's fitted schema), or after."""
+    import torch.distributed.checkpoint as dcp  # (see the module's docstring)
+
     directory = _resolve(Path(path))
     verify(directory, names=[".metadata"])
-    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    metadata = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     if "extra" not in metadata:
         return {}
     state = {"extra": _empty_extra(metadata)}
@@ -345,6 +352,8 @@ def _flatten(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _check_fits(state: dict[str, Any], metadata: dict[str, Any], group: Group) -> None:
     """Refuse a checkpoint of another model, naming the first key that differs (the same on
     every rank: a rank holds only its shards' optimizer state, so keys are pooled first)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     wanted = {k: v for k, v in _flatten({"model": state["model"]}).items()}
     if "optim" in state:
         wanted.update(_flatten({"optim": {"fused": state["optim"]["fused"]}}))
@@ -370,13 +379,15 @@ def _check_fits(state: dict[str, Any], metadata: dict[str, Any], group: Group) -
 def _dense_template(metadata: dict[str, Any], model_state: dict[str, Any]) -> dict[str, Any]:
     """Empty tensors shaped like the checkpoint's dense optimizer state, for DCP to fill: full
     tensors, or for a parameter the model holds as a DTensor shard (FSDP), a shard like it."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     state: dict[str, Any] = {}
     for key, value in metadata.items():
         if key.startswith("optim.dense.state.") and isinstance(value, TensorStorageMetadata):
             *path, entry = key[len("optim.dense.state.") :].split(".")
             name, dtype = ".".join(path), value.properties.dtype
             like = model_state.get(name)
-            if isinstance(like, DTensor) and list(like.size()) == list(value.size):
+            if is_dtensor(like) and list(like.size()) == list(value.size):
                 tensor = torch.empty_like(like, dtype=dtype)
             else:
                 tensor = torch.empty(value.size, dtype=dtype)

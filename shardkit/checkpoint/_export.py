@@ -3,6 +3,7 @@
 `export_checkpoint` writes the unsharded model (every table whole, dense parameters) as a plain
 ``torch.save`` state dict that a single-process model loads; `import_checkpoint` turns such a
 file back into a checkpoint directory that `load` (and ``--resume``) read, in any sharding.
+Both import torch.distributed.checkpoint when called (as `shardkit.checkpoint.save` does).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
 from shardkit.checkpoint._store import (
     CheckpointError,
@@ -30,6 +30,8 @@ __all__ = ["export_checkpoint", "import_checkpoint"]
 def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike) -> dict:
     """Write the model of ``checkpoint`` (a ``step-*`` directory or a root with ``latest``)
     as one unsharded state dict file; returns that state dict."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     directory = Path(checkpoint)
     if (directory / "latest").exists():
         directory = latest(directory)  # type: ignore[assignment]
@@ -49,6 +51,8 @@ def import_checkpoint(
 ) -> Path:
     """Turn an unsharded state dict file (as `export_checkpoint` writes, or any plain model's
     ``state_dict()``) into checkpoint ``<root>/step-<step>`` that `load` reads."""
+    from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+
     state = _read_state_dict(Path(state_file))
     if "model" not in state:
         state = {"model": state}

@@ -15,13 +15,13 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import sys
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from shardkit.compat import is_dtensor
 from shardkit.optim._keyed import KeyedOptimizer
 from shardkit.optim._wrappers import OptimizerWrapper
 
@@ -161,12 +161,8 @@ def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, else the tensor (no DTensor exists unless its module, slow to
-    import, has been imported)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return (
-        tensor.to_local() if module is not None and isinstance(tensor, module.DTensor) else tensor
-    )
+    """A DTensor's local shard, else the tensor (See [Note: DTensor on demand])."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def _powered_norm(

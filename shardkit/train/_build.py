@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from shardkit.compat import is_dtensor
 from shardkit.data import (
     CriteoConfig,
     CriteoReader,
@@ -226,8 +226,8 @@ def dense_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimi
     ``--dense-sharding fsdp`` the DTensor shards and the plain replicas (data-parallel tables)
     are separate groups: one foreach step cannot mix the two kinds."""
     params = [p for n, p in model.named_parameters() if ".shards." not in n and p.requires_grad]
-    sharded = [p for p in params if isinstance(p, DTensor)]
-    plain = [p for p in params if not isinstance(p, DTensor)]
+    sharded = [p for p in params if is_dtensor(p)]  # See [Note: DTensor on demand]
+    plain = [p for p in params if not is_dtensor(p)]
     groups = [{"params": group} for group in (sharded, plain) if group]
     if config.dense_optimizer == DenseOptimizer.ADAGRAD:
         return torch.optim.Adagrad(groups, lr=config.lr)

@@ -1,6 +1,6 @@
 """`is_dtensor` answers without importing DTensor, as ``isinstance`` does once it is imported,
 and ``torch.compile`` traces it (the ``pt2_grid`` tier) ([Note: DTensor on demand]); that
-``import shardkit.fsdp`` leaves DTensor unimported is checked in a fresh process by
+importing shardkit.fsdp, .checkpoint, .train and .cli leaves DTensor unimported is checked in a fresh process by
 tests/test_public_api.py."""
 
 from __future__ import annotations
