@@ -283,6 +283,12 @@ class MachineProfile:
         bucket_ms_per_id: what grouping one id by the shard that holds its row costs (the
             row-wise input distribution's `shardkit.sharding.bucket_rows`, a counting
             partition over a few shards), ms per id; 0 where it was not measured.
+        spread: per noisy quantity calibration sampled several times over its run, its
+            samples' (lowest, highest, how many): the profile's value is their median (see
+            `shardkit.bench.calibrate`); empty in a profile written before it sampled. Keys:
+            ``memory_bw``, ``matmul_flops``, ``bucket_ms_per_id`` and ``switch_wait_ms`` in
+            the fields' units, ``tiny_step_ms`` (the step overhead's smallest model, ms) and
+            ``"<kind> x <world size> (<scope>) latency_ms"`` (its smallest size, ms).
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -307,9 +313,22 @@ class MachineProfile:
     fresh_buffer_bytes: int = 0
     fresh_page_ms_per_byte: float = 0.0
     bucket_ms_per_id: float = 0.0
+    spread: Mapping[str, tuple[float, float, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        spread = {}
+        for key, value in dict(self.spread).items():
+            low, high, count = value if len(value) == 3 else (math.nan, math.nan, 0)
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high and count >= 1):
+                raise ValueError(
+                    f"MachineProfile.spread[{key!r}] must be (lowest, highest, samples) with "
+                    f"lowest <= highest and samples >= 1, got {tuple(value)}"
+                )
+            spread[str(key)] = (float(low), float(high), int(count))
+        object.__setattr__(self, "spread", spread)
         object.__setattr__(
             self, "identity", tuple(sorted((str(k), str(v)) for k, v in self.identity))
         )
@@ -447,6 +466,7 @@ class MachineProfile:
                 }
                 for f in self.links
             ],
+            "spread": {key: list(value) for key, value in self.spread.items()},
             "points": dict(self.points),
         }
 
@@ -493,6 +513,8 @@ class MachineProfile:
                     )
                     for f in data.get("links", ())
                 ),
+                # a profile written before calibrate sampled has none
+                spread={k: tuple(v) for k, v in dict(data.get("spread", {})).items()},
                 points=dict(data.get("points", {})),
             )
         except KeyError as exc:
