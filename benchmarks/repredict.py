@@ -58,10 +58,20 @@ def main() -> None:
         type=float,
         help="a profile written before the row-wise bucketing was measured: this cost per id",
     )
+    parser.add_argument(
+        "--kernels-together",
+        type=float,
+        help="a profile written before it was measured: this kernel slowdown with a host's "
+        "ranks computing at once",
+    )
     args = parser.parse_args()
     if (args.profile is None) == (args.median_of is None):
         parser.error("give --profile or --median-of")
     profile = _median_profile(args.median_of) if args.median_of else load_profile(args.profile)
+    if args.kernels_together is not None:
+        from dataclasses import replace
+
+        profile = replace(profile, kernels_together=args.kernels_together)
     if args.bucket_ns_per_id is not None:
         from dataclasses import replace
 

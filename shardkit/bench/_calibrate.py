@@ -64,6 +64,7 @@ from shardkit.bench._links import (
 from shardkit.bench._machine import cache_bytes, cores, machine_identity, memory_bytes
 from shardkit.bench._overhead import fit_overhead, overhead_rank
 from shardkit.bench._timing import best_ms, best_pair
+from shardkit.bench._together import kernel_call_ms, together_rank
 from shardkit.kernels import steady_heap
 from shardkit.launch import RankPool
 from shardkit.modules import (
@@ -462,13 +463,28 @@ class _Ranks:
         self.overhead_pool = RankPool(1, **options)  # type: ignore[arg-type]
         worlds = config.world_sizes if local_links else ()
         self.link_pools = [RankPool(w, **options) for w in worlds]  # type: ignore[arg-type]
+        # as many ranks as the cores hold, for the kernel run by all at once (none on GPUs)
+        at_once = cores() // config.threads_per_rank if config.device == "cpu" else 1
+        reuse = [pool for pool in self.link_pools if pool.world_size == at_once]
+        self.together_pool = (
+            None if at_once < 2 else reuse[0] if reuse else RankPool(at_once, **options)  # type: ignore[arg-type]
+        )
 
     def __enter__(self) -> _Ranks:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for pool in (self.overhead_pool, *self.link_pools):
-            pool.close()
+        for pool in {self.overhead_pool, *self.link_pools, self.together_pool}:
+            if pool is not None:
+                pool.close()
+
+    def kernels_together(self) -> float | None:
+        """The kernel call's time with the host's cores' worth of ranks running it at once
+        (their mean), or None where fewer than 2 ranks fit the cores."""
+        if self.together_pool is None:
+            return None
+        args = (self.config.optimizers[0], max(2, self.config.sample_repeats))
+        return statistics.mean(self.together_pool.run(together_rank, *args))
 
     def overhead(self, sample: int) -> list[dict]:
         args = (self.config.threads_per_rank, self.config.repeats, sample)
@@ -515,6 +531,10 @@ def _calibrate_host(
             scalars["bucket_ms_per_id"].append(bucket_cost(config, device))
             steps += ranks.overhead(k)
             rows += ranks.collectives(k)
+            at_once = ranks.kernels_together()
+            if at_once is not None:  # [Note: ranks computing at once]
+                alone = kernel_call_ms(config.optimizers[0], max(2, config.sample_repeats))
+                scalars.setdefault("kernels_together", []).append(max(1.0, at_once / alone))
             piece = work[k * len(work) // config.samples : (k + 1) * len(work) // config.samples]
             for name, (num_ids, table_rows, dim, pooling, curve) in piece:
                 point = _kernel_point(
@@ -549,7 +569,11 @@ def fit_profile(
     fresh_bytes, fresh_cost = fresh
     rows, nominal, measured = collectives, nominal_cache, kernel_rows
     spreads = {name: spread(values) for name, values in scalars.items()}
-    bandwidth, flops, bucketing = (statistics.median(v) for v in scalars.values())
+    bandwidth, flops, bucketing = (
+        statistics.median(scalars[name])
+        for name in ("memory_bw", "matmul_flops", "bucket_ms_per_id")
+    )
+    together = statistics.median(scalars.get("kernels_together") or [1.0])
     log(f"memory copy bandwidth: {bandwidth / 1e6:.2f} GB/s{_over(spreads['memory_bw'], 1e-6)}")
     log(
         f"float32 linear layer, forward and backward: {flops / 1e6:.1f} GFLOP/s"
@@ -559,6 +583,11 @@ def fit_profile(
         f"row-wise bucketing of the ids: {bucketing * 1e6:.1f} ns per id"
         f"{_over(spreads['bucket_ms_per_id'], 1e6, '.1f')}"
     )
+    if "kernels_together" in scalars:
+        log(
+            f"the kernel with {cores() // config.threads_per_rank} ranks running it at once: "
+            f"{together:.2f}x its time alone{_over(spreads['kernels_together'], 1.0)}"
+        )
     cache, kernels = fit_kernels(measured, nominal)
     log(f"last-level cache: {nominal >> 20} MiB, of which the kernel sees {cache >> 20} MiB")
     points: dict[str, Any] = {f"kernel:{name}": done for name, done in measured.items()}
@@ -622,6 +651,7 @@ def fit_profile(
         fresh_buffer_bytes=fresh_bytes,
         fresh_page_ms_per_byte=fresh_cost,
         bucket_ms_per_id=bucketing,
+        kernels_together=together,
         spread=spreads,
         points=points,
     )
@@ -727,6 +757,11 @@ def format_profile(profile: MachineProfile) -> str:
         lines.append(
             f"  row-wise bucketing: {profile.bucket_ms_per_id * 1e6:.1f} ns per id"
             f"{_over(sampled.get('bucket_ms_per_id'), 1e6, '.1f')}"
+        )
+    if profile.kernels_together > 1:
+        lines.append(
+            f"  the kernel with the host's ranks at once: {profile.kernels_together:.2f}x alone"
+            f"{_over(sampled.get('kernels_together'), 1.0)}"
         )
     if profile.switch_wait_ms > 0:
         lines.append(

@@ -349,6 +349,10 @@ def test_calibrate_samples_its_noisy_points_between_the_kernel_points(monkeypatc
             return [{"features": f, "batch": b, "dim": d, "ms": 2.0 + k, "sample": k}
                     for f, b, d in _OVERHEAD_POINTS]  # fmt: skip
 
+        def kernels_together(self):
+            timeline.append("together")
+            return 3.0  # ms, with the other ranks running it too
+
         def collectives(self, k):
             timeline.append("collectives")
             return [{"kind": cal.SCHEDULING_WAIT, "world_size": 4, "ms": (1.0, 3.0, 2.0)[k],
@@ -367,6 +371,8 @@ def test_calibrate_samples_its_noisy_points_between_the_kernel_points(monkeypatc
     monkeypatch.setattr(cal, "matmul_throughput", sampled("matmul", lambda: next(matmul)))
     monkeypatch.setattr(cal, "bucket_cost", sampled("bucket", lambda: 1e-5))
     monkeypatch.setattr(cal, "fresh_pages", lambda config, device: (0, 0.0))
+    alone = iter([2.0, 1.5, 2.5])  # ms: x1.5, x2, x1.2
+    monkeypatch.setattr(cal, "kernel_call_ms", lambda optimizer, repeats: next(alone))
     config = cal.CalibrationConfig(optimizers=("exact_sgd",), dims=(8,), ids=(256, 1024),
                                    samples=3, big_table_bytes=1 << 20)  # fmt: skip
     said: list[str] = []
@@ -379,7 +385,15 @@ def test_calibrate_samples_its_noisy_points_between_the_kernel_points(monkeypatc
     assert profile.matmul_flops == 7e7 and profile.spread["matmul_flops"] == (6e7, 9e7, 3)
     assert profile.switch_wait_ms == 2.0 and profile.spread["switch_wait_ms"] == (1.0, 3.0, 3)
     assert profile.spread["tiny_step_ms"] == (2.0, 4.0, 3)
+    assert profile.kernels_together == 1.5 and profile.spread["kernels_together"] == (1.2, 2.0, 3)
     assert (
         "float32 linear layer, forward and backward: 70.0 GFLOP/s (60.0-90.0 over 3 samples)"
         in said
     )
+
+
+def test_the_kernel_call_timed_alone_and_together_runs():
+    from shardkit.bench._together import kernel_call_ms
+
+    # the memory-bound call calibrate times alone here and in the host's ranks at once
+    assert 0 < kernel_call_ms("exact_row_wise_adagrad", 1) < 10_000
