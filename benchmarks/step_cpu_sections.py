@@ -67,12 +67,14 @@ def patch_everywhere(obj, label):
 def patch():
     import shardkit.distributed, shardkit.sharding  # noqa
     from shardkit import kernels
+    from shardkit.modules import kernel_input
     from shardkit.sharding._dist import _input, _output, _assemble, _unpack, _source, _row_buckets
 
     for obj, label in [
         (kernels.pooled_forward, "kernel_fwd"),
         (kernels.fused_backward, "kernel_bwd"),
         (_row_buckets.bucket_rows, "bucket_rows"),
+        (kernel_input, "kernel_input"),
         (_input._payload, "input payload"),
         (_input.exchange_start, "input exchange_start"),
         (_unpack.unpack, "input unpack"),

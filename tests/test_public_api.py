@@ -290,6 +290,7 @@ PUBLIC = {
         "pooled_forward",
         "set_huge_pages",
         "set_kernel",
+        "shift_ids",
         "steady_heap",
         "unsupported",
         "use_kernel",

@@ -7,8 +7,9 @@ implementations that compute the same thing:
 - **eager**: pure torch ops (``F.embedding_bag``, a sort, and the rules of
   `shardkit.optim._rules`). It is the spec, and the fallback where nothing can be compiled.
 - **compiled**: three ``torch.library`` operators in namespace ``shardkit`` (``pooled_forward``,
-  ``fused_backward``, ``dense_backward``; a fourth, ``bucket_rows``, serves the row-wise input
-  dist, see [Note: compiled row bucketing] in ``csrc/buckets.cpp``), C++ in ``csrc/``, compiled
+  ``fused_backward``, ``dense_backward``; ``bucket_rows`` serves the row-wise input dist, see
+  [Note: compiled row bucketing] in ``csrc/buckets.cpp``, and ``shift_ids`` the ids' shift to
+  rows of a stack, [Note: the ids' shift in one pass]), C++ in ``csrc/``, compiled
   for this CPU with ``torch.utils.cpp_extension`` the first time a process needs them (about
   20 s on 2 cores) and cached under ``~/.cache/shardkit/kernels/`` (``$SHARDKIT_CACHE_DIR``
   moves it), keyed by the sources, torch, Python and the CPU, so later processes load it in
@@ -16,7 +17,8 @@ implementations that compute the same thing:
   The sources, one concern each: ``forward.cpp``, ``grouping.cpp`` (the ids grouped by row),
   ``backward.cpp`` (the fused update), sharing ``common.h`` (element types, prefetch, checks)
   and free of torch headers; ``ops_cpu.cpp`` registers the operators (``ops_cuda.cu`` on GPUs);
-  ``buckets.cpp`` is ``bucket_rows``, operator and registration in one (CPU only).
+  ``buckets.cpp`` is ``bucket_rows`` and ``shift_ids``, operators and registration in one (CPU
+  only).
 
 Backward, compiled: one counting sort of the batch's ids on the row itself where the table has
 at most 2 rows per id, else one radix sort (32-bit keys, as few 11-bit passes as the number of
@@ -57,6 +59,7 @@ from shardkit.kernels._ops import (
     dense_backward,
     fused_backward,
     pooled_forward,
+    shift_ids,
     unsupported,
 )
 from shardkit.kernels._pages import huge_page_bytes, set_huge_pages
@@ -79,6 +82,7 @@ __all__ = [
     "pooled_forward",
     "set_huge_pages",
     "set_kernel",
+    "shift_ids",
     "steady_heap",
     "unsupported",
     "use_kernel",

@@ -156,10 +156,18 @@ def _check_toolchain() -> None:
         raise BuildError("ninja is not on PATH (pip install ninja, or install it with apt)")
 
 
-def _cflags() -> list[str]:
+def _cflags(cpu_flags: str | None = None) -> list[str]:
+    """The compiler's flags for this CPU (``cpu_flags``: /proc/cpuinfo's flags line, read when
+    None). See [Note: AVX-512 lanes] in csrc/backward.cpp."""
     flags = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")  # this machine's vector width; the key records its flags
+        features = (_cpu_flags() if cpu_flags is None else cpu_flags).split()
+        if "avx512f" in features:
+            # GCC tunes its Intel AVX-512 targets (skylake-avx512 to sapphirerapids) to 256-bit
+            # vectors, and GCC 12 knows no Zen 4 (native gives znver3 tuning with AVX-512 on):
+            # ask for zmm everywhere AVX-512 exists, as FBGEMM's AVX-512 kernels use them.
+            flags.append("-mprefer-vector-width=512")
     return flags
 
 

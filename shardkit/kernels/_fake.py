@@ -36,6 +36,7 @@ def register() -> None:
     torch.library.register_fake("shardkit::fused_backward", _fused_backward)
     torch.library.register_fake("shardkit::dense_backward", _dense_backward)
     torch.library.register_fake("shardkit::bucket_rows", _bucket_rows)
+    torch.library.register_fake("shardkit::shift_ids", _shift_ids)
     torch.library.register_autograd(
         "shardkit::pooled_forward", _pooled_forward_grad, setup_context=_pooled_forward_setup
     )
@@ -62,6 +63,10 @@ def _dense_backward(weight, ids, offsets, per_sample_weights, grad_out,
 def _bucket_rows(values, lengths, row_starts):
     shard_lengths = values.new_empty(len(row_starts), lengths.shape[0])  # [S, B] int64
     return shard_lengths, torch.empty_like(values), torch.empty_like(values)
+
+
+def _shift_ids(ids, bases, counts):
+    return ids.new_empty(ids.shape[0], dtype=torch.int64)
 
 
 def _pooled_forward_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:

@@ -10,7 +10,14 @@ import torch
 
 from shardkit.optim import EmbOptimType, RowOptimizer
 
-__all__ = ["bucket_rows", "dense_backward", "fused_backward", "pooled_forward", "unsupported"]
+__all__ = [
+    "bucket_rows",
+    "dense_backward",
+    "fused_backward",
+    "pooled_forward",
+    "shift_ids",
+    "unsupported",
+]
 
 # The rule numbers of kernels.h's `Rule`, and the order of each rule's state tensors.
 _RULES: dict[EmbOptimType, tuple[int, tuple[str, ...]]] = {
@@ -157,6 +164,21 @@ def bucket_rows(
         them.
     """
     return torch.ops.shardkit.bucket_rows(values, lengths, row_starts)
+
+
+def shift_ids(ids: torch.Tensor, bases: list[int], counts: list[int]) -> torch.Tensor:
+    """The compiled form of `shardkit.modules.kernel_input`'s shift (see [Note: the ids' shift
+    in one pass] in ``csrc/buckets.cpp``): CPU tensors only, with the compiled kernel loaded.
+
+    Args:
+        ids: ``[N]`` int64 or int32 ids, in segments of ``counts`` ids.
+        bases: per segment, the number added to its ids.
+        counts: per segment, its ids; they add up to at most ``N`` (ids past them are copied).
+
+    Returns:
+        ``[N]`` int64, a new tensor.
+    """
+    return torch.ops.shardkit.shift_ids(ids, bases, counts)
 
 
 def _fp32(weights: torch.Tensor | None) -> torch.Tensor | None:

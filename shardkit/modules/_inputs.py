@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardkit import kernels
 from shardkit.modules._tables import TableGroup, is_mean
 from shardkit.modules.embedding_configs import BaseEmbeddingConfig
 from shardkit.sparse import KeyedJaggedTensor
@@ -142,6 +143,8 @@ def kernel_input(
         bases = _to_device(row_bases, torch.int64, ids.device)
         counts = ids_per_segment.to(ids.device)
         ids = ids.long() + torch.repeat_interleave(bases, counts, output_size=ids.numel())
+    elif _shift_compiled(ids, row_bases, ids_per_segment):
+        ids = kernels.shift_ids(ids, list(row_bases), list(ids_per_segment))
     else:
         # one pass, segment by segment: each segment's ids are copied or shifted straight into
         # the new tensor (no index, and no copy of the whole then a second pass to shift it)
@@ -149,16 +152,31 @@ def kernel_input(
         start = 0
         for base, count in zip(row_bases, ids_per_segment):
             piece, out = source[start : start + count], ids[start : start + count]
-            if base:
+            if base and source.dtype == torch.int64:
                 torch.add(piece, base, out=out)
-            else:
+            else:  # int32 ids: widened first (an int32 add would wrap past 2**31 rows)
                 out.copy_(piece)
+                if base:
+                    out.add_(base)
             start += count
         if start < source.numel():  # ids past the segments (none when they add up to N)
             ids[start:].copy_(source[start:])
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return ids, offsets
+
+
+def _shift_compiled(ids: torch.Tensor, row_bases: Sequence[int], counts: Sequence[int]) -> bool:
+    """Whether the compiled operator shifts these ids (the loop below is its spec): CPU ids of
+    int64 or int32, a count per base, outside torch.compile's tracing, and the compiled kernel
+    in effect (see [Note: the ids' shift in one pass] in shardkit/kernels/csrc/buckets.cpp)."""
+    return (
+        ids.device.type == "cpu"
+        and ids.dtype in (torch.int64, torch.int32)
+        and len(row_bases) == len(counts)
+        and not torch.compiler.is_compiling()
+        and kernels.kernel_path() == kernels.KernelPath.COMPILED
+    )
 
 
 def _to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -211,9 +211,9 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
 }
 
 // [Note: a row's gradient in registers]
-// On fp32 rows at a dim compiled in (16-256) a row's summed gradient is kDim / 8 values of
-// `Lanes` (eight fp32 lanes: GCC's generic vector, one AVX register or two SSE registers,
-// whatever the target has), kept in registers while the row's occurrences are added; the rule is
+// On fp32 rows at a dim compiled in (16-256) a row's summed gradient is kDim / kLanes values
+// of `Lanes` (eight fp32 lanes, sixteen on AVX-512, see [Note: AVX-512 lanes]: GCC's generic
+// vector, one register or two of a narrower target's), kept in registers while the row's occurrences are added; the rule is
 // applied straight from them, row by row, everything inlined into one loop: no buffer written and
 // read back per occurrence, no call per row. The out-of-order core overlaps one row's chain
 // (row-wise Adagrad's norm -> sqrt -> state -> sqrt -> divide) with the next rows' loads by
@@ -224,8 +224,23 @@ void update_rows(const Context& c, const uint64_t* sorted, int64_t lo, int64_t h
 // rows, batch 2048, Zen 3, thread CPU time, loaded machine): row-wise Adagrad's update 0.69-0.83x
 // the block loop's time at dims 16-128 (dim 16: 3.64 -> 2.80 ms, dim 64: 9.03 -> 7.50 ms on 2 MiB
 // pages); see benchmarks/results/ebc_phases_update_zen3.md.
-typedef float Lanes __attribute__((vector_size(32), aligned(4)));  // aligned(4): any row
-static_assert(sizeof(Lanes) == 8 * sizeof(float), "Lanes is eight fp32 lanes");
+//
+// [Note: AVX-512 lanes]
+// Built with AVX-512 (the build passes -march=native and, on a CPU with avx512f,
+// -mprefer-vector-width=512: see _cflags in shardkit/kernels/_build.py), `Lanes` is sixteen fp32
+// lanes, one zmm register; else eight (one ymm). GCC widens no generic vector by itself, so with
+// eight lanes the update stayed at ymm on every AVX-512 target while the forward and the SGD
+// scatter went to zmm (checked with objdump: benchmarks/results/avx512_codegen_zen3_gcc12.md).
+// Row-wise Adagrad's squared norm keeps dot()'s lane order either way: lane k of block j sums
+// into lane k (sixteen lanes) or into the even (k < 8) or odd vector (eight lanes), then the
+// same tree 16 -> 8 -> 4 -> 2 -> 1.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float Lanes __attribute__((vector_size(kLanes * 4), aligned(4)));  // aligned(4): any row
+static_assert(sizeof(Lanes) == kLanes * sizeof(float), "Lanes is kLanes fp32 lanes");
 
 __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
   return *reinterpret_cast<const Lanes*>(p);
@@ -235,36 +250,36 @@ __attribute__((always_inline)) inline void store_lanes(float* p, const Lanes& v)
 }
 __attribute__((always_inline)) inline Lanes sqrt_lanes(const Lanes& x) {
   Lanes r;
-  for (int j = 0; j < 8; ++j) r[j] = std::sqrt(x[j]);  // one vector sqrt (GCC's SLP)
+  for (int j = 0; j < kLanes; ++j) r[j] = std::sqrt(x[j]);  // one vector sqrt (GCC's SLP)
   return r;
 }
 
-// The rule on fp32 row `row`, whose gradient is g[0 .. kDim / 8); as apply_rule and
+// The rule on fp32 row `row`, whose gradient is g[0 .. kDim / kLanes); as apply_rule and
 // rowwise_adagrad_block do it.
 template <Rule kRule, int kDim>
 __attribute__((always_inline)) inline void apply_rule_lanes(const Context& c, int64_t row,
                                                             Lanes* g) {
-  constexpr int kVectors = kDim / 8;
+  constexpr int kVectors = kDim / kLanes;
   static_assert(kDim % 16 == 0, "dot()'s lane order needs whole blocks of 16");
   const Update& u = c.update;
   float* __restrict w = static_cast<float*>(c.table.data) + row * kDim;
   if (kRule == Rule::kDense) {
     float* __restrict out = static_cast<float*>(u.dense_grad) + row * kDim;
-    for (int k = 0; k < kVectors; ++k) store_lanes(out + 8 * k, g[k]);
+    for (int k = 0; k < kVectors; ++k) store_lanes(out + kLanes * k, g[k]);
     return;
   }
   if (u.weight_decay != 0.0f)
-    for (int k = 0; k < kVectors; ++k) g[k] = g[k] + u.weight_decay * load_lanes(w + 8 * k);
+    for (int k = 0; k < kVectors; ++k) g[k] = g[k] + u.weight_decay * load_lanes(w + kLanes * k);
   if (kRule == Rule::kSgd) {
     const float scale = -u.lr;
     for (int k = 0; k < kVectors; ++k)
-      store_lanes(w + 8 * k, load_lanes(w + 8 * k) + g[k] * scale);
+      store_lanes(w + kLanes * k, load_lanes(w + kLanes * k) + g[k] * scale);
   } else if (kRule == Rule::kAdagrad) {
     float* __restrict acc = u.state1 + row * kDim;
     for (int k = 0; k < kVectors; ++k) {
-      const Lanes sum = load_lanes(acc + 8 * k) + g[k] * g[k];
-      store_lanes(acc + 8 * k, sum);
-      store_lanes(w + 8 * k, load_lanes(w + 8 * k) + (g[k] / (sqrt_lanes(sum) + u.eps)) * -u.lr);
+      const Lanes sum = load_lanes(acc + kLanes * k) + g[k] * g[k];
+      store_lanes(acc + kLanes * k, sum);
+      store_lanes(w + kLanes * k, load_lanes(w + kLanes * k) + (g[k] / (sqrt_lanes(sum) + u.eps)) * -u.lr);
     }
   } else if (kRule == Rule::kAdam) {
     float* __restrict avg = u.state1 + row * kDim;
@@ -272,19 +287,27 @@ __attribute__((always_inline)) inline void apply_rule_lanes(const Context& c, in
     const float keep1 = float(u.beta1), keep2 = float(u.beta2), one_minus1 = float(1.0 - u.beta1);
     const float one_minus2 = float(1.0 - u.beta2), scale = -c.step_size;
     for (int k = 0; k < kVectors; ++k) {
-      const Lanes m = load_lanes(avg + 8 * k) * keep1 + one_minus1 * g[k];
-      const Lanes v = load_lanes(avg_sq + 8 * k) * keep2 + one_minus2 * g[k] * g[k];
-      store_lanes(avg + 8 * k, m);
-      store_lanes(avg_sq + 8 * k, v);
-      store_lanes(w + 8 * k, load_lanes(w + 8 * k) + (m / (sqrt_lanes(v) + u.eps)) * scale);
+      const Lanes m = load_lanes(avg + kLanes * k) * keep1 + one_minus1 * g[k];
+      const Lanes v = load_lanes(avg_sq + kLanes * k) * keep2 + one_minus2 * g[k] * g[k];
+      store_lanes(avg + kLanes * k, m);
+      store_lanes(avg_sq + kLanes * k, v);
+      store_lanes(w + kLanes * k, load_lanes(w + kLanes * k) + (m / (sqrt_lanes(v) + u.eps)) * scale);
     }
   } else if (kRule == Rule::kRowwiseAdagrad) {
-    Lanes even = {}, odd = {};  // dot()'s lanes 0-7 and 8-15
-    for (int k = 0; k < kVectors; k += 2) {
-      even += g[k] * g[k];
-      odd += g[k + 1] * g[k + 1];
+    float lanes[8];  // dot()'s tree, 16 -> 8 lanes; then 8 -> 4 -> 2 -> 1 below
+    if constexpr (kLanes == 16) {
+      Lanes all = {};  // dot()'s sixteen lanes
+      for (int k = 0; k < kVectors; ++k) all += g[k] * g[k];
+      for (int j = 0; j < 8; ++j) lanes[j] = all[j] + all[j + 8];
+    } else {
+      Lanes even = {}, odd = {};  // dot()'s lanes 0-7 and 8-15
+      for (int k = 0; k < kVectors; k += 2) {
+        even += g[k] * g[k];
+        odd += g[k + 1] * g[k + 1];
+      }
+      const Lanes sum = even + odd;
+      for (int j = 0; j < 8; ++j) lanes[j] = sum[j];
     }
-    const Lanes lanes = even + odd;  // then dot()'s tree: 8 -> 4 -> 2 -> 1
     const float l0 = lanes[0] + lanes[4], l1 = lanes[1] + lanes[5], l2 = lanes[2] + lanes[6],
                 l3 = lanes[3] + lanes[7];
     const float norm = std::sqrt((l0 + l2) + (l1 + l3));
@@ -292,7 +315,7 @@ __attribute__((always_inline)) inline void apply_rule_lanes(const Context& c, in
     u.state1[row] = sum;
     const float scale = (1.0f / (std::sqrt(sum) + u.eps)) * -u.lr;
     for (int k = 0; k < kVectors; ++k)
-      store_lanes(w + 8 * k, load_lanes(w + 8 * k) + g[k] * scale);
+      store_lanes(w + kLanes * k, load_lanes(w + kLanes * k) + g[k] * scale);
   }
 }
 
@@ -301,7 +324,7 @@ __attribute__((always_inline)) inline void apply_rule_lanes(const Context& c, in
 // tests/kernels/test_build.py finds each loop in the library.
 template <Rule kRule, bool kWeighted, int kDim>
 __attribute__((noinline)) void update_rows_lanes(const Context& c, const uint64_t* sorted, int64_t lo, int64_t hi) {
-  constexpr int kVectors = kDim / 8;
+  constexpr int kVectors = kDim / kLanes;
   const float* weight = static_cast<const float*>(c.table.data);
   const Ahead ahead(kDim * 4, kDim * 4);
   int64_t i = lo;
@@ -317,9 +340,9 @@ __attribute__((noinline)) void update_rows_lanes(const Context& c, const uint64_
       const float* __restrict go = c.grad_out + grad_row * kDim;
       if (kWeighted) {
         const float scale = c.weights[source];
-        for (int k = 0; k < kVectors; ++k) g[k] += scale * load_lanes(go + 8 * k);
+        for (int k = 0; k < kVectors; ++k) g[k] += scale * load_lanes(go + kLanes * k);
       } else {
-        for (int k = 0; k < kVectors; ++k) g[k] += load_lanes(go + 8 * k);
+        for (int k = 0; k < kVectors; ++k) g[k] += load_lanes(go + kLanes * k);
       }
       if (c.grad_weights) c.grad_weights[source] = dot(go, w, kDim);
       ++i;
