@@ -24,6 +24,8 @@ with the byte where the file was cut (save such files as Parquet).
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ __all__ = [
     "RaggedRow",
     "arrow",
     "cut_pieces",
+    "load_compute_ahead",
     "read_pieces",
     "record_numbers",
 ]
@@ -49,17 +52,39 @@ PARQUET_ROWS = 1 << 17
 _PROBE = 1 << 16
 
 
-def arrow(path: Path | str = "") -> Any:
-    """pyarrow, or an error naming the extra that installs it."""
+def arrow(path: Path | str = "", *, compute: bool = True) -> Any:
+    """pyarrow (with its CSV reader, and unless ``compute=False`` its compute module), or an
+    error naming the extra that installs it."""
     try:
         import pyarrow
-        import pyarrow.compute
         import pyarrow.csv
+
+        if compute:
+            import pyarrow.compute
     except ImportError:
         where = f"{path}: " if path else ""
         raise ValueError(f"{where}reading a table needs pyarrow: pip install 'shardkit[data]' (make "
                          "installs it)") from None  # fmt: skip
     return pyarrow
+
+
+def load_compute_ahead() -> threading.Thread | None:
+    """Start importing ``pyarrow.compute`` in a thread (None: already imported), so that a
+    process's first scan cuts its first piece meanwhile (see [Note: a scan's first piece]).
+    The thread is not a daemon: an interpreter never exits in the middle of the import."""
+    if "pyarrow.compute" in sys.modules:
+        return None
+    thread = threading.Thread(target=_import_compute, name="shardkit-import-compute")
+    thread.start()
+    return thread
+
+
+def _import_compute() -> None:
+    try:
+        import numpy.ma  # noqa: F401  (pyarrow loads it at its first NumPy array in)
+        import pyarrow.compute  # noqa: F401
+    except ImportError:  # the scan's own import says which extra is missing
+        pass
 
 
 @dataclass(frozen=True)
@@ -175,7 +200,7 @@ def _plain_cut(
 def _gzip_cut(
     file: TableFile, wanted: Callable[[int], bool]
 ) -> Iterator[tuple[int, int, int, bytes | None]]:
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     start = file.start[0]
     with pa.input_stream(str(file.path), compression="gzip") as stream:
         skipped = 0
@@ -211,7 +236,7 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
     """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
     second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
     which the parser checks value by value to name the bad row."""
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     try:
         return _read_csv(file, data, pa.string())
     except pa.ArrowInvalid:
@@ -228,7 +253,7 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
 
 
 def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[RaggedRow]]:
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     ragged: list[RaggedRow] = []
 
     def invalid(row: Any) -> str:

@@ -32,6 +32,16 @@ a steady heap] in ``shardkit.kernels``, as a training step does): without it gli
 much of that memory back to the OS after each piece and faulted it in again for the next,
 232k minor faults for 1M rows of a Criteo-shaped TSV against 64k with it (about a sixth of
 the scan's CPU time; MovieLens-1M's gzip CSV: 40k against 27k in a process's first scan).
+
+[Note: a scan's first piece]
+A process's first scan imports ``pyarrow.compute`` (its checks and fits use it), which takes
+50-100 ms of CPU, most of it building the module's Python wrappers and docstrings: about a
+tenth of MovieLens-1M's whole first scan. Nothing needs it before the first piece is parsed,
+and before that the scan only reads the header and cuts the first piece (a gzip file: 8 MiB
+decompressed, one core), so the scan starts the import in a thread (`load_compute_ahead`) and
+imports only ``pyarrow`` and its CSV reader itself (`arrow(compute=False)`: the cut and the
+CSV parse need no more); the first worker to need the module (`ColumnParser.pc`) waits for the
+import if it is still running.
 """
 
 from __future__ import annotations
@@ -54,7 +64,13 @@ from shardkit.data._table_columns import BadRow, ColumnParser, Columns
 from shardkit.data._table_files import TableFile, list_table_files, open_table_files, record_lines
 from shardkit.data._table_fit import Fitter
 from shardkit.data._table_fitted import FittedSchema, table_order
-from shardkit.data._table_pieces import Piece, arrow, cut_pieces, record_numbers
+from shardkit.data._table_pieces import (
+    Piece,
+    arrow,
+    cut_pieces,
+    load_compute_ahead,
+    record_numbers,
+)
 from shardkit.data._table_schema import TableSchema
 from shardkit.data._table_split import TRAIN, SplitRule, fit_times
 
@@ -151,7 +167,10 @@ def scan_table(
     error: Exception | None = None
     try:
         train_files, val_files = _open(spec, paths, validation_paths)
-        arrow(train_files[0].path)  # the table path needs pyarrow: say so, naming the extra
+        # the table path needs pyarrow: say so, naming the extra; its compute module loads in
+        # a thread meanwhile (see [Note: a scan's first piece])
+        arrow(train_files[0].path, compute=False)
+        load_compute_ahead()
     except (ValueError, FileNotFoundError) as exc:
         if not parallel:
             raise
