@@ -164,20 +164,10 @@ class Fitter:
         self.pieces: dict[tuple[int, ...], dict[str, Any]] = {}
         self.rows = self.positives = 0
 
-    def prepare(self, columns: Columns) -> dict[str, Any]:
-        """The part of `piece` that needs no split: each counted table's values of every row
-        as keys (`_keys`), to count the training rows' once the split is known (any thread)."""
-        per_table: dict[str, list[Any]] = {}
-        for table, (values, _) in zip(self.table_of, columns.bags):
-            if table in self.counts:
-                per_table.setdefault(table, []).append(values)
-        return {table: self._keys(values) for table, values in per_table.items()}
-
-    def piece(self, file: int, keys: np.ndarray, columns: Columns, train: np.ndarray,
-              prepared: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    def piece(self, file: int, keys: np.ndarray, columns: Columns, train: np.ndarray
+              ) -> dict[str, Any]:  # fmt: skip
         """What a piece's training rows (``train``: bool ``[n]``; ``keys`` the rows' record
-        keys) add to the fit, for `accept` (this part runs in any thread); ``prepared``: the
-        piece's `prepare`, when made ahead."""
+        keys) add to the fit, for `accept` (this part runs in any thread)."""
         rows = int(train.sum())
         per_table: dict[str, list[tuple[Any, np.ndarray]]] = {}
         for table, (values, lengths) in zip(self.table_of, columns.bags):
@@ -186,9 +176,7 @@ class Fitter:
                 per_table.setdefault(table, []).append(
                     (values, train if one_each else np.repeat(train, lengths))
                 )
-        prepared = prepared or {}
-        counts = {table: self._count(parts, prepared.get(table))
-                  for table, parts in per_table.items()}  # fmt: skip
+        counts = {table: self._count(parts) for table, parts in per_table.items()}
         dense = columns.dense[train]
         dense[:, self.log1p] = np.log1p(np.maximum(dense[:, self.log1p], 0.0))
         standard = [j for j, c in enumerate(self.schema.dense) if "standardize" in c.transform]
@@ -204,40 +192,25 @@ class Fitter:
             part["sample"] = (key[keep], dense[keep][:, self.sampled])
         return part
 
-    def _keys(self, values: list[Any]) -> tuple[str, Any] | None:
-        """A table's features' values (Arrow strings, in feature order) as what `_count`
-        counts: ``("packed", uint64 keys)`` when every value packs into one (see [Note:
-        fitting in parts]), else ``("numbers", int64)`` when all are decimal ids, else
-        ``("codes", (distinct values, int64 codes))`` from a hash pass (`dictionary_encode`);
-        None for a multi-hot column's dictionary array (counted by its training rows)."""
-        if any(dictionary_parts(v) is not None for v in values):
-            return None
-        keys = [packed_keys(v) for v in values]
-        packed = [k for k in keys if k is not None]
-        if len(packed) == len(keys):
-            return "packed", np.concatenate(packed) if len(packed) > 1 else packed[0]
-        numbers = [decimal_ids(v) for v in values]
-        if all(k is not None for k in numbers):
-            return "numbers", np.concatenate(numbers)  # type: ignore[arg-type]
-        return "codes", _encode(values)
-
-    def _count(self, parts: list[tuple[Any, np.ndarray]], prepared: tuple[str, Any] | None = None
-               ) -> Any:  # fmt: skip
-        """The training values' counts of a table's features (``parts``: each feature's values
-        and training mask; ``prepared``: their `_keys`, when made ahead): as 64-bit keys
-        (`Keyed`), as numbers (`Numbered`), or (``values`` and ``counts``) from a `bincount`
-        of the training rows' codes."""
+    def _count(self, parts: list[tuple[Any, np.ndarray]]) -> Any:
+        """The training values' counts of a table's features: as 64-bit keys (`Keyed`, see
+        [Note: fitting in parts]) when every value packs into one, else (``values`` and
+        ``counts``) from a hash pass (`dictionary_encode`) and a `bincount` of the training
+        rows' codes."""
         pa = self.pa
         if any(dictionary_parts(v) is not None for v, _ in parts):
             return self._count_weighted([_weighted(v, t) for v, t in parts])
         train = np.concatenate([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
-        kind, keys = prepared or self._keys([v for v, _ in parts])  # type: ignore[misc]
-        if kind == "packed":
-            distinct, counts = np.unique(keys[train], return_counts=True)
+        keys = [packed_keys(v) for v, _ in parts]
+        packed = [k for k in keys if k is not None]
+        if len(packed) == len(keys):
+            joined = np.concatenate(packed) if len(packed) > 1 else packed[0]
+            distinct, counts = np.unique(joined[train], return_counts=True)
             return Keyed(distinct, counts.astype(np.int64))
-        if kind == "numbers":
-            return Numbered.counted(keys[train])
-        dictionary, codes = keys
+        numbers = [decimal_ids(v) for v, _ in parts]
+        if all(k is not None for k in numbers):
+            return Numbered.counted(np.concatenate(numbers)[train])  # type: ignore[arg-type]
+        dictionary, codes = _encode([v for v, _ in parts])
         counts = np.bincount(codes[train], minlength=len(dictionary))
         seen = counts > 0
         return pa.StructArray.from_arrays(

@@ -33,18 +33,6 @@ much of that memory back to the OS after each piece and faulted it in again for 
 232k minor faults for 1M rows of a Criteo-shaped TSV against 64k with it (about a sixth of
 the scan's CPU time; MovieLens-1M's gzip CSV: 40k against 27k in a process's first scan).
 
-[Note: the scan's tail]
-A split fitted from the rows' times (a time split from a fraction, per user or not) is known
-only when every piece is read, so the scan holds the pieces' columns, fits the split (one
-thread: the times of every row sorted) and then splits and fits each piece in the worker
-threads. Counting a piece's training values needs the split, but turning its values into
-keys to count (`Fitter.prepare`: packed 64-bit keys, decimal ids, or hash codes) does not,
-and that is most of the fit's work; so while the scan's thread fits the split, the workers
-prepare the first ``4 * threads`` pieces (the others prepare in their own job), instead of
-waiting (MovieLens-1M: the split's fit is 50-90 ms of one thread, the preparing about
-70-100 ms of CPU over the pieces). Memory: those pieces' keys (8 bytes a value), held until
-their job.
-
 [Note: a scan's first piece]
 A process's first scan imports ``pyarrow.compute`` (its checks and fits use it), which takes
 50-100 ms of CPU, most of it building the module's Python wrappers and docstrings: about a
@@ -97,7 +85,6 @@ PIECE_COLUMNS = 10
 _MAX_REPORTED = 5
 _SKIP_HINT = " (skip_bad_rows, --skip-bad-rows, skips and counts such rows)"
 _LAST = 1 << 62  # a position after every record of a file
-_AHEAD = 4  # pieces per thread whose fits are prepared while the split is fitted
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,7 +190,9 @@ def scan_table(
     scan.read(files, rank, world_size)
     reports = gather(scan.report())
     pieces = _pieces(files, reports)
-    scan.fit_held(pieces, functools.partial(_fit_times, spec, reports, pieces))
+    if scan.rule is None:
+        scan.rule = _fit_times(spec, reports, pieces)
+    scan.fit_held(pieces)
     parts = gather(scan.part())
     for part in parts:
         for position, counts in part["kinds"].items():
@@ -315,36 +304,18 @@ class _Scan:
         return {"stats": self.stats, "error": self.error, "skipped": self.skipped,
                 "examples": self.examples, "times": times}  # fmt: skip
 
-    def fit_held(self, pieces: dict[tuple[int, ...], list[int]],
-                 fit_rule: Callable[[], SplitRule]) -> None:  # fmt: skip
-        """Split and fit the held pieces; first the split itself (``fit_rule``) when the scan
-        has none yet, while worker threads prepare the first pieces' fits (see [Note: the
-        scan's tail])."""
-        ahead = _AHEAD * self.threads if self.fitter is not None and self.threads > 1 else 0
-        with concurrent.futures.ThreadPoolExecutor(
-            max(self.threads, 1), thread_name_prefix="shardkit-scan-prepare"
-        ) as pool:
-            assert self.fitter is not None or not ahead
-            prepared = [pool.submit(self.fitter.prepare, c)  # type: ignore[union-attr]
-                        for _, c in self.held[:ahead]]  # fmt: skip
-            if self.rule is None:
-                self.rule = fit_rule()
+    def fit_held(self, pieces: dict[tuple[int, ...], list[int]]) -> None:
+        def job(piece: Piece, columns: Columns) -> Callable[[], tuple[Piece, Any]]:
+            positions = pieces[piece.position][FIRST_RECORD] + columns.records
+            return lambda: (piece, self._split(piece, columns, positions))
 
-            def job(k: int, piece: Piece, columns: Columns) -> Callable[[], tuple[Piece, Any]]:
-                positions = pieces[piece.position][FIRST_RECORD] + columns.records
-                return lambda: (piece, self._split(piece, columns, positions,
-                                                   prepared[k].result() if k < ahead else None))  # fmt: skip
-
-            jobs = (job(k, p, c) for k, (p, c) in enumerate(self.held))
-            for piece, fitted in _in_order(jobs, self.threads):
-                self._take_fit(piece, *fitted)
+        for piece, fitted in _in_order((job(p, c) for p, c in self.held), self.threads):
+            self._take_fit(piece, *fitted)
         self.held = []
 
-    def _split(self, piece: Piece, columns: Columns, positions: np.ndarray | None,
-               prepared: dict[str, Any] | None = None
+    def _split(self, piece: Piece, columns: Columns, positions: np.ndarray | None
                ) -> tuple[tuple[int, int], dict[str, Any] | None]:  # fmt: skip
-        """A piece's (training, validation) rows and its part of the fit (any thread);
-        ``prepared``: the fit's `Fitter.prepare` of the piece, when made ahead."""
+        """A piece's (training, validation) rows and its part of the fit (any thread)."""
         assert self.rule is not None
         keys = piece.first_key + columns.records
         kinds = self.rule.kinds(piece.source, piece.file, keys, columns.times, columns.users,
@@ -353,7 +324,7 @@ class _Scan:
         counts = (int(train.sum()), int(len(kinds) - train.sum()))
         if self.fitter is None or not train.any():
             return counts, None
-        return counts, self.fitter.piece(piece.file, keys, columns, train, prepared)
+        return counts, self.fitter.piece(piece.file, keys, columns, train)
 
     def _take_fit(self, piece: Piece, counts: tuple[int, int], part: dict[str, Any] | None
                   ) -> None:  # fmt: skip

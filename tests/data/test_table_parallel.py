@@ -38,8 +38,7 @@ def _small_pieces():
 
 def _scan(paths, schema, parallel, **kwargs):
     with _small_pieces():
-        data = scan_table(paths, schema_from_dict(schema), parallel=parallel,
-                          **{"threads": 2, **kwargs})  # fmt: skip
+        data = scan_table(paths, schema_from_dict(schema), parallel=parallel, threads=2, **kwargs)
     return {"fitted": data.fitted.to_dict(), "pieces": data.pieces.tolist(),
             "split": (data.split.kind, data.split.cut, data.split.cutoffs),
             "skipped": (data.skipped, data.skipped_examples)}  # fmt: skip
@@ -77,16 +76,6 @@ def test_the_parallel_scan_is_the_one_process_scan(run_ranks, files, split):
         results = run_ranks(_scan_on_rank, world_size, files, schema, {})
         for result in results:
             assert result == alone, (split, world_size)
-
-
-@pytest.mark.parametrize("split", ["per_user", "time"])
-def test_the_scan_is_the_same_at_any_threads(files, split):
-    """[Note: the scan's tail]: with worker threads the first pieces' fits are prepared while
-    the split is fitted, the others in their own job; one thread prepares none ahead."""
-    schema = {**SCHEMA, "columns": BUCKETS, "split": SPLITS[split]}
-    one = _scan(files, schema, False, threads=1)
-    for threads in (2, 3):
-        assert _scan(files, schema, False, threads=threads) == one, threads
 
 
 def test_skipped_rows_are_counted_once_with_the_first_examples(run_ranks, files, tmp_path):
