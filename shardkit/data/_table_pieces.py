@@ -23,6 +23,7 @@ with the byte where the file was cut (save such files as Parquet).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -42,7 +43,7 @@ __all__ = [
     "RaggedRow",
     "arrow",
     "cut_pieces",
-    "load_compute_ahead",
+    "loading_compute_ahead",
     "read_pieces",
     "record_numbers",
 ]
@@ -68,15 +69,20 @@ def arrow(path: Path | str = "", *, compute: bool = True) -> Any:
     return pyarrow
 
 
-def load_compute_ahead() -> threading.Thread | None:
-    """Start importing ``pyarrow.compute`` in a thread (None: already imported), so that a
-    process's first scan cuts its first piece meanwhile (see [Note: a scan's first piece]).
-    The thread is not a daemon: an interpreter never exits in the middle of the import."""
+@contextlib.contextmanager
+def loading_compute_ahead() -> Iterator[None]:
+    """Import ``pyarrow.compute`` in a thread (unless imported) while the block runs, so that
+    a process's first scan cuts its first piece meanwhile; the block ends when the import is
+    done (see [Note: a scan's first piece])."""
     if "pyarrow.compute" in sys.modules:
-        return None
+        yield
+        return
     thread = threading.Thread(target=_import_compute, name="shardkit-import-compute")
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _import_compute() -> None:

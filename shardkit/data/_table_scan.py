@@ -38,10 +38,12 @@ A process's first scan imports ``pyarrow.compute`` (its checks and fits use it),
 50-100 ms of CPU, most of it building the module's Python wrappers and docstrings: about a
 tenth of MovieLens-1M's whole first scan. Nothing needs it before the first piece is parsed,
 and before that the scan only reads the header and cuts the first piece (a gzip file: 8 MiB
-decompressed, one core), so the scan starts the import in a thread (`load_compute_ahead`) and
+decompressed, one core), so the scan starts the import in a thread (`loading_compute_ahead`) and
 imports only ``pyarrow`` and its CSV reader itself (`arrow(compute=False)`: the cut and the
 CSV parse need no more); the first worker to need the module (`ColumnParser.pc`) waits for the
-import if it is still running.
+import if it is still running. The scan returns (or raises) only once the import is done: no
+thread of it outlives it (a fork in the middle of an import would leave the child's import of
+the module waiting forever).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from shardkit.data._table_pieces import (
     Piece,
     arrow,
     cut_pieces,
-    load_compute_ahead,
+    loading_compute_ahead,
     record_numbers,
 )
 from shardkit.data._table_schema import TableSchema
@@ -155,59 +157,57 @@ def scan_table(
             by the ranks of this host); the result does not depend on it.
     """
     start = time.perf_counter()
-    from shardkit.kernels import steady_heap
+    with loading_compute_ahead():  # see [Note: a scan's first piece]
+        from shardkit.kernels import steady_heap
 
-    steady_heap()  # the pieces' temporaries stay mapped (see [Note: table scan])
-    fitted = schema if isinstance(schema, FittedSchema) else None
-    spec = fitted.schema if fitted is not None else schema
-    assert isinstance(spec, TableSchema)
-    if not validation_paths and spec.split.validation_path is not None:
-        validation_paths = [spec.split.validation_path]
-    rank, world_size, gather = _group(parallel)
-    error: Exception | None = None
-    try:
-        train_files, val_files = _open(spec, paths, validation_paths)
-        # the table path needs pyarrow: say so, naming the extra; its compute module loads in
-        # a thread meanwhile (see [Note: a scan's first piece])
-        arrow(train_files[0].path, compute=False)
-        load_compute_ahead()
-    except (ValueError, FileNotFoundError) as exc:
-        if not parallel:
-            raise
-        error = exc
-    if parallel:  # one rank may not see a file (another host): every rank raises its error
-        errors = [e for e in gather(error) if e is not None]
-        if errors:
-            raise errors[0]
-    rule = SplitRule.without_times(spec.split, seed=seed, has_validation_files=bool(val_files))
-    keys = fitted.keys if fitted is not None else tuple(
-        c.name for columns in table_order(spec).values() for c in columns)  # fmt: skip
-    fitter = Fitter(spec) if fitted is None else None
-    threads = default_threads(parallel) if threads is None else max(int(threads), 1)
-    scan = _Scan(spec, keys, skip_bad_rows, None if SplitRule.needs_times(spec.split) else rule,
-                 fitter, threads)  # fmt: skip
-    files = (train_files, val_files)
-    scan.read(files, rank, world_size)
-    reports = gather(scan.report())
-    pieces = _pieces(files, reports)
-    if scan.rule is None:
-        scan.rule = _fit_times(spec, reports, pieces)
-    scan.fit_held(pieces)
-    parts = gather(scan.part())
-    for part in parts:
-        for position, counts in part["kinds"].items():
-            pieces[position][NUM_TRAIN : NUM_VALIDATION + 1] = counts
-    if fitter is not None:
-        fitted = fitter.merge([part["fit"] for part in parts])
-    assert fitted is not None and scan.rule is not None
-    examples = sorted(e for report in reports for e in report["examples"])[:_MAX_REPORTED]
-    table = torch.tensor([pieces[k] for k in sorted(pieces)], dtype=torch.int64)
-    data = TableData(fitted, files, table.view(-1, PIECE_COLUMNS), scan.rule, skip_bad_rows,
-                     sum(r["skipped"] for r in reports), tuple(m for _, m in examples),
-                     time.perf_counter() - start)  # fmt: skip
-    _check_rows(data, spec, fitted if fitter is not None else None)
-    logger.info(data.summary())
-    return data
+        steady_heap()  # the pieces' temporaries stay mapped (see [Note: table scan])
+        fitted = schema if isinstance(schema, FittedSchema) else None
+        spec = fitted.schema if fitted is not None else schema
+        assert isinstance(spec, TableSchema)
+        if not validation_paths and spec.split.validation_path is not None:
+            validation_paths = [spec.split.validation_path]
+        rank, world_size, gather = _group(parallel)
+        error: Exception | None = None
+        try:
+            train_files, val_files = _open(spec, paths, validation_paths)
+            arrow(train_files[0].path, compute=False)  # the table path needs pyarrow: say so
+        except (ValueError, FileNotFoundError) as exc:
+            if not parallel:
+                raise
+            error = exc
+        if parallel:  # one rank may not see a file (another host): every rank raises its error
+            errors = [e for e in gather(error) if e is not None]
+            if errors:
+                raise errors[0]
+        rule = SplitRule.without_times(spec.split, seed=seed, has_validation_files=bool(val_files))
+        keys = fitted.keys if fitted is not None else tuple(
+            c.name for columns in table_order(spec).values() for c in columns)  # fmt: skip
+        fitter = Fitter(spec) if fitted is None else None
+        threads = default_threads(parallel) if threads is None else max(int(threads), 1)
+        scan = _Scan(spec, keys, skip_bad_rows, None if SplitRule.needs_times(spec.split) else rule,
+                     fitter, threads)  # fmt: skip
+        files = (train_files, val_files)
+        scan.read(files, rank, world_size)
+        reports = gather(scan.report())
+        pieces = _pieces(files, reports)
+        if scan.rule is None:
+            scan.rule = _fit_times(spec, reports, pieces)
+        scan.fit_held(pieces)
+        parts = gather(scan.part())
+        for part in parts:
+            for position, counts in part["kinds"].items():
+                pieces[position][NUM_TRAIN : NUM_VALIDATION + 1] = counts
+        if fitter is not None:
+            fitted = fitter.merge([part["fit"] for part in parts])
+        assert fitted is not None and scan.rule is not None
+        examples = sorted(e for report in reports for e in report["examples"])[:_MAX_REPORTED]
+        table = torch.tensor([pieces[k] for k in sorted(pieces)], dtype=torch.int64)
+        data = TableData(fitted, files, table.view(-1, PIECE_COLUMNS), scan.rule, skip_bad_rows,
+                         sum(r["skipped"] for r in reports), tuple(m for _, m in examples),
+                         time.perf_counter() - start)  # fmt: skip
+        _check_rows(data, spec, fitted if fitter is not None else None)
+        logger.info(data.summary())
+        return data
 
 
 def _open(

@@ -312,13 +312,15 @@ def test_the_worked_example_of_docs_data_md(tmp_path):
 @pytest.mark.slow  # a fresh process (torch's import): seconds
 def test_a_first_scan_imports_pyarrow_compute_in_a_thread_while_it_cuts(tmp_path):
     """[Note: a scan's first piece]: in a fresh process the scan's own thread never imports
-    pyarrow.compute (the thread that cuts the first piece); `load_compute_ahead` does, once."""
+    pyarrow.compute (the thread that cuts the first piece); `loading_compute_ahead` does, and
+    the scan ends (here: refusing an empty file) only when that import has."""
     path = _write(tmp_path, TINY)
+    empty = _write(tmp_path, "user,clicked,day\n", name="empty.csv")
     code = f"""
 import sys, threading
 import pyarrow
 from shardkit.data import scan_table
-from shardkit.data._table_pieces import arrow, load_compute_ahead
+from shardkit.data._table_pieces import arrow
 from shardkit.data._table_schema_load import schema_from_dict
 importers = []
 class Spy:
@@ -330,9 +332,13 @@ arrow(compute=False)
 assert "pyarrow.compute" not in sys.modules
 schema = schema_from_dict({{"label": "clicked", "columns": {{"user": "categorical"}},
                             "split": {{"time_column": "day", "time_cut": 6}}}})
-data = scan_table([{str(path)!r}], schema)
+try:
+    scan_table([{str(empty)!r}], schema)
+except ValueError as exc:
+    assert "no rows after the header" in str(exc), exc
+assert "pyarrow.compute" in sys.modules and threading.active_count() == 1
+data = scan_table([{str(path)!r}], schema)  # imported: no thread this time
 assert data.num_rows == (5, 1), data.num_rows
-assert load_compute_ahead() is None  # imported: nothing to start
 print(importers)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
