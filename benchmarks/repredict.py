@@ -2,6 +2,7 @@
 model and any profile, beside what those rows measured (no ranks started: seconds).
 
     python benchmarks/repredict.py benchmarks/results/predict.json --profile P [--world-sizes 4]
+    python benchmarks/repredict.py benchmarks/results/predict.json --median-of P1 P2 P3
 
 Prints per row: measured (wall), alone (CPU), the report's prediction, this checkout's, and
 both errors; then how many rows each is within 20% of the wall time.
@@ -24,7 +25,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", help="a bench_predict .json")
-    parser.add_argument("--profile", required=True)
+    parser.add_argument("--profile")
+    parser.add_argument(
+        "--median-of",
+        nargs="+",
+        metavar="PROFILE",
+        help="profiles calibrated on this machine with the same settings, as one: each of "
+        "their points taken as the samples of one calibration (their median) and refitted as "
+        "calibrate fits its samples",
+    )
     parser.add_argument("--world-sizes", nargs="+", type=int)
     parser.add_argument("--cases", nargs="+")
     parser.add_argument(
@@ -49,8 +58,20 @@ def main() -> None:
         type=float,
         help="a profile written before the row-wise bucketing was measured: this cost per id",
     )
+    parser.add_argument(
+        "--kernels-together",
+        type=float,
+        help="a profile written before it was measured: this kernel slowdown with a host's "
+        "ranks computing at once",
+    )
     args = parser.parse_args()
-    profile = load_profile(args.profile)
+    if (args.profile is None) == (args.median_of is None):
+        parser.error("give --profile or --median-of")
+    profile = _median_profile(args.median_of) if args.median_of else load_profile(args.profile)
+    if args.kernels_together is not None:
+        from dataclasses import replace
+
+        profile = replace(profile, kernels_together=args.kernels_together)
     if args.bucket_ns_per_id is not None:
         from dataclasses import replace
 
@@ -91,6 +112,49 @@ def main() -> None:
             f"{100 * now:+.0f}% | {phases} |"
         )
     print(f"\nwithin 20% of the wall: report {within[1]} of {within[0]}, now {within[2]}")
+
+
+def _median_profile(paths):
+    """The profiles at ``paths`` (calibrated here with the same settings) as one calibration
+    whose samples they are: `fit_profile` over their points, each point's median."""
+    import statistics
+
+    from shardkit.bench._calibrate import CalibrationConfig, fit_profile
+    from shardkit.planner import load_profile
+
+    profiles = [load_profile(p) for p in paths]
+    first = profiles[0]
+    kernel_rows = {}
+    for key in (k for k in first.points if k.startswith("kernel:")):
+        runs = [p.points[key] for p in profiles]
+        assert len({len(r) for r in runs}) == 1, f"{key}: the profiles timed different points"
+        kernel_rows[key.removeprefix("kernel:")] = [
+            {**same[0], **{f: statistics.median(r[f] for r in same)
+                           for f in ("forward_ms", "backward_ms")}}
+            for same in zip(*runs)
+        ]  # fmt: skip
+    collectives, steps = [], []
+    for i, p in enumerate(profiles):
+        collectives += [{**r, "sample": i} for r in p.points.get("collectives", [])]
+        steps += [{**r, "sample": i} for r in p.points.get("step_overhead", [])]
+    scalars = {
+        name: [getattr(p, name) for p in profiles]
+        for name in ("memory_bw", "matmul_flops", "bucket_ms_per_id")
+    }
+    fresh = (
+        first.fresh_buffer_bytes,
+        statistics.median(p.fresh_page_ms_per_byte for p in profiles),
+    )
+    config = CalibrationConfig(
+        threads_per_rank=first.threads_per_rank, device=first.compute_device,
+        optimizers=tuple(kernel_rows),
+    )  # fmt: skip
+    nominal = int(dict(first.identity).get("llc_bytes", first.cache_bytes))
+    profile = fit_profile(
+        config=config, nominal_cache=nominal, fresh=fresh, kernel_rows=kernel_rows,
+        collectives=collectives, steps=steps, scalars=scalars, log=print,
+    )  # fmt: skip
+    return profile
 
 
 def _with_fresh_pages(profile):

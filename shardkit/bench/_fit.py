@@ -1,13 +1,14 @@
 """The least-squares fit every calibrated cost uses: non-negative coefficients, relative error
-(see `fit_nonnegative`)."""
+(see `fit_nonnegative`); a point's samples combined by their median (`median_by`, `spread`)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["fit_nonnegative"]
+__all__ = ["fit_nonnegative", "median_by", "spread"]
 
 
 def fit_nonnegative(
@@ -51,3 +52,21 @@ def _nonnegative_lstsq(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             break
         del active[worst]
     return coef
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, int]:
+    """(lowest, highest, how many) of one point's samples, for the profile's ``spread``."""
+    return float(min(values)), float(max(values)), len(values)
+
+
+def median_by(rows: Sequence[dict], keys: Sequence[str], value: str = "ms") -> list[dict]:
+    """``rows`` with the samples of one point (rows equal in ``keys``) replaced by one row whose
+    ``value`` is their median (the first row's other fields), in first-seen order. calibrate
+    takes each noisy point as several samples spread over its run: one slow spell of the
+    machine moves the median of a point's samples less than it moves any one of them."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.get(k) for k in keys), []).append(row)
+    return [
+        {**same[0], value: statistics.median(r[value] for r in same)} for same in groups.values()
+    ]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shardkit import comm
-from shardkit.bench._fit import fit_nonnegative
+from shardkit.bench._fit import fit_nonnegative, median_by
 from shardkit.bench._machine import cores
 from shardkit.launch import current
 from shardkit.planner import COLLECTIVE_KINDS, LinkFit
@@ -130,6 +130,7 @@ def fit_switch_wait(rows: Sequence[dict]) -> float:
     """The profile's ``switch_wait_ms`` from `scheduling_wait` rows (``ms`` at an
     ``oversubscription`` above 1): the median of ``ms / (oversubscription - 1)``, 0 without
     any (see [Note: oversubscribed cores])."""
+    rows = median_by(rows, ("world_size", "oversubscription"))  # one world's samples: median
     per_rank = [r["ms"] / (r["oversubscription"] - 1) for r in rows if r["oversubscription"] > 1]
     return statistics.median(per_rank) if per_rank else 0.0
 
@@ -161,6 +162,8 @@ def fit_links(
                 r = {**r, "ms": max(r["ms"] - faults, 0.1 * r["ms"])}  # kept > 0
             adjusted.append(r)
         rows = adjusted
+    # a point timed in several samples (calibrate's rounds): their median
+    rows = median_by(rows, ("scope", "kind", "world_size", "bytes"))
     fits = []
     keys = sorted(
         {(r["kind"], r["world_size"]) for r in rows},
@@ -179,11 +182,16 @@ def fit_links(
     return fits
 
 
-def collective_rank(rank: int, world_size: int, sizes: tuple[int, ...], repeats: int) -> list[dict]:
+def collective_rank(
+    rank: int, world_size: int, sizes: tuple[int, ...], repeats: int, sample: int = 0
+) -> list[dict]:
+    """One sample of this world's collectives at ``sizes`` and, when its ranks share cores,
+    the wait for scheduling (`scheduling_wait`): rows tagged ``sample``. calibrate calls it
+    in a `RankPool` kept up over its run, a sample at a time between its other points."""
     rows = measure_collectives(sizes, repeats)
     share = world_size * torch.get_num_threads() / cores()
     if share > 1:  # more ranks than cores: what their collectives wait to be scheduled
         wait = scheduling_wait(repeats)
         rows.append({"kind": SCHEDULING_WAIT, "world_size": world_size, "ms": wait,
                      "oversubscription": share})  # fmt: skip
-    return rows
+    return [{**row, "sample": sample} for row in rows]

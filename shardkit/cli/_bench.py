@@ -71,6 +71,9 @@ def _add_calibrate(kinds: Any) -> None:
     parser.add_argument("--sizes", type=_size, nargs="+", default=list(defaults.sizes),
                         help="collective message sizes (16K, 4M..)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--samples", type=int, default=defaults.samples,
+                        help="samples of each noisy point (matmul, bucketing, the step "
+                        "overhead, the collectives), spread over the run; the median is kept")  # fmt: skip
     parser.add_argument("--copy-bytes", type=_size, default=defaults.copy_bytes,
                         help="tensor copied to time memory bandwidth")  # fmt: skip
     parser.add_argument("--big-table-bytes", type=_size, default=defaults.big_table_bytes,
@@ -88,6 +91,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         sizes=tuple(args.sizes),
         threads_per_rank=args.threads,
         repeats=args.repeats,
+        samples=args.samples,
         copy_bytes=args.copy_bytes,
         big_table_bytes=args.big_table_bytes,
         device=device,

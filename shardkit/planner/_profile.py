@@ -283,6 +283,17 @@ class MachineProfile:
         bucket_ms_per_id: what grouping one id by the shard that holds its row costs (the
             row-wise input distribution's `shardkit.sharding.bucket_rows`, a counting
             partition over a few shards), ms per id; 0 where it was not measured.
+        kernels_together: what the embedding kernel takes when ``min(ranks x threads, cores)``
+            ranks of a host run it at once, over what it takes alone (calibrate times a
+            memory-bound kernel call in that many ranks together and alone: they share the
+            last-level cache and memory bandwidth); 1 where it was not measured or each rank
+            has a host of its own. See [Note: ranks computing at once].
+        spread: per noisy quantity calibration sampled several times over its run, its
+            samples' (lowest, highest, how many): the profile's value is their median (see
+            `shardkit.bench.calibrate`); empty in a profile written before it sampled. Keys:
+            ``memory_bw``, ``matmul_flops``, ``bucket_ms_per_id``, ``kernels_together`` and
+            ``switch_wait_ms`` in the fields' units, ``tiny_step_ms`` (the step overhead's smallest model, ms) and
+            ``"<kind> x <world size> (<scope>) latency_ms"`` (its smallest size, ms).
         points: the raw measurements (kept in the file for the record; not compared).
 
     Example::
@@ -307,9 +318,23 @@ class MachineProfile:
     fresh_buffer_bytes: int = 0
     fresh_page_ms_per_byte: float = 0.0
     bucket_ms_per_id: float = 0.0
+    kernels_together: float = 1.0
+    spread: Mapping[str, tuple[float, float, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     points: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        spread = {}
+        for key, value in dict(self.spread).items():
+            low, high, count = value if len(value) == 3 else (math.nan, math.nan, 0)
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high and count >= 1):
+                raise ValueError(
+                    f"MachineProfile.spread[{key!r}] must be (lowest, highest, samples) with "
+                    f"lowest <= highest and samples >= 1, got {tuple(value)}"
+                )
+            spread[str(key)] = (float(low), float(high), int(count))
+        object.__setattr__(self, "spread", spread)
         object.__setattr__(
             self, "identity", tuple(sorted((str(k), str(v)) for k, v in self.identity))
         )
@@ -326,6 +351,11 @@ class MachineProfile:
             raise ValueError(
                 "MachineProfile.switch_wait_ms must be a finite number >= 0 (ms a collective "
                 f"waits per extra rank sharing a core), got {self.switch_wait_ms}"
+            )
+        if not (math.isfinite(self.kernels_together) and self.kernels_together >= 1):
+            raise ValueError(
+                "MachineProfile.kernels_together must be a finite number >= 1 (the kernel's "
+                f"time with a host's ranks at once over alone), got {self.kernels_together}"
             )
         if not (math.isfinite(self.bucket_ms_per_id) and self.bucket_ms_per_id >= 0):
             raise ValueError(
@@ -387,6 +417,18 @@ class MachineProfile:
             return 1.0
         return max(1.0, ranks_per_host * self.threads_per_rank / self.cores)
 
+    def kernel_slowdown(self, ranks_per_host: int) -> float:
+        """What a rank's kernels take over alone when its host's ranks compute at once:
+        ``kernels_together`` where 2 or more ranks of a CPU host each have cores of their own
+        (ranks x threads within the cores), else 1. See [Note: ranks computing at once]."""
+        if (
+            self.compute_device == "cuda"
+            or ranks_per_host < 2
+            or self.oversubscription(ranks_per_host) > 1.0
+        ):
+            return 1.0
+        return self.kernels_together
+
     def collective_wait_ms(self, ranks_per_host: int) -> float:
         """What each collective of a step waits for its ranks to be scheduled:
         ``switch_wait_ms x (oversubscription - 1)``, 0 on cores that are not shared."""
@@ -428,6 +470,7 @@ class MachineProfile:
             "fresh_buffer_bytes": self.fresh_buffer_bytes,
             "fresh_page_ms_per_byte": self.fresh_page_ms_per_byte,
             "bucket_ms_per_id": self.bucket_ms_per_id,
+            "kernels_together": self.kernels_together,
             "kernels": [
                 {
                     "optimizer": k.optimizer,
@@ -447,6 +490,7 @@ class MachineProfile:
                 }
                 for f in self.links
             ],
+            "spread": {key: list(value) for key, value in self.spread.items()},
             "points": dict(self.points),
         }
 
@@ -474,6 +518,7 @@ class MachineProfile:
                 fresh_buffer_bytes=int(data.get("fresh_buffer_bytes", 0)),
                 fresh_page_ms_per_byte=float(data.get("fresh_page_ms_per_byte", 0.0)),
                 bucket_ms_per_id=float(data.get("bucket_ms_per_id", 0.0)),
+                kernels_together=float(data.get("kernels_together", 1.0)),
                 kernels=tuple(
                     KernelFit(
                         k["optimizer"],
@@ -493,6 +538,8 @@ class MachineProfile:
                     )
                     for f in data.get("links", ())
                 ),
+                # a profile written before calibrate sampled has none
+                spread={k: tuple(v) for k, v in dict(data.get("spread", {})).items()},
                 points=dict(data.get("points", {})),
             )
         except KeyError as exc:

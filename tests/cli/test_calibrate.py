@@ -4,6 +4,7 @@ predictions."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -134,6 +135,8 @@ def test_calibrate_at_toy_sizes(tmp_path, capsys):
     assert identity["torch"] and identity["backend"] == "gloo" and identity["cpu_model"]
     assert profile.memory_bw > 0 and profile.matmul_flops > 0 and profile.cache_bytes > 0
     assert Topology.from_profile(profile, world_size=2).profile == profile
+    # the noisy points sampled over the run (5 by default): the spread recorded and said
+    assert profile.spread["matmul_flops"][2] == 5 and "over 5 samples)" in printed
 
 
 @pytest.mark.slow
@@ -263,3 +266,134 @@ def test_a_kernel_point_whose_output_faults_fresh_pages_has_them_taken_out():
     assert point["fresh_ms"] == 4096.0 and point["forward_ms"] == 1e-4
     kept = _kernel_point(config, "exact_sgd", torch.device("cpu"), 256, 64, 8, 2, (4097, 1.0))
     assert kept["fresh_ms"] == 0.0 and kept["forward_ms"] > 1e-4
+
+
+def test_a_profile_keeps_its_samples_spread_and_older_profiles_load_without_one(tmp_path):
+    from dataclasses import replace
+
+    from shardkit.bench import format_profile
+    from shardkit.planner import MachineProfile
+
+    sampled = replace(
+        hand_profile(switch_wait_ms=1.5),
+        spread={"matmul_flops": (6.1e7, 7.8e7, 5), "switch_wait_ms": (0.9, 2.3, 5),
+                "tiny_step_ms": (1.4, 2.4, 5)},
+    )  # fmt: skip
+    path = tmp_path / "p.json"
+    sampled.save(path)
+    assert load_profile(path).spread == sampled.spread
+    said = format_profile(sampled)
+    assert "matmul 1000.0 GFLOP/s (61.0-78.0 over 5 samples)" in said
+    assert "1.50 ms per extra rank sharing a core (0.90-2.30 over 5 samples)" in said
+    assert "its smallest model's step over 5 samples: 1.40-2.40 ms" in said
+    # a profile calibrate wrote before it sampled (committed with issue 29's quiet reports)
+    older = load_profile(ROOT / "benchmarks/results/predict_profile_recal_1811.json")
+    assert older.spread == {} and "samples" not in format_profile(older)
+    with pytest.raises(ValueError, match=r"spread\['matmul_flops'\] must be \(lowest, highest"):
+        MachineProfile.from_dict({**sampled.to_dict(), "spread": {"matmul_flops": [2, 1, 5]}})
+
+
+def test_samples_of_one_point_count_as_their_median():
+    from shardkit.bench._links import fit_links, fit_switch_wait
+    from shardkit.bench._overhead import _OVERHEAD_POINTS, fit_overhead
+
+    # three samples of each size; one of them caught a slow spell (3x): the median ignores it
+    rows = [
+        {"kind": "all_to_all", "bytes": n, "world_size": 2, "scope": "intra", "sample": k,
+         "ms": (1.0 + n / 1e6) * (3.0 if k == 1 and n == 1e6 else 1.0)}
+        for k in range(3) for n in (1e4, 1e6, 4e6)
+    ]  # fmt: skip
+    (fit,) = fit_links(rows, "intra")
+    assert (fit.latency_ms, fit.bytes_per_ms) == pytest.approx((1.0, 1e6))
+    waits = [{"world_size": 4, "oversubscription": 2.0, "ms": ms, "sample": k}
+             for k, ms in enumerate((1.0, 5.0, 1.2))]  # fmt: skip
+    waits.append({"world_size": 8, "oversubscription": 4.0, "ms": 6.0, "sample": 0})
+    assert fit_switch_wait(waits) == pytest.approx((1.2 + 2.0) / 2)  # 4 ranks' median: 1.2
+    kernel = hand_profile().kernels[0]
+    steps = [
+        {"features": f, "batch": b, "dim": d, "sample": k,
+         "ms": (1.0 + 0.1 * f) * (2.0 if k == 2 else 1.0)}
+        for k in range(3) for f, b, d in _OVERHEAD_POINTS
+    ]  # fmt: skip
+    once = [r for r in steps if r["sample"] == 0]
+    assert fit_overhead(steps, kernel, []) == pytest.approx(fit_overhead(once, kernel, []))
+
+
+def test_calibrate_samples_its_noisy_points_between_the_kernel_points(monkeypatch):
+    """Each noisy point is sampled ``samples`` times, the samples spread over the run (a piece
+    of the kernel's points between each two), and the profile keeps their median and spread."""
+    import shardkit.bench._calibrate as cal
+    from shardkit.bench._overhead import _OVERHEAD_POINTS
+
+    timeline: list[str] = []
+    matmul = iter([6e7, 9e7, 7e7])  # the median is the middle one, 7e7
+
+    def kernel_point(config, name, device, ids, rows, dim, pooling, fresh):
+        timeline.append("kernel")
+        return {"ids": ids, "rows": rows, "unique": min(ids, rows), "bags": ids // pooling,
+                "dim": dim, "touched": rows * dim * 8, "forward_ms": 1e-5 * ids * dim,
+                "backward_ms": 2e-5 * ids * dim, "fresh_ms": 0.0}  # fmt: skip
+
+    class Ranks:
+        def __init__(self, config, local_links):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def overhead(self, k):
+            timeline.append("overhead")
+            return [{"features": f, "batch": b, "dim": d, "ms": 2.0 + k, "sample": k}
+                    for f, b, d in _OVERHEAD_POINTS]  # fmt: skip
+
+        def kernels_together(self):
+            timeline.append("together")
+            return 3.0  # ms, with the other ranks running it too
+
+        def collectives(self, k):
+            timeline.append("collectives")
+            return [{"kind": cal.SCHEDULING_WAIT, "world_size": 4, "ms": (1.0, 3.0, 2.0)[k],
+                     "oversubscription": 2.0, "sample": k, "scope": "intra"}]  # fmt: skip
+
+    def sampled(name, value):
+        def measure(config, device):
+            timeline.append(name)
+            return value()
+
+        return measure
+
+    monkeypatch.setattr(cal, "_kernel_point", kernel_point)
+    monkeypatch.setattr(cal, "_Ranks", Ranks)
+    monkeypatch.setattr(cal, "memory_bandwidth", sampled("copy", lambda: 1e7))
+    monkeypatch.setattr(cal, "matmul_throughput", sampled("matmul", lambda: next(matmul)))
+    monkeypatch.setattr(cal, "bucket_cost", sampled("bucket", lambda: 1e-5))
+    monkeypatch.setattr(cal, "fresh_pages", lambda config, device: (0, 0.0))
+    alone = iter([2.0, 1.5, 2.5])  # ms: x1.5, x2, x1.2
+    monkeypatch.setattr(cal, "kernel_call_ms", lambda optimizer, repeats: next(alone))
+    config = cal.CalibrationConfig(optimizers=("exact_sgd",), dims=(8,), ids=(256, 1024),
+                                   samples=3, big_table_bytes=1 << 20)  # fmt: skip
+    said: list[str] = []
+    profile = cal._calibrate_host(config, said.append, [], local_links=True)
+    kernels = len(cal.kernel_shapes(config, cal.cache_bytes("cpu")))
+    assert timeline.count("kernel") == kernels and timeline.count("matmul") == 3
+    # never two samples of a point back to back: kernel points between each two
+    starts = [i for i, what in enumerate(timeline) if what == "copy"]
+    assert all("kernel" in timeline[a:b] for a, b in itertools.pairwise(starts))
+    assert profile.matmul_flops == 7e7 and profile.spread["matmul_flops"] == (6e7, 9e7, 3)
+    assert profile.switch_wait_ms == 2.0 and profile.spread["switch_wait_ms"] == (1.0, 3.0, 3)
+    assert profile.spread["tiny_step_ms"] == (2.0, 4.0, 3)
+    assert profile.kernels_together == 1.5 and profile.spread["kernels_together"] == (1.2, 2.0, 3)
+    assert (
+        "float32 linear layer, forward and backward: 70.0 GFLOP/s (60.0-90.0 over 3 samples)"
+        in said
+    )
+
+
+def test_the_kernel_call_timed_alone_and_together_runs():
+    from shardkit.bench._together import kernel_call_ms
+
+    # the memory-bound call calibrate times alone here and in the host's ranks at once
+    assert 0 < kernel_call_ms("exact_row_wise_adagrad", 1) < 10_000

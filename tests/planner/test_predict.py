@@ -131,6 +131,30 @@ def load_profile_dict(data: dict) -> MachineProfile:
     return MachineProfile.from_dict(json.loads(json.dumps(data)))
 
 
+def test_ranks_computing_at_once_slow_each_others_kernels_by_the_calibrated_factor():
+    # 2 ranks on 4 cores run at once: their kernels take kernels_together x alone (they share
+    # the cache and memory bandwidth); nothing else changes (see [Note: ranks computing at once])
+    plan = _module_plan(row_wise())
+    plain = dict(predicted(plan).phases)
+    shared = dict(predicted(plan, prof=replace(profile(), kernels_together=1.5)).phases)
+    assert shared["embedding"] == pytest.approx(1.5 * plain["embedding"])
+    assert {k: v for k, v in shared.items() if k != "embedding"} == pytest.approx(
+        {k: v for k, v in plain.items() if k != "embedding"}
+    )
+    prof = replace(profile(cores=2), kernels_together=1.5)
+    assert prof.kernel_slowdown(2) == 1.5 and prof.kernel_slowdown(1) == 1.0
+    # more ranks than cores take turns: the time-sharing model stands alone
+    assert prof.kernel_slowdown(4) == 1.0
+    assert replace(prof, compute_device="cuda").kernel_slowdown(2) == 1.0
+    one = _module_plan(table_wise(rank=0), world=1)
+    assert predicted(one, world=1, prof=prof).phases == predicted(one, world=1).phases
+    assert load_profile_dict(prof.to_dict()).kernels_together == 1.5
+    older = {k: v for k, v in prof.to_dict().items() if k != "kernels_together"}
+    assert load_profile_dict(older).kernels_together == 1.0  # written before it was measured
+    with pytest.raises(ValueError, match="kernels_together must be a finite number >= 1"):
+        replace(profile(), kernels_together=0.5)
+
+
 def test_ranks_beyond_the_cores_compute_in_turns_and_their_collectives_wait():
     # 2 ranks of 1 thread on 1 core: compute time-shared (x2), and each collective waits
     # switch_wait_ms x (2 - 1) = 3 ms for its ranks to be scheduled
