@@ -10,6 +10,10 @@ model on batches already in memory, and the parallel scan of a Criteo-Kaggle-sha
         --out benchmarks/results/table_criteo.md
     # a generated MovieLens-like log instead of the real one (what the tests run, tiny):
     .venv/bin/python benchmarks/bench_table.py --rows 200000 --out /tmp/table.md
+    # a process's first scan against pyarrow's first read, each a fresh process (the files of
+    # an earlier --keep DIR; --trees compares checkouts in turns; see _first_scan.py):
+    .venv/bin/python benchmarks/bench_table.py --first-scan DIR --rounds 5 \
+        --out benchmarks/results/table_first_scan.md
 
 Contenders take turns in ``--rounds`` (interleaved); reports give medians with min-max.
 """
@@ -34,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _first_scan
 from _movielens import SCHEMA, write_tables
 
 from shardkit.bench import machine_info
@@ -347,6 +352,13 @@ def main() -> None:
     parser.add_argument("--criteo-contenders", default="pyarrow,one,scan",
                         help="which of pyarrow, one (the scan in one process) and scan (on "
                         "--ranks ranks) run on the Criteo-shaped table")  # fmt: skip
+    parser.add_argument("--first-scan", type=Path, help="a folder of movielens.{csv.gz,parquet,"
+                        "toml} (an earlier --keep): time a fresh process's first scan against "
+                        "pyarrow's first read, in rounds, and nothing else")  # fmt: skip
+    parser.add_argument("--trees", help="with --first-scan: checkouts (comma-separated) whose "
+                        "scans take turns, e.g. /tmp/before,.")  # fmt: skip
+    parser.add_argument("--threads", type=int, help="with --first-scan: the scan's threads "
+                        "(default: scan_table's)")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="write the data here, and keep it")
     parser.add_argument("--out", type=Path, help="a Markdown report (and .json beside it)")
     args = parser.parse_args()
@@ -356,7 +368,11 @@ def main() -> None:
     report: dict[str, Any] = {"command": _command(args, parser.parse_args([])),
                               "machine": machine()}  # fmt: skip
     try:
-        if args.criteo_rows or args.criteo_path:
+        if args.first_scan is not None:
+            trees = args.trees.split(",") if args.trees else None
+            report["first_scan"] = _first_scan.rounds(args.first_scan, rounds=args.rounds,
+                                                      trees=trees, threads=args.threads)  # fmt: skip
+        elif args.criteo_rows or args.criteo_path:
             report["criteo"] = criteo(args, folder)
             if "train" in report["criteo"]:
                 report["train"] = report["criteo"].pop("train")
@@ -423,6 +439,8 @@ def _markdown(report: dict[str, Any]) -> str:
              "other engineers' jobs ran beside it, so absolute rates are loose; each round "
              "timed the contenders one after the other). Medians of the rounds, min-max in "
              "brackets.", ""]  # fmt: skip
+    if "first_scan" in report:
+        lines += _first_scan.markdown(report["first_scan"])
     if "runs" in report:
         lines += [f"Data: {report['source']}. Scan: read, parse, check every row and fit the "
                   "schema and the split (one process, a worker thread per core); pyarrow: "

@@ -275,6 +275,15 @@ def test_bench_table_runs_at_toy_size(tmp_path):
         assert run["rows"] == 3000 and 2400 < run["train_rows"] < 3000, run
         assert run["scan_rows_per_s"] > 0 and run["read_rows_per_s"] > 0
     assert (tmp_path / "log" / "ratings.toml").exists()
+    first = tmp_path / "first_scan.md"  # the files again, each read by a fresh process
+    _run("bench_table.py", "--first-scan", str(tmp_path / "log"), "--rounds", "1", "--out",
+         str(first))  # fmt: skip
+    runs = json.loads(first.with_suffix(".json").read_text())["first_scan"]["runs"]
+    assert sorted((r["kind"], r["file"]) for r in runs) == [
+        (kind, f"ratings.{name}") for kind in ("pyarrow", "scan") for name in ("csv.gz", "parquet")
+    ]
+    assert all(r["rows"] == 3000 and r["wall_s"] > 0 and r["cpu_s"] > 0 for r in runs), runs
+    assert "| csv.gz | scan (.) | " in first.read_text()
 
 
 def test_bench_mc_runs_at_toy_size(tmp_path):

@@ -86,9 +86,8 @@ class ColumnParser:
     def __init__(self, schema: TableSchema, keys: Sequence[str], columns: Sequence[str] | None
                  = None) -> None:  # fmt: skip
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        self.pa, self.pc = pa, pc
+        self.pa = pa
         self.schema, self.needed = schema, schema.needed
         self.row_parser = RowParser(schema, self.needed, keys)
         by_name = {c.name: c for c in schema.columns}
@@ -98,6 +97,14 @@ class ColumnParser:
         self.words = (pa.array(TRUE_WORDS), pa.array(FALSE_WORDS))
         self.missing = {c.name: pa.array(list(c.missing), pa.string()) for c in schema.columns}
         self.ones = np.ones(0, dtype=np.int64)
+
+    @property
+    def pc(self) -> Any:
+        """pyarrow.compute, imported at first use, in a worker: a scan imports it in a thread
+        while its first piece is cut (see [Note: a scan's first piece])."""
+        import pyarrow.compute
+
+        return pyarrow.compute
 
     def parse(self, table: Any, records: np.ndarray) -> tuple[Columns, list[BadRow]]:
         """``table``: the needed columns of a piece (CSV: strings, or binary when not UTF-8);

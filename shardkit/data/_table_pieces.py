@@ -23,7 +23,10 @@ with the byte where the file was cut (save such files as Parquet).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,7 @@ __all__ = [
     "RaggedRow",
     "arrow",
     "cut_pieces",
+    "loading_compute_ahead",
     "read_pieces",
     "record_numbers",
 ]
@@ -49,17 +53,44 @@ PARQUET_ROWS = 1 << 17
 _PROBE = 1 << 16
 
 
-def arrow(path: Path | str = "") -> Any:
-    """pyarrow, or an error naming the extra that installs it."""
+def arrow(path: Path | str = "", *, compute: bool = True) -> Any:
+    """pyarrow (with its CSV reader, and unless ``compute=False`` its compute module), or an
+    error naming the extra that installs it."""
     try:
         import pyarrow
-        import pyarrow.compute
         import pyarrow.csv
+
+        if compute:
+            import pyarrow.compute
     except ImportError:
         where = f"{path}: " if path else ""
         raise ValueError(f"{where}reading a table needs pyarrow: pip install 'shardkit[data]' (make "
                          "installs it)") from None  # fmt: skip
     return pyarrow
+
+
+@contextlib.contextmanager
+def loading_compute_ahead() -> Iterator[None]:
+    """Import ``pyarrow.compute`` in a thread (unless imported) while the block runs, so that
+    a process's first scan cuts its first piece meanwhile; the block ends when the import is
+    done (see [Note: a scan's first piece])."""
+    if "pyarrow.compute" in sys.modules:
+        yield
+        return
+    thread = threading.Thread(target=_import_compute, name="shardkit-import-compute")
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _import_compute() -> None:
+    try:
+        import numpy.ma  # noqa: F401  (pyarrow loads it at its first NumPy array in)
+        import pyarrow.compute  # noqa: F401
+    except ImportError:  # the scan's own import says which extra is missing
+        pass
 
 
 @dataclass(frozen=True)
@@ -175,7 +206,7 @@ def _plain_cut(
 def _gzip_cut(
     file: TableFile, wanted: Callable[[int], bool]
 ) -> Iterator[tuple[int, int, int, bytes | None]]:
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     start = file.start[0]
     with pa.input_stream(str(file.path), compression="gzip") as stream:
         skipped = 0
@@ -211,7 +242,7 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
     """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
     second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
     which the parser checks value by value to name the bad row."""
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     try:
         return _read_csv(file, data, pa.string())
     except pa.ArrowInvalid:
@@ -228,7 +259,7 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
 
 
 def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[RaggedRow]]:
-    pa = arrow(file.path)
+    pa = arrow(file.path, compute=False)
     ragged: list[RaggedRow] = []
 
     def invalid(row: Any) -> str:

@@ -32,6 +32,18 @@ a steady heap] in ``shardkit.kernels``, as a training step does): without it gli
 much of that memory back to the OS after each piece and faulted it in again for the next,
 232k minor faults for 1M rows of a Criteo-shaped TSV against 64k with it (about a sixth of
 the scan's CPU time; MovieLens-1M's gzip CSV: 40k against 27k in a process's first scan).
+
+[Note: a scan's first piece]
+A process's first scan imports ``pyarrow.compute`` (its checks and fits use it), which takes
+50-100 ms of CPU, most of it building the module's Python wrappers and docstrings: about a
+tenth of MovieLens-1M's whole first scan. Nothing needs it before the first piece is parsed,
+and before that the scan only reads the header and cuts the first piece (a gzip file: 8 MiB
+decompressed, one core), so the scan starts the import in a thread (`loading_compute_ahead`) and
+imports only ``pyarrow`` and its CSV reader itself (`arrow(compute=False)`: the cut and the
+CSV parse need no more); the first worker to need the module (`ColumnParser.pc`) waits for the
+import if it is still running. The scan returns (or raises) only once the import is done: no
+thread of it outlives it (a fork in the middle of an import would leave the child's import of
+the module waiting forever).
 """
 
 from __future__ import annotations
@@ -54,7 +66,13 @@ from shardkit.data._table_columns import BadRow, ColumnParser, Columns
 from shardkit.data._table_files import TableFile, list_table_files, open_table_files, record_lines
 from shardkit.data._table_fit import Fitter
 from shardkit.data._table_fitted import FittedSchema, table_order
-from shardkit.data._table_pieces import Piece, arrow, cut_pieces, record_numbers
+from shardkit.data._table_pieces import (
+    Piece,
+    arrow,
+    cut_pieces,
+    loading_compute_ahead,
+    record_numbers,
+)
 from shardkit.data._table_schema import TableSchema
 from shardkit.data._table_split import TRAIN, SplitRule, fit_times
 
@@ -139,56 +157,57 @@ def scan_table(
             by the ranks of this host); the result does not depend on it.
     """
     start = time.perf_counter()
-    from shardkit.kernels import steady_heap
+    with loading_compute_ahead():  # see [Note: a scan's first piece]
+        from shardkit.kernels import steady_heap
 
-    steady_heap()  # the pieces' temporaries stay mapped (see [Note: table scan])
-    fitted = schema if isinstance(schema, FittedSchema) else None
-    spec = fitted.schema if fitted is not None else schema
-    assert isinstance(spec, TableSchema)
-    if not validation_paths and spec.split.validation_path is not None:
-        validation_paths = [spec.split.validation_path]
-    rank, world_size, gather = _group(parallel)
-    error: Exception | None = None
-    try:
-        train_files, val_files = _open(spec, paths, validation_paths)
-        arrow(train_files[0].path)  # the table path needs pyarrow: say so, naming the extra
-    except (ValueError, FileNotFoundError) as exc:
-        if not parallel:
-            raise
-        error = exc
-    if parallel:  # one rank may not see a file (another host): every rank raises its error
-        errors = [e for e in gather(error) if e is not None]
-        if errors:
-            raise errors[0]
-    rule = SplitRule.without_times(spec.split, seed=seed, has_validation_files=bool(val_files))
-    keys = fitted.keys if fitted is not None else tuple(
-        c.name for columns in table_order(spec).values() for c in columns)  # fmt: skip
-    fitter = Fitter(spec) if fitted is None else None
-    threads = default_threads(parallel) if threads is None else max(int(threads), 1)
-    scan = _Scan(spec, keys, skip_bad_rows, None if SplitRule.needs_times(spec.split) else rule,
-                 fitter, threads)  # fmt: skip
-    files = (train_files, val_files)
-    scan.read(files, rank, world_size)
-    reports = gather(scan.report())
-    pieces = _pieces(files, reports)
-    if scan.rule is None:
-        scan.rule = _fit_times(spec, reports, pieces)
-    scan.fit_held(pieces)
-    parts = gather(scan.part())
-    for part in parts:
-        for position, counts in part["kinds"].items():
-            pieces[position][NUM_TRAIN : NUM_VALIDATION + 1] = counts
-    if fitter is not None:
-        fitted = fitter.merge([part["fit"] for part in parts])
-    assert fitted is not None and scan.rule is not None
-    examples = sorted(e for report in reports for e in report["examples"])[:_MAX_REPORTED]
-    table = torch.tensor([pieces[k] for k in sorted(pieces)], dtype=torch.int64)
-    data = TableData(fitted, files, table.view(-1, PIECE_COLUMNS), scan.rule, skip_bad_rows,
-                     sum(r["skipped"] for r in reports), tuple(m for _, m in examples),
-                     time.perf_counter() - start)  # fmt: skip
-    _check_rows(data, spec, fitted if fitter is not None else None)
-    logger.info(data.summary())
-    return data
+        steady_heap()  # the pieces' temporaries stay mapped (see [Note: table scan])
+        fitted = schema if isinstance(schema, FittedSchema) else None
+        spec = fitted.schema if fitted is not None else schema
+        assert isinstance(spec, TableSchema)
+        if not validation_paths and spec.split.validation_path is not None:
+            validation_paths = [spec.split.validation_path]
+        rank, world_size, gather = _group(parallel)
+        error: Exception | None = None
+        try:
+            train_files, val_files = _open(spec, paths, validation_paths)
+            arrow(train_files[0].path, compute=False)  # the table path needs pyarrow: say so
+        except (ValueError, FileNotFoundError) as exc:
+            if not parallel:
+                raise
+            error = exc
+        if parallel:  # one rank may not see a file (another host): every rank raises its error
+            errors = [e for e in gather(error) if e is not None]
+            if errors:
+                raise errors[0]
+        rule = SplitRule.without_times(spec.split, seed=seed, has_validation_files=bool(val_files))
+        keys = fitted.keys if fitted is not None else tuple(
+            c.name for columns in table_order(spec).values() for c in columns)  # fmt: skip
+        fitter = Fitter(spec) if fitted is None else None
+        threads = default_threads(parallel) if threads is None else max(int(threads), 1)
+        scan = _Scan(spec, keys, skip_bad_rows, None if SplitRule.needs_times(spec.split) else rule,
+                     fitter, threads)  # fmt: skip
+        files = (train_files, val_files)
+        scan.read(files, rank, world_size)
+        reports = gather(scan.report())
+        pieces = _pieces(files, reports)
+        if scan.rule is None:
+            scan.rule = _fit_times(spec, reports, pieces)
+        scan.fit_held(pieces)
+        parts = gather(scan.part())
+        for part in parts:
+            for position, counts in part["kinds"].items():
+                pieces[position][NUM_TRAIN : NUM_VALIDATION + 1] = counts
+        if fitter is not None:
+            fitted = fitter.merge([part["fit"] for part in parts])
+        assert fitted is not None and scan.rule is not None
+        examples = sorted(e for report in reports for e in report["examples"])[:_MAX_REPORTED]
+        table = torch.tensor([pieces[k] for k in sorted(pieces)], dtype=torch.int64)
+        data = TableData(fitted, files, table.view(-1, PIECE_COLUMNS), scan.rule, skip_bad_rows,
+                         sum(r["skipped"] for r in reports), tuple(m for _, m in examples),
+                         time.perf_counter() - start)  # fmt: skip
+        _check_rows(data, spec, fitted if fitter is not None else None)
+        logger.info(data.summary())
+        return data
 
 
 def _open(

@@ -9,7 +9,9 @@ import ctypes
 import math
 import platform
 import resource
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -347,3 +349,41 @@ def test_the_worked_example_of_docs_data_md(tmp_path):
         assert len(set(table.vocabulary) ^ set(adult.vocabularies[table.name])) <= 2, table.name
     assert len(data.fitted.dense) == 6
     assert 0.2 < data.fitted.stats["train_positives"] / data.fitted.stats["train_rows"] < 0.28
+
+
+@pytest.mark.slow  # a fresh process (torch's import): seconds
+def test_a_first_scan_imports_pyarrow_compute_in_a_thread_while_it_cuts(tmp_path):
+    """[Note: a scan's first piece]: in a fresh process the scan's own thread never imports
+    pyarrow.compute (the thread that cuts the first piece); `loading_compute_ahead` does, and
+    the scan ends (here: refusing an empty file) only when that import has."""
+    path = _write(tmp_path, TINY)
+    empty = _write(tmp_path, "user,clicked,day\n", name="empty.csv")
+    code = f"""
+import sys, threading
+import pyarrow
+from shardkit.data import scan_table
+from shardkit.data._table_pieces import arrow
+from shardkit.data._table_schema_load import schema_from_dict
+importers = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pyarrow.compute":
+            importers.append(threading.current_thread().name)
+sys.meta_path.insert(0, Spy())
+arrow(compute=False)
+assert "pyarrow.compute" not in sys.modules
+schema = schema_from_dict({{"label": "clicked", "columns": {{"user": "categorical"}},
+                            "split": {{"time_column": "day", "time_cut": 6}}}})
+try:
+    scan_table([{str(empty)!r}], schema)
+except ValueError as exc:
+    assert "no rows after the header" in str(exc), exc
+assert "pyarrow.compute" in sys.modules and threading.active_count() == 1
+data = scan_table([{str(path)!r}], schema)  # imported: no thread this time
+assert data.num_rows == (5, 1), data.num_rows
+print(importers)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['shardkit-import-compute']", out.stdout
