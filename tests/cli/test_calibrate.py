@@ -212,7 +212,7 @@ def test_simulate_needs_a_profile_and_the_links_between_hosts(files, capsys):
 
 
 def test_kernel_fit_recovers_its_coefficients_and_the_miss_curve():
-    from shardkit.bench._calibrate import fit_kernel
+    from shardkit.bench._kernel_fit import fit_kernel
     from shardkit.planner import KernelFit, miss_fraction
 
     # points as calibrate times them (dims x ids x a cached and a large table, 20 or 2 ids per
