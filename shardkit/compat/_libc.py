@@ -104,7 +104,7 @@ def madvise_huge_pages(address: int, nbytes: int) -> bool:
     return madvise is not None and madvise(begin, end - begin, _MADV_HUGEPAGE) == 0
 
 
-@functools.cache
 def _madvise() -> Callable[..., Any] | None:
-    """glibc's ``madvise``, looked up once (None without glibc); tests hook it here."""
+    """glibc's ``madvise`` (None without glibc; `glibc_function` caches it); tests hook it
+    here."""
     return glibc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))

@@ -44,8 +44,6 @@ storage's memory (``_swap_data_ptr_``).
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Callable
 
 import torch
 
@@ -67,15 +65,10 @@ TRIM_BUDGET_BYTES = 64 << 20
 
 def release_free_memory() -> None:
     """Return free heap pages to the operating system (glibc), else do nothing."""
-    malloc_trim = _malloc_trim()
+    # glibc_function makes the function once per process (cached): nothing to hoist here
+    malloc_trim = glibc_function("malloc_trim", (ctypes.c_size_t,))
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, looked up once (None without glibc)."""
-    return glibc_function("malloc_trim", (ctypes.c_size_t,))
 
 
 def advise_huge_pages(tensor: torch.Tensor) -> None:

@@ -69,7 +69,7 @@ def test_no_glibc_is_none_with_the_reason(where, said, monkeypatch):
 def without_glibc(monkeypatch):
     """This process as on macOS or musl: `load_glibc` finds none, and every function looked up
     before is forgotten (and looked up again after the test)."""
-    caches = (glibc_function, _libc._madvise, _memory._malloc_trim)
+    caches = (glibc_function,)
     monkeypatch.setattr(_libc, "load_glibc", lambda: (None, "no glibc on darwin"))
     for cache in caches:
         cache.cache_clear()
