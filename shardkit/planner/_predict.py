@@ -92,7 +92,11 @@ factor is not charged (the 4-rank rows fit without it, 24 of 24; with it 17-21).
 hosts of their own (GPUs, or one rank per host) are charged nothing. The simulation gives
 every rank cores of its own, so there a CPU profile's factor is charged to every host of 2 or
 more ranks: measured with as many ranks as the calibrated machine has cores, a guess for hosts
-of many more.
+of many more. Measured quietly on that VM afterwards (two calibrations, 2026-11-29): 1.00x
+(1.00-1.24 over 5 samples), and the 2-rank rows checked afresh came within 20% in 21 of 24
+without it (benchmarks/results/predict_ranks_1_2_samples.md): there the factor is 1 and the
+earlier shortfall did not recur (most likely the calibrations' drift within the hour); the term
+stays for hosts where calibrate measures more.
 
 [Note: fresh pages]
 A CPU step allocates some buffers afresh every time, and the first write to a freshly mapped
