@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import importlib.util
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "list_table_files",
     "open_table_files",
     "parquet",
+    "pyarrow_installed",
     "record_lines",
 ]
 
@@ -195,11 +197,23 @@ def _encoding_problem(file: TableFile, fields: list[str]) -> tuple[str, str]:
     return "", "bytes that are not UTF-8; save the file as UTF-8"
 
 
+def pyarrow_installed(*modules: str) -> bool:
+    """Whether pyarrow's ``modules`` (default: pyarrow) are installed: an ImportError from an
+    installed one is its own error (a broken install, a partly imported module), not a
+    missing extra, and is raised as it is."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in modules or ("pyarrow",))
+    except (ImportError, ValueError):
+        return False
+
+
 def parquet(path: Path) -> Any:
     """pyarrow.parquet, or an error naming the extra."""
     try:
         import pyarrow.parquet
     except ImportError:
+        if pyarrow_installed("pyarrow.parquet"):
+            raise  # installed but broken: its own error says how
         raise ValueError(f"{path} is a Parquet file: reading it needs pyarrow, pip install "
                          "'shardkit[parquet]'") from None  # fmt: skip
     return pyarrow.parquet

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.data._table_files import TableFile, parquet
+from shardkit.data._table_files import TableFile, parquet, pyarrow_installed
 
 __all__ = [
     "PARQUET_ROWS",
@@ -63,6 +63,8 @@ def arrow(path: Path | str = "", *, compute: bool = True) -> Any:
         if compute:
             import pyarrow.compute
     except ImportError:
+        if pyarrow_installed("pyarrow", "pyarrow.csv", *(["pyarrow.compute"] if compute else [])):
+            raise  # installed but broken: its own error says how
         where = f"{path}: " if path else ""
         raise ValueError(f"{where}reading a table needs pyarrow: pip install 'shardkit[data]' (make "
                          "installs it)") from None  # fmt: skip
@@ -75,6 +77,11 @@ def loading_compute_ahead() -> Iterator[None]:
     a process's first scan cuts its first piece meanwhile; the block ends when the import is
     done (see [Note: a scan's first piece])."""
     if "pyarrow.compute" in sys.modules:
+        yield
+        return
+    try:  # in this thread first: the import thread then loads modules no other thread loads
+        import pyarrow.csv  # noqa: F401  (see [Note: a scan's first piece])
+    except ImportError:  # the scan's own import says which extra is missing
         yield
         return
     thread = threading.Thread(target=_import_compute, name="shardkit-import-compute")

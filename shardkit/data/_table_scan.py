@@ -43,7 +43,12 @@ imports only ``pyarrow`` and its CSV reader itself (`arrow(compute=False)`: the 
 CSV parse need no more); the first worker to need the module (`ColumnParser.pc`) waits for the
 import if it is still running. The scan returns (or raises) only once the import is done: no
 thread of it outlives it (a fork in the middle of an import would leave the child's import of
-the module waiting forever).
+the module waiting forever). ``pyarrow`` itself and its CSV reader are imported before the
+thread starts, in the scan's thread: the import thread then loads only modules of its own
+(``pyarrow.compute``'s, ``numpy.ma``'s), never one the scan's thread may load meanwhile (a
+Parquet file's ``pyarrow.parquet``). Two threads importing ``pyarrow`` at once made one of them
+see a partly initialized ``pyarrow.lib`` ("cannot import name 'BuildInfo'"): about one fresh
+process in 25 refused a Parquet file as if pyarrow were missing.
 """
 
 from __future__ import annotations

@@ -266,6 +266,61 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
         scan_table([path], schema_from_dict(SCHEMA))
 
 
+def test_an_installed_pyarrow_that_fails_to_import_raises_its_own_error(tmp_path, monkeypatch):
+    """An ImportError from an installed pyarrow (a broken install, a module another thread is
+    still importing) is raised as it is, not reported as a missing extra."""
+    import shardkit.data._table_files as table_files
+
+    path = write_ratings_parquet(tmp_path / "r.parquet", 10)
+
+    def broken(name, *args, **kwargs):
+        if name == "pyarrow.parquet":
+            raise ImportError("cannot import name 'BuildInfo' from partially initialized module")
+        return real(name, *args, **kwargs)
+
+    real = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    monkeypatch.delitem(sys.modules, "pyarrow.parquet", raising=False)
+    monkeypatch.setattr("builtins.__import__", broken)
+    with pytest.raises(ImportError, match="BuildInfo"):
+        table_files.parquet(path)
+
+
+def test_a_first_scan_imports_pyarrow_before_its_import_thread_starts(tmp_path):
+    """[Note: a scan's first piece]: in a fresh process (pyarrow not imported) the thread that
+    imports pyarrow.compute loads only modules of its own, never pyarrow, pyarrow.lib or a
+    reader the scan's thread loads meanwhile (both importing pyarrow at once made one fresh
+    process in ~25 refuse a Parquet file as if pyarrow were missing)."""
+    files = [
+        write_ratings(tmp_path / "r.csv", 50),
+        write_ratings_parquet(tmp_path / "r.parquet", 50),
+    ]
+    code = f"""
+import sys, threading
+from shardkit.data import scan_table
+from shardkit.data._table_schema_load import schema_from_dict
+from tests.data.ratings import SCHEMA
+assert "pyarrow" not in sys.modules
+loads = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        loads.append((threading.current_thread().name, name, "pyarrow.csv" in sys.modules))
+sys.meta_path.insert(0, Spy())
+scan_table({[str(f) for f in files]!r}, schema_from_dict(SCHEMA))
+print(sorted({{name for thread, name, _ in loads if thread == "shardkit-import-compute"}}))
+print(sorted({{name for thread, name, _ in loads if thread != "shardkit-import-compute"}}))
+print(all(ready for thread, _, ready in loads if thread == "shardkit-import-compute"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    ahead, others = set(eval(lines[0])), set(eval(lines[1]))
+    assert lines[2] == "True", "the import thread ran before pyarrow's CSV reader was imported"
+    assert "pyarrow.compute" in ahead and "pyarrow.parquet" in others, out.stdout
+    assert not ahead & others, ahead & others
+    assert not ahead & {"pyarrow", "pyarrow.lib", "pyarrow.csv", "pyarrow.parquet"}, ahead
+
+
 GOOD = "user,item,tags,age,clicked,day\n" + "u1,a,x,20,1,1\nu2,b,y,30,0,2\n" * 3
 
 
