@@ -269,6 +269,8 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
 def test_an_installed_pyarrow_that_fails_to_import_raises_its_own_error(tmp_path, monkeypatch):
     """An ImportError from an installed pyarrow (a broken install, a module another thread is
     still importing) is raised as it is, not reported as a missing extra."""
+    import builtins
+
     import shardkit.data._table_files as table_files
 
     path = write_ratings_parquet(tmp_path / "r.parquet", 10)
@@ -278,7 +280,7 @@ def test_an_installed_pyarrow_that_fails_to_import_raises_its_own_error(tmp_path
             raise ImportError("cannot import name 'BuildInfo' from partially initialized module")
         return real(name, *args, **kwargs)
 
-    real = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    real = builtins.__import__
     monkeypatch.delitem(sys.modules, "pyarrow.parquet", raising=False)
     monkeypatch.setattr("builtins.__import__", broken)
     with pytest.raises(ImportError, match="BuildInfo"):
