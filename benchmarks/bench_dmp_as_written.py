@@ -127,9 +127,40 @@ def render(results: dict, args, machine: str) -> str:
                     f"figures, then a rank aborted at exit in {len(aborted)} of {len(runs_of)} "
                     f"round(s) ({aborted[0]})"
                 )
+    lines += per_round(results)
     if exits:
         lines += ["", "Runs kept though a process aborted after the last step:", *exits]
     return "\n".join(lines) + "\n"
+
+
+def per_round(results: dict) -> list[str]:
+    """Each round's pair of step times (wall and CPU), in the order run: the row's spread says
+    how far the rounds differ, this says whether the two libraries moved together (the machine
+    changed between rounds: both slower in the same round) or one alone (a state of that
+    library's run). The medians above pool the rounds and hide which."""
+    rows, rounds = [], 0
+    for (kind, loop, optimizer), runs in results.items():
+        theirs, ours = runs["torchrec"], runs["shardkit"]
+        if not theirs or any("failed" in r for r in theirs + ours):
+            continue
+        cells = [
+            f"{t['median_ms']:.1f} / {o['median_ms']:.1f} ({o['median_ms'] / t['median_ms']:.2f}); "
+            f"CPU {max(t['cpu_ms_per_rank']):.1f} / {max(o['cpu_ms_per_rank']):.1f}"
+            for t, o in zip(theirs, ours)
+        ]
+        rows.append(f"| {kind} | {loop} | {optimizer} | " + " | ".join(cells) + " |")
+        rounds = max(rounds, len(cells))
+    if not rows:
+        return []
+    return [
+        "",
+        "Per round, in the order run: wall ms TorchRec / shardkit (ratio); CPU ms of the busier "
+        "rank. Both slower in the same round is the machine; one alone is that library's run.",
+        "",
+        "| type | loop | optimizer | " + " | ".join(f"round {k + 1}" for k in range(rounds)) + " |",
+        "|---|---|---|" + "---:|" * rounds,
+        *rows,
+    ]
 
 
 def main() -> None:

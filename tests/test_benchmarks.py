@@ -429,3 +429,38 @@ def test_bench_pt2_runs_at_toy_size(tmp_path):
         assert len(row["eager_ms"]) == len(row["compiled_ms"]) == 2
         assert _positive(*row["eager_ms"], *row["compiled_ms"], row["compile_s"]), row
     assert "| dlrm, DMP 2 ranks, row_wise |" in out.read_text()
+
+
+def test_bench_dmp_as_written_shows_each_rounds_pair():
+    """The per-round table pairs each round's TorchRec run with the shardkit run beside it, in
+    the order run (issue 25: which row's spread is the machine's and which one library's);
+    rows without TorchRec or with a failed run are left out."""
+    spec = importlib.util.spec_from_file_location(
+        "_as_written", BENCHMARKS / "bench_dmp_as_written.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(ms: float, cpu: float) -> dict:
+        return {"median_ms": ms, "cpu_ms_per_rank": [cpu - 1, cpu]}
+
+    results = {
+        ("column_wise", "plain", "sgd"): {
+            "torchrec": [run(120.0, 130.0), run(144.0, 150.0)],
+            "shardkit": [run(96.0, 100.0), run(136.8, 140.0)],
+        },
+        ("row_wise", "plain", "sgd"): {"torchrec": [], "shardkit": [run(90.0, 95.0)]},
+        ("table_wise", "plain", "sgd"): {
+            "torchrec": [run(100.0, 100.0)],
+            "shardkit": [{"failed": "boom"}],
+        },
+    }
+    lines = bench.per_round(results)
+    assert lines[3] == "| type | loop | optimizer | round 1 | round 2 |"
+    assert lines[5:] == [
+        "| column_wise | plain | sgd | 120.0 / 96.0 (0.80); CPU 130.0 / 100.0 | "
+        "144.0 / 136.8 (0.95); CPU 150.0 / 140.0 |"
+    ]
+    assert (
+        bench.per_round({("row_wise", "plain", "sgd"): results[("row_wise", "plain", "sgd")]}) == []
+    )
