@@ -18,6 +18,15 @@ round; a case's time is the fastest round's median step (the slower rank's): oth
 on a shared machine only add time. With TorchRec importable, its planner plans the same type
 and its `EmbeddingPerfEstimator`'s estimate of the busiest rank (the sum of its shards'
 ``Perf.total``: embedding lookups and communication, no dense part) is shown beside ours.
+
+A profile calibrated an hour before the steps predicts them at the machine's speed of an hour
+ago (a shared VM drifts 1.3-1.6x within the hour). So, on one host (not under torchrun; off
+with ``--no-resample``), the profile's speed points are re-sampled with calibrate's own code
+(`shardkit.bench.MachineSampler`: memory copy, matmul, bucketing, the kernel's in-cache
+points, the step overhead, the collectives at the block's world size) before and after each
+(world size, case) block of each round, and each row is also predicted from the profile those
+two samples give (`resampled_profile`, see [Note: re-sampled profile]): the calibrated model at
+the speed of the moment of the row's fastest round. The steps themselves are never fitted to.
 """
 
 from __future__ import annotations
@@ -106,7 +115,7 @@ def make_plan(case: str, kind: str, world: int, topology, batch: int):
     choice)."""
     local = topology.local_world_size
     from shardkit import EmbeddingBagCollection
-    from shardkit.planner import estimate_plan, plan_tables
+    from shardkit.planner import plan_tables
     from shardkit.sharding import construct_module_sharding_plan, data_parallel, grid_shard
     from shardkit.types import ShardingPlan
 
@@ -128,8 +137,20 @@ def make_plan(case: str, kind: str, world: int, topology, batch: int):
     else:
         constraints = _constraints(case, None if kind == PLANNER else kind)
         plan = plan_tables(tables, topology, constraints=constraints, **common).plan
-    stats = estimate_plan(plan, tables, topology, constraints=_constraints(case, None), **common)
-    return plan.to_json(), stats.prediction
+    return plan.to_json(), predict(plan.to_json(), case, kind, topology, batch)
+
+
+def predict(plan_json: str, case: str, kind: str, topology, batch: int):
+    """The planner's prediction of ``plan_json``'s step on ``topology`` (its profile)."""
+    from shardkit.planner import estimate_plan
+    from shardkit.types import ShardingPlan
+
+    stats = estimate_plan(
+        ShardingPlan.from_json(plan_json), configs(case), topology,
+        constraints=_constraints(case, None), batch_size=batch, fused_params=_fused(kind),
+        module_path="ebc", dense_parameters=dense_parameters(case),
+    )  # fmt: skip
+    return stats.prediction
 
 
 def _batches(rank: int, case: str, batch: int, count: int = 4):
@@ -267,6 +288,10 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", help="write the markdown report here (and .json beside it)")
+    parser.add_argument(
+        "--no-resample", dest="resample", action="store_false",
+        help="do not re-sample the profile's speed points around the measured steps",
+    )  # fmt: skip
     args = parser.parse_args()
     from shardkit.planner import load_profile
 
@@ -328,25 +353,80 @@ def _planned(profile, args, world: int, local: int, torchrec: bool) -> dict[tupl
 
 def _spawned(profile, args, write) -> dict[tuple, dict]:
     """Each case in fresh ranks of each world size on this host, contenders in turns; ``write``
-    the rows after each run."""
+    the rows after each run. With ``args.resample``, calibrate's speed points are re-sampled
+    before and after each (world, case) block of a round, and each row of the block is also
+    predicted from the profile re-sampled by those two samples (see
+    [Note: re-sampled profile])."""
+    from shardkit.bench import MachineSampler
+
     rows: dict[tuple, dict] = {}
     for world in args.world_sizes:
         rows.update(_planned(profile, args, world, world, torchrec=True))
-    for round_ in range(args.rounds):
-        for key, row in rows.items():
-            case, world, kind = key
-            try:
-                times = spawn(
-                    run_rank, world_size=world, args=(case, kind, row["plan"], args),
-                    backend="gloo", timeout=900, threads_per_rank=1,
-                )[0]  # fmt: skip
-            except RankFailedError as exc:
-                row["failed"] = str(exc).splitlines()[0][:200]
-                print(f"{case} {world} {kind}: failed: {row['failed']}", flush=True)
-                continue
-            _record(row, times, round_)
-            write(rows)
+    blocks: dict[tuple, list[tuple]] = {}
+    for key in rows:
+        blocks.setdefault((key[1], key[0]), []).append(key)
+    optimizers = sorted({_fused(k)["optimizer"].value for (_, _, k) in rows})
+    sampler = MachineSampler(profile, optimizers=optimizers) if args.resample else None
+    last: tuple[int, dict] | None = None  # (world, the sample taken after the block before)
+    try:
+        for round_ in range(args.rounds):
+            for (world, _), keys in blocks.items():
+                before = None
+                if sampler is not None:
+                    same = last is not None and last[0] == world
+                    before = last[1] if same else _sample(sampler, world)  # type: ignore[index]
+                for key in keys:
+                    _run(rows[key], key, round_, args)
+                    write(rows)
+                if sampler is not None:
+                    after = _sample(sampler, world)
+                    last = (world, after)
+                    _predict_resampled(rows, keys, profile, [before, after], args)
+                    write(rows)
+    finally:
+        if sampler is not None:
+            sampler.close()
     return rows
+
+
+def _sample(sampler, world: int) -> dict:
+    start = time.perf_counter()
+    sample = sampler.sample([world])
+    print(f"re-sampled the machine at {world} rank(s) in {time.perf_counter() - start:.1f} s",
+          flush=True)  # fmt: skip
+    return sample
+
+
+def _run(row: dict, key: tuple, round_: int, args) -> None:
+    case, world, kind = key
+    try:
+        times = spawn(
+            run_rank, world_size=world, args=(case, kind, row["plan"], args),
+            backend="gloo", timeout=900, threads_per_rank=1,
+        )[0]  # fmt: skip
+    except RankFailedError as exc:
+        row["failed"] = str(exc).splitlines()[0][:200]
+        print(f"{case} {world} {kind}: failed: {row['failed']}", flush=True)
+        return
+    _record(row, times, round_)
+
+
+def _predict_resampled(rows, keys, profile, samples, args) -> None:
+    """Each row of ``keys`` measured this round: its plan's prediction from ``profile``
+    re-sampled by ``samples`` (taken before and after the block), for the round just run."""
+    from shardkit.bench import resampled_profile
+    from shardkit.planner import Topology
+
+    now = resampled_profile(profile, samples)
+    for key in keys:
+        row = rows[key]
+        if len(row.get("rounds", ())) <= len(row.get("resampled_rounds", ())):
+            continue  # this round failed
+        case, world, kind = key
+        topology = Topology.from_profile(now, world_size=world, local_world_size=world)
+        ms = predict(row["plan"], case, kind, topology, args.batch).step_ms
+        row.setdefault("resampled_rounds", []).append(ms)
+        print(f"          re-sampled prediction {ms:8.1f} ms", flush=True)
 
 
 def _under_torchrun(profile, args) -> dict[tuple, dict] | None:
@@ -427,21 +507,39 @@ def render(report: dict) -> str:
         "(the memory traffic they cause still does). Predicted: the "
         "planner's step prediction from the profile. TorchRec: its planner's estimate for the "
         "same type (the busiest rank's embedding lookups and communication; it has no dense "
-        'model). error = predicted / measured - 1. "planner\'s choice (= T)": the planner '
+        "model). Re-sampled: the same plan predicted from the profile with its speed points "
+        "(memory copy, matmul, bucketing, the kernel's in-cache points, the step overhead, the "
+        "collectives of the row's world size) timed again by calibrate's own code just before "
+        "and after the row's block of that round (the fastest round's), everything else as "
+        "calibrated: the calibrated model at the machine's speed of the moment, nothing fitted "
+        "to the steps (see [Note: re-sampled profile] in shardkit/bench/_resample.py). "
+        'error = predicted / measured - 1. "planner\'s choice (= T)": the planner '
         "chose the very plan of type T's row, so the two rows time one plan twice (their "
         "difference is the measurement's spread).",
         "",
-        "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | alone "
-        "(CPU) ms | its error | TorchRec est. ms | dominant (predicted) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | "
+        "re-sampled: predicted ms | its error | alone (CPU) ms | its error | TorchRec est. ms "
+        "| dominant (predicted) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     best = {field: _fastest_types(report["rows"], field) for field in ("rounds", "cpu_rounds")}
-    errors, alone_errors = [], []
+    errors, alone_errors, resampled_errors, resampled_alone = [], [], [], []
     for row in report["rows"]:
+        resampled_text = resampled_error = "-"
         if not row.get("rounds"):
             measured_text, error_text = row.get("failed", "not run"), "-"
             fastest_text = fastest_error = "-"
         else:
+            fastest = min(range(len(row["rounds"])), key=row["rounds"].__getitem__)
+            if len(row.get("resampled_rounds", ())) > fastest:  # that round's re-sample
+                now = row["resampled_rounds"][fastest]
+                error = now / row["rounds"][fastest] - 1
+                resampled_errors.append((abs(error), row))
+                resampled_text, resampled_error = f"{now:.1f}", f"{100 * error:+.0f}%"
+            cpu = min(range(len(row["cpu_rounds"])), key=row["cpu_rounds"].__getitem__)
+            if len(row.get("resampled_rounds", ())) > cpu:
+                error = row["resampled_rounds"][cpu] / row["cpu_rounds"][cpu] - 1
+                resampled_alone.append((abs(error), row))
             measured = min(row["rounds"])
             rounds = ", ".join(f"{r:.1f}" for r in row["rounds"])
             measured_text = f"{measured:.1f} ({rounds})"
@@ -461,7 +559,8 @@ def render(report: dict) -> str:
         lines.append(
             f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {kind} | "
             f"{measured_text} | "
-            f"{row['predicted_ms']:.1f} | {error_text} | {fastest_text} | {fastest_error} | "
+            f"{row['predicted_ms']:.1f} | {error_text} | {resampled_text} | {resampled_error} | "
+            f"{fastest_text} | {fastest_error} | "
             f"{tr_text} | {dominant} |"
         )
     lines += ["", "## The planner's first choice against the fastest type measured", ""]
@@ -479,7 +578,12 @@ def render(report: dict) -> str:
                 f"| {key[0]} | {key[1]} | {label} | {mine:.1f} | {kind} | {theirs:.1f} | "
                 f"{mine / theirs:.2f} |"
             )
-    for label, found in (("wall", errors), ("alone (CPU)", alone_errors)):
+    for label, found in (
+        ("wall", errors),
+        ("wall, predicted from the profile re-sampled around the steps", resampled_errors),
+        ("alone (CPU)", alone_errors),
+        ("alone (CPU), predicted from the profile re-sampled around the steps", resampled_alone),
+    ):
         if not found:
             continue
         within = sum(1 for e, _ in found if e <= 0.2)

@@ -7,12 +7,14 @@ from shardkit.bench._calibrate import (
 )
 from shardkit.bench._fit import fit_nonnegative
 from shardkit.bench._machine import machine_identity, machine_info, machine_line
+from shardkit.bench._resample import MachineSampler, resampled_profile
 from shardkit.bench.comm import CommBenchConfig, CommBenchRow, format_table, run_comm_bench
 
 __all__ = [
     "CalibrationConfig",
     "CommBenchConfig",
     "CommBenchRow",
+    "MachineSampler",
     "calibrate",
     "fit_nonnegative",
     "format_profile",
@@ -20,5 +22,6 @@ __all__ = [
     "machine_identity",
     "machine_info",
     "machine_line",
+    "resampled_profile",
     "run_comm_bench",
 ]

@@ -397,3 +397,126 @@ def test_the_kernel_call_timed_alone_and_together_runs():
 
     # the memory-bound call calibrate times alone here and in the host's ranks at once
     assert 0 < kernel_call_ms("exact_row_wise_adagrad", 1) < 10_000
+
+
+def _calibrated_with_points():
+    """The hand profile as calibrate would write it: its points (two in-cache kernel points,
+    one out of cache, one on the miss curve; the collectives of 1 and 2 ranks; the tiny steps)
+    and the fits of those points."""
+    from dataclasses import replace
+
+    from shardkit.bench._links import fit_links
+    from shardkit.bench._overhead import _OVERHEAD_POINTS, fit_overhead
+
+    base = hand_profile()
+    kernel = [
+        {"ids": ids, "rows": rows, "dim": 8, "bags": ids // 4, "unique": min(ids, rows),
+         "touched": rows * 32, "forward_ms": fwd, "backward_ms": bwd, "curve": curve}
+        for ids, rows, fwd, bwd, curve in (
+            (256, 64, 1.0, 2.0, False), (1024, 256, 3.0, 6.0, False),
+            (1024, 1 << 20, 9.0, 20.0, False), (1024, 1 << 18, 5.0, 11.0, True),
+        )
+    ]  # fmt: skip
+    collectives = [
+        {"kind": kind, "world_size": world, "bytes": n, "scope": "intra", "sample": 0,
+         "ms": 0.5 * world + n / 1e6}
+        for kind in COLLECTIVE_KINDS for world in (1, 2) for n in (1e4, 1e6)
+    ]  # fmt: skip
+    steps = [
+        {"features": f, "batch": b, "dim": d, "sample": 0, "ms": 2.0 + 0.1 * f}
+        for f, b, d in _OVERHEAD_POINTS
+    ]  # fmt: skip
+    links = tuple(fit_links(collectives, "intra"))
+    points = {"kernel:exact_sgd": kernel, "collectives": collectives, "step_overhead": steps}
+    overhead = fit_overhead(steps, base.kernels[0], links)
+    return replace(base, links=links, step_overhead=overhead, points=points)
+
+
+def _link_numbers(links):
+    return [v for link in links for v in (link.world_size, link.latency_ms, link.bytes_per_ms)]
+
+
+def test_a_resampled_profile_moves_the_speeds_and_keeps_the_fits():
+    """[Note: re-sampled profile]: the scalars are the samples' median, each kernel is scaled by
+    its in-cache points now over then (not the out-of-cache or curve points), the re-sampled
+    world's links and the step overhead are refitted from the new rows, the rest stays."""
+    from dataclasses import replace
+
+    from shardkit.bench import resampled_profile
+    from shardkit.bench._links import fit_links
+    from shardkit.bench._overhead import fit_overhead
+    from shardkit.bench._resample import kernel_base_points
+
+    profile = _calibrated_with_points()
+    assert [p["ids"] for p in kernel_base_points(profile, "exact_sgd")] == [256, 1024]
+    old = profile.points["kernel:exact_sgd"]
+
+    def sample(k, slow):
+        return {
+            "scalars": {"memory_bw": 2e7 * slow, "matmul_flops": 5e8 * slow,
+                        "bucket_ms_per_id": 1e-5 * slow},
+            # the in-cache points 1.5x slower forward, 2x backward; the big table's 10x (ignored)
+            "kernels": {"exact_sgd": [
+                {**p, "forward_ms": p["forward_ms"] * (1.5 if p["rows"] <= p["ids"] else 10),
+                 "backward_ms": p["backward_ms"] * (2.0 if p["rows"] <= p["ids"] else 10)}
+                for p in old[:3]
+            ]},
+            "collectives": [
+                {"kind": kind, "world_size": 2, "bytes": n, "scope": "intra", "sample": k,
+                 "ms": 3.0 + n / 5e5} for kind in COLLECTIVE_KINDS for n in (1e4, 1e6)
+            ],
+            "steps": [{**r, "ms": 3 * r["ms"], "sample": k}
+                      for r in profile.points["step_overhead"]],
+        }  # fmt: skip
+
+    now = resampled_profile(profile, [sample(0, 1.0), sample(1, 3.0)])
+    assert now.memory_bw == pytest.approx(4e7) and now.matmul_flops == pytest.approx(1e9)
+    assert now.bucket_ms_per_id == pytest.approx(2e-5)
+    (then,), (fit,) = profile.kernels, now.kernels
+    assert fit.forward == pytest.approx(tuple(1.5 * c for c in then.forward))
+    assert fit.backward == pytest.approx(tuple(2.0 * c for c in then.backward))
+    assert fit.miss_curve == then.miss_curve
+    two = {link.kind: link for link in now.links if link.world_size == 2}
+    one = {link.kind: link for link in now.links if link.world_size == 1}
+    assert (two["all_to_all"].latency_ms, two["all_to_all"].bytes_per_ms) == pytest.approx(
+        (3.0, 5e5)
+    )
+    assert _link_numbers(one.values()) == pytest.approx(
+        _link_numbers(link for link in profile.links if link.world_size == 1)
+    )
+    steps = [r for r in now.points["step_overhead"]]
+    assert all(r["ms"] > 3.0 for r in steps) and len(steps) == 2 * len(
+        profile.points["step_overhead"]
+    )
+    assert now.step_overhead == pytest.approx(fit_overhead(steps, fit, now.links))
+    assert now.step_overhead != pytest.approx(profile.step_overhead)
+    # no samples: the profile as calibrated; a profile without its points cannot be re-sampled
+    assert resampled_profile(profile, []) is profile
+    with pytest.raises(ValueError, match="calibration points"):
+        resampled_profile(replace(profile, points={}), [sample(0, 1.0)])
+    assert _link_numbers(fit_links(profile.points["collectives"], "intra")) == pytest.approx(
+        _link_numbers(profile.links)
+    )
+
+
+@pytest.mark.slow
+def test_the_sampler_times_calibrates_points_again_at_toy_sizes():
+    from shardkit.bench import CalibrationConfig, MachineSampler, resampled_profile
+
+    profile = _calibrated_with_points()
+    config = CalibrationConfig(copy_bytes=1 << 20, repeats=1)
+    with MachineSampler(profile, config=config) as sampler:
+        sample = sampler.sample([2])
+    assert [(p["ids"], p["rows"]) for p in sample["kernels"]["exact_sgd"]] == [
+        (256, 64),
+        (1024, 256),
+    ]
+    assert {(r["kind"], r["world_size"], r["bytes"]) for r in sample["collectives"]} == {
+        (kind, world, n)
+        for kind in COLLECTIVE_KINDS
+        for world in (1, 2)
+        for n in (10_000, 1_000_000)
+    }
+    assert len(sample["steps"]) == len(profile.points["step_overhead"])
+    now = resampled_profile(profile, [sample])
+    assert now.memory_bw == sample["scalars"]["memory_bw"] and now.kernels[0] != profile.kernels[0]
