@@ -6,6 +6,7 @@ skipped and counted)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import platform
 import resource
@@ -245,6 +246,39 @@ def test_gzip_tsv_several_files_and_folders_read_alike(tmp_path):
     files = [folder / f"part_{part}.csv" for part in (1, 2, 10)]
     assert scan_table(files, schema).fitted.to_dict() == reference
     assert scan_table([folder], schema).fitted.to_dict() == reference
+
+
+@pytest.mark.parametrize("probe", [16, 1 << 16])
+def test_gzip_pieces_are_the_plain_files_pieces(tmp_path, monkeypatch, probe):
+    """A gzip file is cut into the plain file's pieces, byte for byte, for any piece size
+    against line length: lines shorter and longer than a piece (empty pieces inside a long
+    line), a last line without a line break, pieces left out; the text is decompressed into
+    buffers that grow past a long line (a probe of 16 bytes) or hold a piece and more."""
+    import gzip
+
+    import shardkit.data._table_pieces as table_pieces
+    from shardkit.data._table_files import open_table_files
+
+    lengths = [3, 40, 7, 350, 1, 90, 12, 800, 5, 64, 63, 65, 2]
+    text = "a,b\n" + "".join(f"{i},{'x' * n}\n" for i, n in enumerate(lengths * 3)) + "9,end"
+    plain, packed = tmp_path / "t.csv", tmp_path / "t.csv.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    monkeypatch.setattr(table_pieces, "_PROBE", probe)
+    for size in (64, 100, 333, 1000):
+        monkeypatch.setattr(table_pieces, "PIECE_BYTES", size)
+        cuts = []
+        for path, cut in ((plain, table_pieces._plain_cut), (packed, table_pieces._gzip_cut)):
+            (file,) = open_table_files([path], needed=["a", "b"], delimiter=None, names=None)
+            cuts.append([(k, begin, end, None if data is None else data.to_pybytes())
+                         for k, begin, end, data in cut(file, lambda k: k % 3 != 1)])  # fmt: skip
+        kept = [c for c in cuts[1] if c[3] is not None]  # the plain cut skips the others
+        assert kept == cuts[0]
+        assert len(kept) >= 2 and len(cuts[1]) > len(kept)
+        assert all(text.encode()[begin:end] == data for _, begin, end, data in kept)
+        ends = [c[1:3] for c in cuts[1]]  # the gzip cut names every piece, kept or not
+        assert ends[0][0] == 4 and ends[-1][1] == len(text)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ends))
 
 
 def test_parquet_reads_like_csv(tmp_path):
