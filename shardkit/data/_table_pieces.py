@@ -27,7 +27,7 @@ import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,12 +142,14 @@ def record_numbers(table: Any, ragged: list[RaggedRow]) -> np.ndarray:
 
 
 def read_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str] = (),
+) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:  # fmt: skip
     """The wanted pieces of a file, in order, each as ``(piece, Arrow table of the needed
     columns, ragged rows)``; CSV columns are strings, or binary in a piece that is not UTF-8
-    (the parser names the bad rows)."""
-    for piece, load in cut_pieces(file, source, index, wanted):
+    (the parser names the bad rows); Parquet string columns named in ``dictionary``
+    (`ColumnParser.dictionary`) come as dictionary arrays (see [Note: Parquet dictionaries])."""
+    for piece, load in cut_pieces(file, source, index, wanted, dictionary):
         yield piece, *load()
 
 
@@ -155,12 +157,13 @@ Loaded = tuple[Any, list[RaggedRow]]
 
 
 def cut_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Callable[[], Loaded]]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str] = (),
+) -> Iterator[tuple[Piece, Callable[[], Loaded]]]:  # fmt: skip
     """`read_pieces`, with each piece's parsing left to a function (for a worker thread):
     ``(piece, load)``, ``load()`` giving the table and the ragged rows."""
     if file.kind == "parquet":
-        for piece, table in _parquet_pieces(file, source, index, wanted):
+        for piece, table in _parquet_pieces(file, source, index, wanted, dictionary):
             yield piece, functools.partial(_loaded, table)
         return
     cut = _gzip_cut if file.kind == "csv.gz" else _plain_cut
@@ -295,6 +298,13 @@ class _Text:
         return piece
 
 
+def _stringy(pa: Any, kind: Any) -> bool:
+    """Whether a Parquet column's type is strings, or a list of strings."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
 def _parse_csv(file: TableFile, data: Any, begin: int) -> tuple[Any, list[RaggedRow]]:
     """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
     second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
@@ -338,10 +348,18 @@ def _read_csv(file: TableFile, data: Any, kind: Any) -> tuple[Any, list[RaggedRo
 
 
 def _parquet_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Any]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str],
+) -> Iterator[tuple[Piece, Any]]:  # fmt: skip
     pq = parquet(file.path)
-    reader = pq.ParquetFile(file.path)
+    pa = arrow(file.path, compute=False)
+    names, leaves = set(dictionary) & set(file.needed), []
+    if names:  # string columns (or lists of strings) only: others are read as they are
+        layout = pq.ParquetFile(file.path)
+        names = {n for n in names if _stringy(pa, layout.schema_arrow.field(n).type)}
+        paths = (layout.schema.column(i).path for i in range(len(layout.schema)))
+        leaves = [path for path in paths if path.split(".")[0] in names]  # a list's: its items
+    reader = pq.ParquetFile(file.path, read_dictionary=leaves or None)
     first, k = 0, 0
     for group in range(reader.metadata.num_row_groups):
         rows = reader.metadata.row_group(group).num_rows

@@ -281,6 +281,61 @@ def test_gzip_pieces_are_the_plain_files_pieces(tmp_path, monkeypatch, probe):
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ends))
 
 
+def test_parquet_string_columns_read_as_dictionaries_fit_and_read_as_strings(tmp_path, monkeypatch):
+    """Parquet string columns of features (and lists of strings) are read as dictionary
+    arrays, their distinct texts trimmed and checked once: the fitted schema, the pieces and
+    the batches are the ones reading plain strings gives, with spaces around values, missing
+    values, nulls, a multi-hot text column and a list column with missing and null items."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import shardkit.data._table_columns as table_columns
+    import shardkit.data._table_pieces as table_pieces
+
+    n = 400
+    users = [f" u{i % 13}" if i % 5 == 0 else f"u{i % 13}" for i in range(n)]
+    items = [
+        None if i % 31 == 0 else ("?" if i % 17 == 0 else f"i{(i * 7) % 23} ") for i in range(n)
+    ]
+    tags = ["x| y" if i % 3 == 0 else ("" if i % 7 == 0 else "z|x|?") for i in range(n)]
+    lists = [None if i % 29 == 0 else [" a", "b", "?", None][: i % 5] for i in range(n)]
+    pq.write_table(pa.table({"user": users, "item": items, "tags": tags, "kinds": lists,
+                             "clicked": [i % 3 == 0 for i in range(n)],
+                             "day": list(range(n))}), tmp_path / "t.parquet",
+                   row_group_size=150)  # fmt: skip
+    schema = _schema({"user": "categorical", "item": {"type": "categorical", "missing": ["?"]},
+                      "tags": {"type": "multi_hot", "missing": ["?", ""]},
+                      "kinds": {"type": "multi_hot", "missing": ["?", ""]}},
+                     split={"time_column": "day", "validation_fraction": 0.2, "per": "user"})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PARQUET_ROWS", 64)
+    parse, coded = table_columns.ColumnParser.parse, []
+
+    def spy(self, table, records):
+        coded.append(sum(pa.types.is_dictionary(c.type) or "dictionary" in str(c.type)
+                         for c in table.columns))  # fmt: skip
+        return parse(self, table, records)
+
+    monkeypatch.setattr(table_columns.ColumnParser, "parse", spy)
+    results, seen = [], []
+    for stringy in (table_pieces._stringy, lambda pa, kind: False):
+        monkeypatch.setattr(table_pieces, "_stringy", stringy)
+        data = scan_table([tmp_path / "t.parquet"], schema, skip_bad_rows=True, threads=2)
+        results.append((data, _validation_batch(data)))
+        seen.append(set(coded))
+        coded.clear()
+    assert seen[0] == {4} and 0 in seen[1]  # user, item, tags, kinds: dictionaries, strings
+    (coded_data, coded_batch), (plain, batch) = results
+    assert coded_data.fitted.to_dict() == plain.fitted.to_dict()
+    assert torch.equal(coded_data.pieces, plain.pieces) and coded_data.skipped == plain.skipped
+    vocabulary = {t.name: t.vocabulary for t in plain.fitted.tables}
+    assert "u0" in vocabulary["user"] and " u0" not in vocabulary["user"]
+    assert "?" not in vocabulary["item"] and "?" not in vocabulary["kinds"]
+    for got, expected in ((coded_batch.sparse_features.values(), batch.sparse_features.values()),
+                          (coded_batch.sparse_features.lengths(), batch.sparse_features.lengths()),
+                          (coded_batch.labels, batch.labels)):  # fmt: skip
+        torch.testing.assert_close(got, expected)
+
+
 def test_parquet_reads_like_csv(tmp_path):
     csv_data = scan_table([write_ratings(tmp_path / "r.csv", 600)], schema_from_dict(SCHEMA))
     parquet = scan_table(
