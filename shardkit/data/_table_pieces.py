@@ -171,7 +171,7 @@ def cut_pieces(
         if data is not None:
             yield (
                 Piece(source, index, k, begin, end),
-                functools.partial(_parse_csv, file, data, begin),
+                functools.partial(_parse_csv, file, data, begin, dictionary),
             )
 
 
@@ -305,13 +305,14 @@ def _stringy(pa: Any, kind: Any) -> bool:
     return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
 
 
-def _parse_csv(file: TableFile, data: Any, begin: int) -> tuple[Any, list[RaggedRow]]:
+def _parse_csv(file: TableFile, data: Any, begin: int, dictionary: Collection[str] = ()
+               ) -> tuple[Any, list[RaggedRow]]:  # fmt: skip
     """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
     second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
     which the parser checks value by value to name the bad row."""
     pa = arrow(file.path, compute=False)
     try:
-        return _read_csv(file, data, pa.string())
+        return _read_csv(file, data, pa.string(), dictionary)
     except pa.ArrowInvalid:
         pass
     try:
@@ -325,7 +326,8 @@ def _parse_csv(file: TableFile, data: Any, begin: int) -> tuple[Any, list[Ragged
         ) from None
 
 
-def _read_csv(file: TableFile, data: Any, kind: Any) -> tuple[Any, list[RaggedRow]]:
+def _read_csv(file: TableFile, data: Any, kind: Any, dictionary: Collection[str] = ()
+              ) -> tuple[Any, list[RaggedRow]]:  # fmt: skip
     pa = arrow(file.path, compute=False)
     ragged: list[RaggedRow] = []
 
@@ -333,13 +335,16 @@ def _read_csv(file: TableFile, data: Any, kind: Any) -> tuple[Any, list[RaggedRo
         ragged.append(RaggedRow(row.number - 1, row.actual_columns, row.expected_columns))
         return "skip"
 
+    types = dict.fromkeys(file.needed, kind)
+    for name in set(dictionary) & set(file.needed):  # their few distinct texts, hashed once
+        types[name] = pa.dictionary(pa.int32(), kind)
     table = pa.csv.read_csv(
         data if isinstance(data, pa.Buffer) else pa.py_buffer(data),
         read_options=pa.csv.ReadOptions(column_names=list(file.columns), use_threads=False,
                                         block_size=max(len(data) + 1, 1 << 20)),
         parse_options=pa.csv.ParseOptions(delimiter=file.delimiter, newlines_in_values=True,
                                           invalid_row_handler=invalid),
-        convert_options=pa.csv.ConvertOptions(column_types=dict.fromkeys(file.needed, kind),
+        convert_options=pa.csv.ConvertOptions(column_types=types,
                                               include_columns=list(file.needed),
                                               strings_can_be_null=False,
                                               quoted_strings_can_be_null=False),

@@ -302,7 +302,7 @@ class TableReader:
         encoder = _encoder(data)
         wanted = {row[INDEX]: (run, row) for run, row in zip(runs, rows)}
         for piece, table, ragged in read_pieces(
-            table_file, source, file, wanted.__contains__, parser.dictionary
+            table_file, source, file, wanted.__contains__, parser.dictionary(table_file.kind)
         ):
             (_, skip, take), row = wanted[piece.index]
             columns, _ = parser.parse(

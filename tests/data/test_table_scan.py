@@ -336,6 +336,51 @@ def test_parquet_string_columns_read_as_dictionaries_fit_and_read_as_strings(tmp
         torch.testing.assert_close(got, expected)
 
 
+def test_csv_multi_hot_texts_read_as_dictionaries_fit_and_read_as_strings(tmp_path, monkeypatch):
+    """A CSV file's multi-hot text columns are read as dictionary arrays (each distinct text
+    split once): the fitted schema, the pieces and the batches are the ones reading plain
+    strings gives, with spaces, missing values, empty texts and many distinct texts."""
+    import pyarrow as pa
+
+    import shardkit.data._table_columns as table_columns
+    import shardkit.data._table_pieces as table_pieces
+
+    rows = [f"u{i % 13},{' x| y' if i % 3 == 0 else ('' if i % 7 == 0 else 'z|x|?')},"
+            f"{'|'.join(f't{(i * j) % 97}' for j in range(i % 4))},{int(i % 3 == 0)},{i}\n"
+            for i in range(400)]  # fmt: skip
+    path = _write(tmp_path, "user,tags,many,clicked,day\n" + "".join(rows))
+    schema = _schema({"user": "categorical", "tags": {"type": "multi_hot", "missing": ["?", ""]},
+                      "many": "multi_hot"},
+                     split={"time_column": "day", "validation_fraction": 0.2, "per": "user"})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 1500)
+    read, coded = table_pieces._read_csv, []
+
+    def spy(*args):
+        table, ragged = read(*args)
+        coded.append(sum(pa.types.is_dictionary(c.type) for c in table.columns))
+        return table, ragged
+
+    monkeypatch.setattr(table_pieces, "_read_csv", spy)
+    results, seen = [], []
+    for plain_reads in (False, True):
+        if plain_reads:
+            monkeypatch.setattr(table_columns.ColumnParser, "dictionary", lambda *_: frozenset())
+        data = scan_table([path], schema, threads=2)
+        results.append((data, _validation_batch(data)))
+        seen.append(set(coded))
+        coded.clear()
+    assert seen[0] == {2} and 0 in seen[1]  # tags and many: dictionaries, then strings
+    (coded_data, coded_batch), (plain, batch) = results
+    assert len(plain.pieces) > 3
+    assert coded_data.fitted.to_dict() == plain.fitted.to_dict()
+    assert torch.equal(coded_data.pieces, plain.pieces)
+    assert "?" not in {t.name: t.vocabulary for t in plain.fitted.tables}["tags"]
+    for got, expected in ((coded_batch.sparse_features.values(), batch.sparse_features.values()),
+                          (coded_batch.sparse_features.lengths(), batch.sparse_features.lengths()),
+                          (coded_batch.labels, batch.labels)):  # fmt: skip
+        torch.testing.assert_close(got, expected)
+
+
 def test_parquet_reads_like_csv(tmp_path):
     csv_data = scan_table([write_ratings(tmp_path / "r.csv", 600)], schema_from_dict(SCHEMA))
     parquet = scan_table(
