@@ -27,7 +27,7 @@ import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,12 +142,14 @@ def record_numbers(table: Any, ragged: list[RaggedRow]) -> np.ndarray:
 
 
 def read_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str] = (),
+) -> Iterator[tuple[Piece, Any, list[RaggedRow]]]:  # fmt: skip
     """The wanted pieces of a file, in order, each as ``(piece, Arrow table of the needed
     columns, ragged rows)``; CSV columns are strings, or binary in a piece that is not UTF-8
-    (the parser names the bad rows)."""
-    for piece, load in cut_pieces(file, source, index, wanted):
+    (the parser names the bad rows); Parquet string columns named in ``dictionary``
+    (`ColumnParser.dictionary`) come as dictionary arrays (see [Note: Parquet dictionaries])."""
+    for piece, load in cut_pieces(file, source, index, wanted, dictionary):
         yield piece, *load()
 
 
@@ -155,12 +157,13 @@ Loaded = tuple[Any, list[RaggedRow]]
 
 
 def cut_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Callable[[], Loaded]]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str] = (),
+) -> Iterator[tuple[Piece, Callable[[], Loaded]]]:  # fmt: skip
     """`read_pieces`, with each piece's parsing left to a function (for a worker thread):
     ``(piece, load)``, ``load()`` giving the table and the ragged rows."""
     if file.kind == "parquet":
-        for piece, table in _parquet_pieces(file, source, index, wanted):
+        for piece, table in _parquet_pieces(file, source, index, wanted, dictionary):
             yield piece, functools.partial(_loaded, table)
         return
     cut = _gzip_cut if file.kind == "csv.gz" else _plain_cut
@@ -168,7 +171,7 @@ def cut_pieces(
         if data is not None:
             yield (
                 Piece(source, index, k, begin, end),
-                functools.partial(_parse_csv, file, data, begin),
+                functools.partial(_parse_csv, file, data, begin, dictionary),
             )
 
 
@@ -178,7 +181,8 @@ def _loaded(table: Any) -> Loaded:
 
 def _plain_cut(
     file: TableFile, wanted: Callable[[int], bool]
-) -> Iterator[tuple[int, int, int, bytes]]:
+) -> Iterator[tuple[int, int, int, Any]]:
+    pa = arrow(file.path, compute=False)
     start = file.start[0]
     with file.path.open("rb") as f:
         size = f.seek(0, 2)
@@ -207,51 +211,108 @@ def _plain_cut(
             begin, end = boundary(k), boundary(k + 1)
             if end > begin:
                 f.seek(begin)
-                yield k, begin, end, f.read(end - begin)
+                data, got = pa.allocate_buffer(end - begin), 0  # Arrow's pool: no fresh pages
+                with memoryview(data) as view:
+                    while got < end - begin and (read := f.readinto(view[got:])):
+                        got += read
+                yield k, begin, end, data.slice(0, got)
 
 
 def _gzip_cut(
     file: TableFile, wanted: Callable[[int], bool]
-) -> Iterator[tuple[int, int, int, bytes | None]]:
+) -> Iterator[tuple[int, int, int, Any]]:
     pa = arrow(file.path, compute=False)
     start = file.start[0]
     with pa.input_stream(str(file.path), compression="gzip") as stream:
         skipped = 0
         while skipped < start:
             skipped += len(stream.read(min(start - skipped, PIECE_BYTES)))
-        buffer, base, k, eof = bytearray(), start, 0, False
-        while buffer or not eof:
+        text = _Text(pa, stream)
+        base, k = start, 0
+        while not text.done:
             target = start + (k + 1) * PIECE_BYTES
             if target <= base:  # piece k lies inside a long line: empty
                 k += 1
                 continue
-            found = -1
-            while True:
-                found = buffer.find(b"\n", max(target - 1 - base, 0))
-                if found >= 0 or eof:
-                    break
-                chunk = stream.read_buffer(PIECE_BYTES)  # from Arrow's pool: no fresh pages
-                eof = not chunk.size
-                buffer += memoryview(chunk)
-            end = base + found + 1 if found >= 0 else base + len(buffer)
+            found = text.newline(max(target - 1 - base, 0))
+            end = base + found + 1 if found >= 0 else base + text.size
             if end > base:
-                data = None
-                if wanted(k):
-                    with memoryview(buffer) as view:  # one copy, not a slice's and then bytes'
-                        data = view[: end - base].tobytes()
-                yield k, base, end, data
-                del buffer[: end - base]
+                yield k, base, end, text.take(end - base, wanted(k))
                 base = end
             k += 1
 
 
-def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[RaggedRow]]:
+class _Text:
+    """A gzip stream's text from the current piece's start on, decompressed straight into a
+    buffer of Arrow's pool that becomes the piece: no copy but of the bytes after the piece's
+    last line. Arrow's pool reuses its pages from piece to piece; a piece copied into a
+    ``bytearray`` and then ``bytes`` (glibc's heap) took two copies and about 13k fresh pages
+    (page faults) of MovieLens-1M's 16k in cutting and parsing (see [Note: table scan])."""
+
+    def __init__(self, pa: Any, stream: Any) -> None:
+        self.pa, self.stream = pa, stream
+        self.buffer = pa.allocate_buffer(0)
+        self.size, self.eof = 0, False
+
+    @property
+    def done(self) -> bool:
+        return self.eof and not self.size
+
+    def newline(self, at: int) -> int:
+        """The place of the first line break at or after ``at``, decompressing as needed; -1
+        when the text ends first."""
+        while True:
+            with memoryview(self.buffer) as view:
+                window = _PROBE
+                while at < self.size:
+                    found = view[at : min(at + window, self.size)].tobytes().find(b"\n")
+                    if found >= 0:
+                        return at + found
+                    at, window = at + window, window * 2
+            if self.eof:
+                return -1
+            self._fill(max(at + _PROBE, self.size + _PROBE))
+
+    def _fill(self, want: int) -> None:
+        """Decompress until ``want`` bytes are held, or the stream ends."""
+        if want > self.buffer.size:  # a fresh buffer (the first, or past a long line)
+            grown = self.pa.allocate_buffer(max(want, 2 * self.buffer.size))
+            with memoryview(grown) as new, memoryview(self.buffer) as old:
+                new[: self.size] = old[: self.size]
+            self.buffer = grown
+        with memoryview(self.buffer) as view:
+            while self.size < want and not self.eof:
+                got = self.stream.readinto(view[self.size : want])
+                self.eof = not got
+                self.size += got
+
+    def take(self, n: int, keep: bool) -> Any:
+        """The first ``n`` bytes as a piece (an Arrow buffer; None unless ``keep``); the rest
+        moves to the front of a fresh buffer that has room for the next piece."""
+        piece = self.buffer.slice(0, n) if keep else None
+        rest = self.size - n
+        fresh = self.pa.allocate_buffer(max(PIECE_BYTES + 2 * _PROBE, rest + _PROBE))
+        with memoryview(fresh) as new, memoryview(self.buffer) as old:
+            new[:rest] = old[n : self.size]
+        self.buffer, self.size = fresh, rest
+        return piece
+
+
+def _stringy(pa: Any, kind: Any) -> bool:
+    """Whether a Parquet column's type is strings, or a list of strings."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _parse_csv(file: TableFile, data: Any, begin: int, dictionary: Collection[str] = ()
+               ) -> tuple[Any, list[RaggedRow]]:  # fmt: skip
     """A CSV piece's needed columns as strings (pyarrow checks UTF-8 as it converts: no
     second pass); a piece that is not UTF-8 (or not read) is read again as binary columns,
     which the parser checks value by value to name the bad row."""
     pa = arrow(file.path, compute=False)
     try:
-        return _read_csv(file, data, pa.string())
+        return _read_csv(file, data, pa.string(), dictionary)
     except pa.ArrowInvalid:
         pass
     try:
@@ -265,7 +326,8 @@ def _parse_csv(file: TableFile, data: bytes, begin: int) -> tuple[Any, list[Ragg
         ) from None
 
 
-def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[RaggedRow]]:
+def _read_csv(file: TableFile, data: Any, kind: Any, dictionary: Collection[str] = ()
+              ) -> tuple[Any, list[RaggedRow]]:  # fmt: skip
     pa = arrow(file.path, compute=False)
     ragged: list[RaggedRow] = []
 
@@ -273,13 +335,16 @@ def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[Ragged
         ragged.append(RaggedRow(row.number - 1, row.actual_columns, row.expected_columns))
         return "skip"
 
+    types = dict.fromkeys(file.needed, kind)
+    for name in set(dictionary) & set(file.needed):  # their few distinct texts, hashed once
+        types[name] = pa.dictionary(pa.int32(), kind)
     table = pa.csv.read_csv(
-        pa.py_buffer(data),
+        data if isinstance(data, pa.Buffer) else pa.py_buffer(data),
         read_options=pa.csv.ReadOptions(column_names=list(file.columns), use_threads=False,
                                         block_size=max(len(data) + 1, 1 << 20)),
         parse_options=pa.csv.ParseOptions(delimiter=file.delimiter, newlines_in_values=True,
                                           invalid_row_handler=invalid),
-        convert_options=pa.csv.ConvertOptions(column_types=dict.fromkeys(file.needed, kind),
+        convert_options=pa.csv.ConvertOptions(column_types=types,
                                               include_columns=list(file.needed),
                                               strings_can_be_null=False,
                                               quoted_strings_can_be_null=False),
@@ -288,10 +353,18 @@ def _read_csv(file: TableFile, data: bytes, kind: Any) -> tuple[Any, list[Ragged
 
 
 def _parquet_pieces(
-    file: TableFile, source: int, index: int, wanted: Callable[[int], bool]
-) -> Iterator[tuple[Piece, Any]]:
+    file: TableFile, source: int, index: int, wanted: Callable[[int], bool],
+    dictionary: Collection[str],
+) -> Iterator[tuple[Piece, Any]]:  # fmt: skip
     pq = parquet(file.path)
-    reader = pq.ParquetFile(file.path)
+    pa = arrow(file.path, compute=False)
+    names, leaves = set(dictionary) & set(file.needed), []
+    if names:  # string columns (or lists of strings) only: others are read as they are
+        layout = pq.ParquetFile(file.path)
+        names = {n for n in names if _stringy(pa, layout.schema_arrow.field(n).type)}
+        paths = (layout.schema.column(i).path for i in range(len(layout.schema)))
+        leaves = [path for path in paths if path.split(".")[0] in names]  # a list's: its items
+    reader = pq.ParquetFile(file.path, read_dictionary=leaves or None)
     first, k = 0, 0
     for group in range(reader.metadata.num_row_groups):
         rows = reader.metadata.row_group(group).num_rows

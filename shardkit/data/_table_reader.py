@@ -301,7 +301,9 @@ class TableReader:
         parser = ColumnParser(data.fitted.schema, data.fitted.keys, table_file.columns)
         encoder = _encoder(data)
         wanted = {row[INDEX]: (run, row) for run, row in zip(runs, rows)}
-        for piece, table, ragged in read_pieces(table_file, source, file, wanted.__contains__):
+        for piece, table, ragged in read_pieces(
+            table_file, source, file, wanted.__contains__, parser.dictionary(table_file.kind)
+        ):
             (_, skip, take), row = wanted[piece.index]
             columns, _ = parser.parse(
                 table, record_numbers(table, ragged)

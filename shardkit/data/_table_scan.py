@@ -265,7 +265,9 @@ class _Scan:
                     def mine(k: int, first: int = source + index) -> bool:
                         return (first + k) % world_size == rank
 
-                    for piece, load in cut_pieces(file, source, index, mine):
+                    for piece, load in cut_pieces(
+                        file, source, index, mine, parser.dictionary(file.kind)
+                    ):
                         yield functools.partial(self._work, file, piece, load, parser)
 
         for done in _in_order(jobs(), self.threads):

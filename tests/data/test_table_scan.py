@@ -6,6 +6,7 @@ skipped and counted)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import platform
 import resource
@@ -245,6 +246,139 @@ def test_gzip_tsv_several_files_and_folders_read_alike(tmp_path):
     files = [folder / f"part_{part}.csv" for part in (1, 2, 10)]
     assert scan_table(files, schema).fitted.to_dict() == reference
     assert scan_table([folder], schema).fitted.to_dict() == reference
+
+
+@pytest.mark.parametrize("probe", [16, 1 << 16])
+def test_gzip_pieces_are_the_plain_files_pieces(tmp_path, monkeypatch, probe):
+    """A gzip file is cut into the plain file's pieces, byte for byte, for any piece size
+    against line length: lines shorter and longer than a piece (empty pieces inside a long
+    line), a last line without a line break, pieces left out; the text is decompressed into
+    buffers that grow past a long line (a probe of 16 bytes) or hold a piece and more."""
+    import gzip
+
+    import shardkit.data._table_pieces as table_pieces
+    from shardkit.data._table_files import open_table_files
+
+    lengths = [3, 40, 7, 350, 1, 90, 12, 800, 5, 64, 63, 65, 2]
+    text = "a,b\n" + "".join(f"{i},{'x' * n}\n" for i, n in enumerate(lengths * 3)) + "9,end"
+    plain, packed = tmp_path / "t.csv", tmp_path / "t.csv.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    monkeypatch.setattr(table_pieces, "_PROBE", probe)
+    for size in (64, 100, 333, 1000):
+        monkeypatch.setattr(table_pieces, "PIECE_BYTES", size)
+        cuts = []
+        for path, cut in ((plain, table_pieces._plain_cut), (packed, table_pieces._gzip_cut)):
+            (file,) = open_table_files([path], needed=["a", "b"], delimiter=None, names=None)
+            cuts.append([(k, begin, end, None if data is None else data.to_pybytes())
+                         for k, begin, end, data in cut(file, lambda k: k % 3 != 1)])  # fmt: skip
+        kept = [c for c in cuts[1] if c[3] is not None]  # the plain cut skips the others
+        assert kept == cuts[0]
+        assert len(kept) >= 2 and len(cuts[1]) > len(kept)
+        assert all(text.encode()[begin:end] == data for _, begin, end, data in kept)
+        ends = [c[1:3] for c in cuts[1]]  # the gzip cut names every piece, kept or not
+        assert ends[0][0] == 4 and ends[-1][1] == len(text)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ends))
+
+
+def test_parquet_string_columns_read_as_dictionaries_fit_and_read_as_strings(tmp_path, monkeypatch):
+    """Parquet string columns of features (and lists of strings) are read as dictionary
+    arrays, their distinct texts trimmed and checked once: the fitted schema, the pieces and
+    the batches are the ones reading plain strings gives, with spaces around values, missing
+    values, nulls, a multi-hot text column and a list column with missing and null items."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import shardkit.data._table_columns as table_columns
+    import shardkit.data._table_pieces as table_pieces
+
+    n = 400
+    users = [f" u{i % 13}" if i % 5 == 0 else f"u{i % 13}" for i in range(n)]
+    items = [
+        None if i % 31 == 0 else ("?" if i % 17 == 0 else f"i{(i * 7) % 23} ") for i in range(n)
+    ]
+    tags = ["x| y" if i % 3 == 0 else ("" if i % 7 == 0 else "z|x|?") for i in range(n)]
+    lists = [None if i % 29 == 0 else [" a", "b", "?", None][: i % 5] for i in range(n)]
+    pq.write_table(pa.table({"user": users, "item": items, "tags": tags, "kinds": lists,
+                             "clicked": [i % 3 == 0 for i in range(n)],
+                             "day": list(range(n))}), tmp_path / "t.parquet",
+                   row_group_size=150)  # fmt: skip
+    schema = _schema({"user": "categorical", "item": {"type": "categorical", "missing": ["?"]},
+                      "tags": {"type": "multi_hot", "missing": ["?", ""]},
+                      "kinds": {"type": "multi_hot", "missing": ["?", ""]}},
+                     split={"time_column": "day", "validation_fraction": 0.2, "per": "user"})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PARQUET_ROWS", 64)
+    parse, coded = table_columns.ColumnParser.parse, []
+
+    def spy(self, table, records):
+        coded.append(sum(pa.types.is_dictionary(c.type) or "dictionary" in str(c.type)
+                         for c in table.columns))  # fmt: skip
+        return parse(self, table, records)
+
+    monkeypatch.setattr(table_columns.ColumnParser, "parse", spy)
+    results, seen = [], []
+    for stringy in (table_pieces._stringy, lambda pa, kind: False):
+        monkeypatch.setattr(table_pieces, "_stringy", stringy)
+        data = scan_table([tmp_path / "t.parquet"], schema, skip_bad_rows=True, threads=2)
+        results.append((data, _validation_batch(data)))
+        seen.append(set(coded))
+        coded.clear()
+    assert seen[0] == {4} and 0 in seen[1]  # user, item, tags, kinds: dictionaries, strings
+    (coded_data, coded_batch), (plain, batch) = results
+    assert coded_data.fitted.to_dict() == plain.fitted.to_dict()
+    assert torch.equal(coded_data.pieces, plain.pieces) and coded_data.skipped == plain.skipped
+    vocabulary = {t.name: t.vocabulary for t in plain.fitted.tables}
+    assert "u0" in vocabulary["user"] and " u0" not in vocabulary["user"]
+    assert "?" not in vocabulary["item"] and "?" not in vocabulary["kinds"]
+    for got, expected in ((coded_batch.sparse_features.values(), batch.sparse_features.values()),
+                          (coded_batch.sparse_features.lengths(), batch.sparse_features.lengths()),
+                          (coded_batch.labels, batch.labels)):  # fmt: skip
+        torch.testing.assert_close(got, expected)
+
+
+def test_csv_multi_hot_texts_read_as_dictionaries_fit_and_read_as_strings(tmp_path, monkeypatch):
+    """A CSV file's multi-hot text columns are read as dictionary arrays (each distinct text
+    split once): the fitted schema, the pieces and the batches are the ones reading plain
+    strings gives, with spaces, missing values, empty texts and many distinct texts."""
+    import pyarrow as pa
+
+    import shardkit.data._table_columns as table_columns
+    import shardkit.data._table_pieces as table_pieces
+
+    rows = [f"u{i % 13},{' x| y' if i % 3 == 0 else ('' if i % 7 == 0 else 'z|x|?')},"
+            f"{'|'.join(f't{(i * j) % 97}' for j in range(i % 4))},{int(i % 3 == 0)},{i}\n"
+            for i in range(400)]  # fmt: skip
+    path = _write(tmp_path, "user,tags,many,clicked,day\n" + "".join(rows))
+    schema = _schema({"user": "categorical", "tags": {"type": "multi_hot", "missing": ["?", ""]},
+                      "many": "multi_hot"},
+                     split={"time_column": "day", "validation_fraction": 0.2, "per": "user"})  # fmt: skip
+    monkeypatch.setattr(table_pieces, "PIECE_BYTES", 1500)
+    read, coded = table_pieces._read_csv, []
+
+    def spy(*args):
+        table, ragged = read(*args)
+        coded.append(sum(pa.types.is_dictionary(c.type) for c in table.columns))
+        return table, ragged
+
+    monkeypatch.setattr(table_pieces, "_read_csv", spy)
+    results, seen = [], []
+    for plain_reads in (False, True):
+        if plain_reads:
+            monkeypatch.setattr(table_columns.ColumnParser, "dictionary", lambda *_: frozenset())
+        data = scan_table([path], schema, threads=2)
+        results.append((data, _validation_batch(data)))
+        seen.append(set(coded))
+        coded.clear()
+    assert seen[0] == {2} and 0 in seen[1]  # tags and many: dictionaries, then strings
+    (coded_data, coded_batch), (plain, batch) = results
+    assert len(plain.pieces) > 3
+    assert coded_data.fitted.to_dict() == plain.fitted.to_dict()
+    assert torch.equal(coded_data.pieces, plain.pieces)
+    assert "?" not in {t.name: t.vocabulary for t in plain.fitted.tables}["tags"]
+    for got, expected in ((coded_batch.sparse_features.values(), batch.sparse_features.values()),
+                          (coded_batch.sparse_features.lengths(), batch.sparse_features.lengths()),
+                          (coded_batch.labels, batch.labels)):  # fmt: skip
+        torch.testing.assert_close(got, expected)
 
 
 def test_parquet_reads_like_csv(tmp_path):
