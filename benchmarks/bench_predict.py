@@ -20,13 +20,17 @@ and its `EmbeddingPerfEstimator`'s estimate of the busiest rank (the sum of its 
 ``Perf.total``: embedding lookups and communication, no dense part) is shown beside ours.
 
 A profile calibrated an hour before the steps predicts them at the machine's speed of an hour
-ago (a shared VM drifts 1.3-1.6x within the hour). So, on one host (not under torchrun; off
-with ``--no-resample``), the profile's speed points are re-sampled with calibrate's own code
+ago (a shared VM drifts 1.3-1.6x within the hour). With ``--resample`` (on one host, not under
+torchrun), the profile's speed points are re-sampled with calibrate's own code
 (`shardkit.bench.MachineSampler`: memory copy, matmul, bucketing, the kernel's in-cache
 points, the step overhead, the collectives at the block's world size) before and after each
 (world size, case) block of each round, and each row is also predicted from the profile those
 two samples give (`resampled_profile`, see [Note: re-sampled profile]): the calibrated model at
 the speed of the moment of the row's fastest round. The steps themselves are never fitted to.
+It is off by default: in the quiet check of 2026-11-29 (predict_ranks_1_2_quiet4.md) the
+re-sampled predictions came within 20% of the wall in 17 of 36 rows at 1-2 ranks and 15 of 24 at 4, the calibrated profile's in 30 of 36 and 24 of 24
+(its probes take the fastest of a few short repeats, which a noisy machine biases low against
+the steps' medians), and it adds about a minute to each part.
 """
 
 from __future__ import annotations
@@ -289,8 +293,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", help="write the markdown report here (and .json beside it)")
     parser.add_argument(
-        "--no-resample", dest="resample", action="store_false",
-        help="do not re-sample the profile's speed points around the measured steps",
+        "--resample", action="store_true",
+        help="also re-sample the profile's speed points around the measured steps and predict "
+        "from that (off by default: the quiet check found it further off; see the header)",
     )  # fmt: skip
     args = parser.parse_args()
     from shardkit.planner import load_profile

@@ -2,10 +2,10 @@
 # Every check of the planner's predictions (issue 29) on this machine, into OUTDIR (default
 # benchmarks/results), in parts that each take under ~10 minutes on a quiet 2-core machine:
 #
-#   benchmarks/predict_checks.sh calibrate [OUTDIR]  # this host's profile (~0.5 min)
+#   benchmarks/predict_checks.sh calibrate [OUTDIR]  # this host's profile (~1.5 min)
 #   benchmarks/predict_checks.sh ranks-1-2 [OUTDIR]  # predicted vs measured at 1 and 2 ranks
-#                                                     # with TorchRec's estimates (~9 min)
-#   benchmarks/predict_checks.sh ranks-4 [OUTDIR]    # the same at 4 ranks (~14 min)
+#                                                     # with TorchRec's estimates (~8 min)
+#   benchmarks/predict_checks.sh ranks-4 [OUTDIR]    # the same at 4 ranks (~13 min)
 #   benchmarks/predict_checks.sh two-hosts [OUTDIR]  # two `torchrun --nnodes 2` agents on
 #                                                     # localhost: calibrate, then the same (~5 min)
 #   benchmarks/predict_checks.sh simulate [OUTDIR]   # the simulation checked against all of it
@@ -13,10 +13,10 @@
 #   benchmarks/predict_checks.sh all [OUTDIR]        # the five in turn (~25 min)
 #
 # Each part reads what the parts before it wrote into OUTDIR (the profiles; simulate: the
-# measurements it finds there). Run them on a quiet machine. On one host bench_predict also
+# measurements it finds there). Run them on a quiet machine. PREDICT_ARGS=--resample also
 # re-samples the profile's speed points around each block of steps and reports the prediction
 # from that re-sampled profile beside the calibrated one's ([Note: re-sampled profile]; about a
-# minute per part; PREDICT_ARGS=--no-resample leaves it out). PREDICT_ARGS go to every
+# minute more per part; off by default, see bench_predict.py's header). PREDICT_ARGS go to every
 # bench_predict.py run and CALIBRATE_ARGS to every calibrate (a smoke run of the whole chain:
 # PREDICT_ARGS="--cases dmp --rounds 1 --iters 2 --warmup 1" CALIBRATE_ARGS="--repeats 2
 # --optimizers exact_row_wise_adagrad exact_adagrad").
