@@ -27,10 +27,11 @@ points, the step overhead, the collectives at the block's world size) before and
 (world size, case) block of each round, and each row is also predicted from the profile those
 two samples give (`resampled_profile`, see [Note: re-sampled profile]): the calibrated model at
 the speed of the moment of the row's fastest round. The steps themselves are never fitted to.
-It is off by default: in the quiet check of 2026-11-29 (predict_ranks_1_2_quiet4.md) the
-re-sampled predictions came within 20% of the wall in 17 of 36 rows at 1-2 ranks and 15 of 24 at 4, the calibrated profile's in 30 of 36 and 24 of 24
-(its probes take the fastest of a few short repeats, which a noisy machine biases low against
-the steps' medians), and it adds about a minute to each part.
+It is off by default: in the quiet check of 2026-11-29 (predict_ranks_1_2_quiet4.md,
+predict_ranks_4_quiet4.md) the re-sampled predictions came within 20% of the wall in 17 of 36
+rows at 1-2 ranks and 15 of 24 at 4, the calibrated profile's in 30 of 36 and 24 of 24 (its
+probes take the fastest of a few short repeats, which a noisy machine biases low against the
+steps' medians), and it adds about a minute to each part.
 """
 
 from __future__ import annotations
