@@ -112,8 +112,7 @@ class ColumnParser:
         self.words = (pa.array(TRUE_WORDS), pa.array(FALSE_WORDS))
         self.missing = {c.name: pa.array(list(c.missing), pa.string()) for c in schema.columns}
         self.ones = np.ones(0, dtype=np.int64)
-        numeric = {schema.label.column, split.time_column, *(c.name for c in schema.dense)} if (
-            split := schema.split) else set()  # fmt: skip
+        numeric = {schema.label.column, schema.split.time_column, *(c.name for c in schema.dense)}
         self.features = frozenset(c.name for c in self.keys) - numeric
         self.texts = (
             frozenset(c.name for c in self.keys if c.type is ColumnType.MULTI_HOT) - numeric
@@ -291,7 +290,7 @@ class ColumnParser:
         """A feature's bags: the kept strings (flattened) and each row's count."""
         pa, pc = self.pa, self.pc
         n = len(column)
-        if pa.types.is_dictionary(column.type) and not column.null_count:  # Parquet's
+        if pa.types.is_dictionary(column.type) and not column.null_count:  # see `dictionary`
             if spec.type is ColumnType.MULTI_HOT:  # texts to split: each distinct one once
                 return self._split(column.dictionary, np.asarray(column.indices), spec)
             return self._coded(column, None, n, spec)
@@ -331,14 +330,13 @@ class ColumnParser:
         indices = np.asarray(codes.indices)
         keep = ~self._missing(texts, spec.name)[indices]
         kept = keep.all()
-        if kept:
-            values = pa.DictionaryArray.from_arrays(codes.indices, texts)
-        else:
-            values = pa.DictionaryArray.from_arrays(pa.array(indices[keep]), texts)
+        values = pa.DictionaryArray.from_arrays(
+            codes.indices if kept else pa.array(indices[keep]), texts
+        )
         if parents is None:  # one value per row: each row's length is whether it is kept
             return values, self._ones(n) if kept else keep.astype(np.int64)
-        return values, np.bincount(parents if kept else parents[keep], minlength=n).astype(
-            np.int64)  # fmt: skip
+        kept_parents = parents if kept else parents[keep]
+        return values, np.bincount(kept_parents, minlength=n).astype(np.int64)
 
     def _ones(self, n: int) -> np.ndarray:
         """``n`` ones (int64), read-only: the lengths of every categorical column of a piece

@@ -358,13 +358,14 @@ def _parquet_pieces(
 ) -> Iterator[tuple[Piece, Any]]:  # fmt: skip
     pq = parquet(file.path)
     pa = arrow(file.path, compute=False)
-    names, leaves = set(dictionary) & set(file.needed), []
+    names = set(dictionary) & set(file.needed)
+    reader = pq.ParquetFile(file.path)
     if names:  # string columns (or lists of strings) only: others are read as they are
-        layout = pq.ParquetFile(file.path)
-        names = {n for n in names if _stringy(pa, layout.schema_arrow.field(n).type)}
-        paths = (layout.schema.column(i).path for i in range(len(layout.schema)))
+        names = {n for n in names if _stringy(pa, reader.schema_arrow.field(n).type)}
+        paths = (reader.schema.column(i).path for i in range(len(reader.schema)))
         leaves = [path for path in paths if path.split(".")[0] in names]  # a list's: its items
-    reader = pq.ParquetFile(file.path, read_dictionary=leaves or None)
+        if leaves:  # the footer read once: its metadata passed on
+            reader = pq.ParquetFile(file.path, metadata=reader.metadata, read_dictionary=leaves)
     first, k = 0, 0
     for group in range(reader.metadata.num_row_groups):
         rows = reader.metadata.row_group(group).num_rows
