@@ -142,16 +142,16 @@ def make_plan(case: str, kind: str, world: int, topology, batch: int):
     else:
         constraints = _constraints(case, None if kind == PLANNER else kind)
         plan = plan_tables(tables, topology, constraints=constraints, **common).plan
-    return plan.to_json(), predict(plan.to_json(), case, kind, topology, batch)
+    return plan.to_json(), predict(plan, case, kind, topology, batch)
 
 
-def predict(plan_json: str, case: str, kind: str, topology, batch: int):
-    """The planner's prediction of ``plan_json``'s step on ``topology`` (its profile)."""
+def predict(plan, case: str, kind: str, topology, batch: int):
+    """The planner's prediction of ``plan``'s step (a `ShardingPlan`) on ``topology`` (its
+    profile)."""
     from shardkit.planner import estimate_plan
-    from shardkit.types import ShardingPlan
 
     stats = estimate_plan(
-        ShardingPlan.from_json(plan_json), configs(case), topology,
+        plan, configs(case), topology,
         constraints=_constraints(case, None), batch_size=batch, fused_params=_fused(kind),
         module_path="ebc", dense_parameters=dense_parameters(case),
     )  # fmt: skip
@@ -363,16 +363,18 @@ def _spawned(profile, args, write) -> dict[tuple, dict]:
     before and after each (world, case) block of a round, and each row of the block is also
     predicted from the profile re-sampled by those two samples (see
     [Note: re-sampled profile])."""
-    from shardkit.bench import MachineSampler
-
     rows: dict[tuple, dict] = {}
     for world in args.world_sizes:
         rows.update(_planned(profile, args, world, world, torchrec=True))
     blocks: dict[tuple, list[tuple]] = {}
     for key in rows:
         blocks.setdefault((key[1], key[0]), []).append(key)
-    optimizers = sorted({_fused(k)["optimizer"].value for (_, _, k) in rows})
-    sampler = MachineSampler(profile, optimizers=optimizers) if args.resample else None
+    sampler = None
+    if args.resample:
+        from shardkit.bench import MachineSampler
+
+        optimizers = sorted({_fused(k)["optimizer"].value for (_, _, k) in rows})
+        sampler = MachineSampler(profile, optimizers=optimizers)
     last: tuple[int, dict] | None = None  # (world, the sample taken after the block before)
     try:
         for round_ in range(args.rounds):
@@ -422,6 +424,7 @@ def _predict_resampled(rows, keys, profile, samples, args) -> None:
     re-sampled by ``samples`` (taken before and after the block), for the round just run."""
     from shardkit.bench import resampled_profile
     from shardkit.planner import Topology
+    from shardkit.types import ShardingPlan
 
     now = resampled_profile(profile, samples)
     for key in keys:
@@ -430,7 +433,8 @@ def _predict_resampled(rows, keys, profile, samples, args) -> None:
             continue  # this round failed
         case, world, kind = key
         topology = Topology.from_profile(now, world_size=world, local_world_size=world)
-        ms = predict(row["plan"], case, kind, topology, args.batch).step_ms
+        plan = ShardingPlan.from_json(row["plan"])
+        ms = predict(plan, case, kind, topology, args.batch).step_ms
         row.setdefault("resampled_rounds", []).append(ms)
         print(f"          re-sampled prediction {ms:8.1f} ms", flush=True)
 
@@ -488,6 +492,7 @@ def _fastest_types(rows: list[dict], field: str) -> dict[tuple, tuple[str, float
 def render(report: dict) -> str:
     args = report["args"]
     ident = report["profile"]["identity"]
+    resampled = any(row.get("resampled_rounds") for row in report["rows"])  # --resample
     lines = [
         "# Predicted vs measured DMP step (bench_predict.py)",
         "",
@@ -513,20 +518,28 @@ def render(report: dict) -> str:
         "(the memory traffic they cause still does). Predicted: the "
         "planner's step prediction from the profile. TorchRec: its planner's estimate for the "
         "same type (the busiest rank's embedding lookups and communication; it has no dense "
-        "model). Re-sampled: the same plan predicted from the profile with its speed points "
-        "(memory copy, matmul, bucketing, the kernel's in-cache points, the step overhead, the "
-        "collectives of the row's world size) timed again by calibrate's own code just before "
-        "and after the row's block of that round (the fastest round's), everything else as "
-        "calibrated: the calibrated model at the machine's speed of the moment, nothing fitted "
-        "to the steps (see [Note: re-sampled profile] in shardkit/bench/_resample.py). "
-        'error = predicted / measured - 1. "planner\'s choice (= T)": the planner '
+        "model). "
+        + (
+            "Re-sampled: the same plan predicted from the profile with its speed points "
+            "(memory copy, matmul, bucketing, the kernel's in-cache points, the step overhead, "
+            "the collectives of the row's world size) timed again by calibrate's own code just "
+            "before and after the row's block of that round (the fastest round's), everything "
+            "else as calibrated: the calibrated model at the machine's speed of the moment, "
+            "nothing fitted to the steps (see [Note: re-sampled profile] in "
+            "shardkit/bench/_resample.py). "
+            if resampled
+            else ""
+        )
+        + 'error = predicted / measured - 1. "planner\'s choice (= T)": the planner '
         "chose the very plan of type T's row, so the two rows time one plan twice (their "
         "difference is the measurement's spread).",
         "",
         "| case | ranks (hosts) | type | measured ms (rounds) | predicted ms | error | "
-        "re-sampled: predicted ms | its error | alone (CPU) ms | its error | TorchRec est. ms "
-        "| dominant (predicted) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        + ("re-sampled: predicted ms | its error | " if resampled else "")
+        + "alone (CPU) ms | its error | TorchRec est. ms | dominant (predicted) |",
+        "|---|---:|---|---|---:|---:|"
+        + ("---:|---:|" if resampled else "")
+        + "---:|---:|---:|---|",
     ]
     best = {field: _fastest_types(report["rows"], field) for field in ("rounds", "cpu_rounds")}
     errors, alone_errors, resampled_errors, resampled_alone = [], [], [], []
@@ -565,8 +578,9 @@ def render(report: dict) -> str:
         lines.append(
             f"| {row['case']} | {row['world']} ({row.get('hosts', 1)}) | {kind} | "
             f"{measured_text} | "
-            f"{row['predicted_ms']:.1f} | {error_text} | {resampled_text} | {resampled_error} | "
-            f"{fastest_text} | {fastest_error} | "
+            f"{row['predicted_ms']:.1f} | {error_text} | "
+            + (f"{resampled_text} | {resampled_error} | " if resampled else "")
+            + f"{fastest_text} | {fastest_error} | "
             f"{tr_text} | {dominant} |"
         )
     lines += ["", "## The planner's first choice against the fastest type measured", ""]

@@ -47,3 +47,8 @@ def test_bench_predict_scores_the_resampled_prediction_of_the_fastest_round():
         "Against alone (CPU), predicted from the profile re-sampled around the steps: 0 of 1"
         in (bench.render(report))
     )
+    # without --resample no row has re-samples: no re-sampled columns, no line for them
+    del row["resampled_rounds"]
+    text = bench.render(report)
+    assert "re-sampled" not in text.lower()
+    assert "| 150.0 | +50% | 50.0 | +200% |" in text  # predicted, error, then alone (CPU)
